@@ -1,0 +1,118 @@
+// Package audit keeps loomfs's tamper-evident operation log: one JSON record
+// per operation, hash-chained, appended to files under <root>/.agentloom-audit
+// that no scope, projection or container can reach.
+//
+// Every door (tools, FUSE, sandbox, admin commands) writes through a Sink; a
+// Log is the Sink backed by files. Each Log owns one chain: a set of files
+// named <node>-<pid>-<start>.<n>.jsonl that only it writes, so writers on
+// several nodes sharing one root never touch the same file. Every record
+// carries its sequence number and the sha256 of the exact bytes of the
+// record before it, so Verify finds any edited, dropped, inserted or
+// reordered record, and Query and Follow read the log back.
+//
+// The package never reads workspace files and never decides policy: a caller
+// that gets ErrUnavailable from Record must refuse the operation itself.
+package audit
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"time"
+)
+
+// DirName is the audit directory under a volume root, outside every scope.
+const DirName = ".agentloom-audit"
+
+// Dir returns the audit directory of the volume rooted at root.
+func Dir(root string) string { return filepath.Join(root, DirName) }
+
+// ErrUnavailable reports that a record could not be written. Callers refuse
+// the operation it describes (error code audit_unavailable): an operation
+// that cannot be audited does not happen.
+var ErrUnavailable = errors.New("audit_unavailable: audit log cannot be written")
+
+// Source says which door an operation came through.
+type Source string
+
+// Sources of records.
+const (
+	SourceTool    Source = "tool"
+	SourceFUSE    Source = "fuse"
+	SourceSandbox Source = "sandbox"
+	SourceAdmin   Source = "admin"
+)
+
+// Record kinds.
+const (
+	KindEvent      = "event"
+	KindCheckpoint = "checkpoint"
+)
+
+// Actor names who acted, with ids from the platform's authorised run record.
+// Container is set for operations of sandbox commands.
+type Actor struct {
+	Space     string `json:"space,omitempty"`
+	Agent     string `json:"agent,omitempty"`
+	Session   string `json:"session,omitempty"`
+	Run       string `json:"run,omitempty"`
+	Instance  string `json:"instance,omitempty"`
+	Container string `json:"container,omitempty"`
+}
+
+// Event is one operation as a door reports it. The Log adds time, node, pid,
+// sequence number and chain hash.
+type Event struct {
+	TraceID  string        `json:"trace_id,omitempty"`
+	CallID   string        `json:"call_id,omitempty"`
+	Actor    Actor         `json:"actor,omitzero"`
+	Scope    string        `json:"scope,omitempty"` // scope hash
+	Source   Source        `json:"source,omitempty"`
+	Op       string        `json:"op,omitempty"` // e.g. workspace_write, create, unlink, release, container_start
+	Path     string        `json:"path,omitempty"`
+	NewPath  string        `json:"new_path,omitempty"`
+	Bytes    int64         `json:"bytes,omitempty"`
+	SHA256   string        `json:"sha256,omitempty"`
+	Result   string        `json:"result,omitempty"` // ok, refused, error, started
+	Code     string        `json:"code,omitempty"`   // loomfs error code when refused or failed
+	Duration time.Duration `json:"duration_ns,omitempty"`
+	Detail   map[string]any `json:"detail,omitempty"` // optional extras: exit code, container id…
+}
+
+// Record is one line of the log as read back: an event or a checkpoint.
+type Record struct {
+	Time time.Time `json:"time"` // when the record was written, UTC
+	Kind string    `json:"kind"` // KindEvent or KindCheckpoint
+	Node string    `json:"node"`
+	PID  int       `json:"pid"`
+	Seq  uint64    `json:"seq"`  // 1 for a chain's first record
+	Prev string    `json:"prev"` // hex sha256 of the previous line, "" for seq 1
+
+	Event
+
+	// PathB64 and NewPathB64 hold the exact bytes of a path that is not
+	// valid UTF-8 (JSON can only carry such a path lossily); reading a
+	// record restores Path and NewPath from them.
+	PathB64    string `json:"path_b64,omitempty"`
+	NewPathB64 string `json:"new_path_b64,omitempty"`
+
+	// Checkpoint fields: events in the chain so far, hash of the line before
+	// the checkpoint, and why it was written ("rotate" or "close").
+	Count  uint64 `json:"count,omitempty"`
+	Head   string `json:"head,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// A Sink accepts audit records. Record returns an error wrapping
+// ErrUnavailable when the record could not be kept.
+type Sink interface {
+	Record(ctx context.Context, e Event) error
+}
+
+// Discard is a Sink that accepts and drops everything, for tests and for
+// callers that run without auditing.
+var Discard Sink = discard{}
+
+type discard struct{}
+
+func (discard) Record(context.Context, Event) error { return nil }

@@ -1,0 +1,179 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Code is a stable, machine-readable reason for a refusal (SPEC §3.4).
+// Clients and tests match on it; never rename one.
+type Code string
+
+const (
+	InvalidPath        Code = "invalid_path"
+	NotFound           Code = "not_found"
+	Exists             Code = "exists"
+	IsDir              Code = "is_dir"
+	NotDir             Code = "not_dir"
+	NotEmpty           Code = "not_empty"
+	SymlinkRefused     Code = "symlink_refused"
+	HardlinkRefused    Code = "hardlink_refused"
+	SpecialFileRefused Code = "special_file_refused"
+	PermissionDenied   Code = "permission_denied"
+	ReadOnly           Code = "read_only"
+	TooLarge           Code = "too_large"
+	QuotaExceeded      Code = "quota_exceeded"
+	Conflict           Code = "conflict"
+	AmbiguousEdit      Code = "ambiguous_edit"
+	NoMatch            Code = "no_match"
+	NoChange           Code = "no_change"
+	Timeout            Code = "timeout"
+	Quarantined        Code = "quarantined"
+	VolumeUnavailable  Code = "volume_unavailable"
+	UnknownOutcome     Code = "unknown_outcome"
+	InvalidInput       Code = "invalid_input"
+	Unsupported        Code = "unsupported"
+	SandboxUnavailable Code = "sandbox_unavailable"
+	AuditUnavailable   Code = "audit_unavailable"
+	Cancelled          Code = "cancelled"
+	Internal           Code = "internal"
+)
+
+// Error is the one error type every door returns. Message is written for a
+// model to act on; SHA256 carries the current hash on a conflict.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+	SHA256  string `json:"current_sha256,omitempty"`
+	Count   int    `json:"count,omitempty"`
+	Err     error  `json:"-"` // underlying cause, kept for logs
+}
+
+func (e *Error) Error() string { return e.Message }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with the given code and message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the code of err, or Internal for an error of another kind.
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	if errors.Is(err, syscall.ENOENT) {
+		return NotFound
+	}
+	return Internal
+}
+
+// AsError converts any error to an *Error, keeping an existing one.
+func AsError(err error) *Error {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return &Error{Code: Internal, Message: "internal error: " + err.Error(), Err: err}
+}
+
+// errnos maps each code to what the filesystem answers. It is the only such
+// table: the FUSE door calls Errno and never picks an errno of its own.
+var errnos = map[Code]syscall.Errno{
+	InvalidPath:        syscall.EINVAL,
+	NotFound:           syscall.ENOENT,
+	Exists:             syscall.EEXIST,
+	IsDir:              syscall.EISDIR,
+	NotDir:             syscall.ENOTDIR,
+	NotEmpty:           syscall.ENOTEMPTY,
+	SymlinkRefused:     syscall.EPERM,
+	HardlinkRefused:    syscall.EPERM,
+	SpecialFileRefused: syscall.EPERM,
+	PermissionDenied:   syscall.EACCES,
+	ReadOnly:           syscall.EROFS,
+	TooLarge:           syscall.EFBIG,
+	QuotaExceeded:      syscall.EDQUOT,
+	Conflict:           syscall.EBUSY,
+	Timeout:            syscall.ETIMEDOUT,
+	Quarantined:        syscall.EROFS,
+	VolumeUnavailable:  syscall.EIO,
+	Unsupported:        syscall.EOPNOTSUPP,
+	AuditUnavailable:   syscall.EIO,
+	Cancelled:          syscall.EINTR,
+	InvalidInput:       syscall.EINVAL,
+}
+
+// Errno maps err to the errno the filesystem returns for it. A raw errno
+// passes through unchanged.
+func Errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		if e, ok := errnos[pe.Code]; ok {
+			return e
+		}
+		var en syscall.Errno
+		if errors.As(pe.Err, &en) {
+			return en
+		}
+		return syscall.EIO
+	}
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return en
+	}
+	return syscall.EIO
+}
+
+// FromErrno turns a syscall failure on path into an *Error with a code a
+// model can act on.
+func FromErrno(err error, op, path string) error {
+	if err == nil {
+		return nil
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	var en syscall.Errno
+	if !errors.As(err, &en) {
+		return &Error{Code: Internal, Message: fmt.Sprintf("%s %s: %v", op, path, err), Err: err}
+	}
+	e := &Error{Err: err}
+	switch en {
+	case syscall.ENOENT:
+		e.Code, e.Message = NotFound, fmt.Sprintf("%s: no such file or directory", path)
+	case syscall.EEXIST:
+		e.Code, e.Message = Exists, fmt.Sprintf("%s: already exists", path)
+	case syscall.EISDIR:
+		e.Code, e.Message = IsDir, fmt.Sprintf("%s: is a directory", path)
+	case syscall.ENOTDIR:
+		e.Code, e.Message = NotDir, fmt.Sprintf("%s: a path component is not a directory", path)
+	case syscall.ENOTEMPTY:
+		e.Code, e.Message = NotEmpty, fmt.Sprintf("%s: directory not empty; delete its entries first (deletes are never recursive)", path)
+	case syscall.ELOOP:
+		e.Code, e.Message = SymlinkRefused, fmt.Sprintf("%s: a symlink is on the path; loomfs never follows symlinks", path)
+	case syscall.EXDEV:
+		e.Code, e.Message = InvalidPath, fmt.Sprintf("%s: path leaves the workspace", path)
+	case syscall.EACCES, syscall.EPERM:
+		e.Code, e.Message = PermissionDenied, fmt.Sprintf("%s %s: permission denied", op, path)
+	case syscall.EROFS:
+		e.Code, e.Message = ReadOnly, fmt.Sprintf("%s %s: read-only file system", op, path)
+	case syscall.EDQUOT, syscall.ENOSPC:
+		e.Code, e.Message = QuotaExceeded, fmt.Sprintf("%s %s: no space left on the volume", op, path)
+	case syscall.EFBIG:
+		e.Code, e.Message = TooLarge, fmt.Sprintf("%s %s: file too large", op, path)
+	case syscall.ENAMETOOLONG:
+		e.Code, e.Message = InvalidPath, fmt.Sprintf("%s: name too long", path)
+	default:
+		e.Code, e.Message = Internal, fmt.Sprintf("%s %s: %v", op, path, en)
+	}
+	return e
+}

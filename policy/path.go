@@ -1,0 +1,148 @@
+package policy
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// Bounds on names (SPEC §3.1). They match common POSIX limits so that any
+// path loomfs accepts can also be created on the backing store.
+const (
+	MaxNameBytes = 255
+	MaxPathBytes = 4096
+)
+
+// Reserved names.
+const (
+	// SubagentsDir is the top-level name a main scope reserves for the
+	// artifact listing of child instances (SPEC §2.1).
+	SubagentsDir = "subagents"
+	// InternalPrefix starts every name loomfs keeps for itself, including
+	// the temporary files of atomic writes; no door can name or create one.
+	InternalPrefix = ".agentloom-"
+)
+
+// CleanPath validates a model-supplied relative path and returns it in
+// canonical form ("." for the scope root, else "a/b/c"). "." components and
+// one trailing slash are accepted and dropped; everything else in SPEC §3.1
+// is refused with InvalidPath. mainScope reserves the top-level "subagents".
+func CleanPath(raw string, mainScope bool) (string, error) {
+	if raw == "" {
+		return "", pathErr(raw, "path is empty; use \".\" for the workspace root")
+	}
+	if len(raw) > MaxPathBytes {
+		return "", pathErr("", "path is %d bytes; the limit is %d", len(raw), MaxPathBytes)
+	}
+	if raw[0] == '/' {
+		return "", pathErr(raw, "absolute paths are refused; give a path relative to the workspace root")
+	}
+	if strings.HasPrefix(raw, "~") {
+		return "", pathErr(raw, "\"~\" is not expanded; give a path relative to the workspace root")
+	}
+	p := strings.TrimSuffix(raw, "/")
+	if p == "" {
+		return "", pathErr(raw, "path is empty")
+	}
+	var parts []string
+	for _, c := range strings.Split(p, "/") {
+		if c == "." {
+			continue
+		}
+		if err := checkComponent(raw, c); err != nil {
+			return "", err
+		}
+		parts = append(parts, c)
+	}
+	if len(parts) == 0 {
+		return ".", nil
+	}
+	if mainScope && parts[0] == SubagentsDir {
+		return "", pathErr(raw, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
+	}
+	return strings.Join(parts, "/"), nil
+}
+
+// CheckName validates one name about to be created in directory dir (a
+// cleaned path). It refuses what CleanPath would refuse, so that every object
+// created through the filesystem can be addressed by the tools.
+func CheckName(dir, name string, mainScope bool) error {
+	if err := checkComponent(name, name); err != nil {
+		return err
+	}
+	if dir == "." && mainScope && name == SubagentsDir {
+		return pathErr(name, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
+	}
+	if len(Join(dir, name)) > MaxPathBytes {
+		return pathErr(name, "path would be longer than %d bytes", MaxPathBytes)
+	}
+	return nil
+}
+
+// Visible reports whether an existing entry called name is shown in
+// listings. loomfs's own files are never shown.
+func Visible(name string) bool {
+	return !isInternal(name)
+}
+
+// Join joins a cleaned directory path and a name.
+func Join(dir, name string) string {
+	if dir == "." || dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+func checkComponent(raw, c string) error {
+	switch {
+	case c == "":
+		return pathErr(raw, "empty path component (\"//\")")
+	case c == "..":
+		return pathErr(raw, "\"..\" components are refused; paths stay inside the workspace")
+	case len(c) > MaxNameBytes:
+		return pathErr("", "a path component is %d bytes; the limit is %d", len(c), MaxNameBytes)
+	case !utf8.ValidString(c):
+		return pathErr("", "path is not valid UTF-8")
+	case isInternal(c):
+		return pathErr(raw, "names starting with %q are reserved for loomfs", InternalPrefix)
+	}
+	for _, r := range c {
+		switch {
+		case r == 0:
+			return pathErr("", "path contains a NUL byte")
+		case r == '\\':
+			return pathErr(raw, "backslashes are refused; use \"/\" to separate components")
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+			return pathErr("", "path contains a control character (U+%04X)", r)
+		}
+	}
+	return nil
+}
+
+func isInternal(name string) bool {
+	return len(name) >= len(InternalPrefix) && strings.EqualFold(name[:len(InternalPrefix)], InternalPrefix)
+}
+
+// pathErr never echoes a path with control bytes back; callers pass "" then.
+func pathErr(raw, format string, args ...any) *Error {
+	e := Errorf(InvalidPath, format, args...)
+	if raw != "" && len(raw) <= 512 {
+		e.Message = "invalid path " + quote(raw) + ": " + e.Message
+	} else {
+		e.Message = "invalid path: " + e.Message
+	}
+	return e
+}
+
+func quote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || r == '"' || r == '\\' {
+			b.WriteString("?")
+			continue
+		}
+		b.WriteRune(r)
+	}
+	b.WriteByte('"')
+	return b.String()
+}

@@ -1,0 +1,251 @@
+package policy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Mode is what a subtree allows (SPEC §3.3).
+type Mode string
+
+const (
+	ModeRW     Mode = "rw"     // read and write (the default)
+	ModeRO     Mode = "ro"     // read only
+	ModeWO     Mode = "wo"     // create and write, never read back
+	ModeHidden Mode = "hidden" // not listed, not opened, not created
+)
+
+// Rule gives a subtree a mode. Prefix is a cleaned path ("data", "a/b").
+type Rule struct {
+	Prefix string `json:"prefix" yaml:"prefix"`
+	Mode   Mode   `json:"mode" yaml:"mode"`
+}
+
+// Op is the kind of access a door is about to make.
+type Op int
+
+const (
+	OpStat    Op = iota // metadata of one object (lstat)
+	OpList              // entries of a directory
+	OpRead              // contents of a file
+	OpWrite             // contents of an existing file (write, truncate, edit)
+	OpCreate            // a new file or directory
+	OpDelete            // unlink or rmdir
+	OpRename            // either end of a rename
+	OpSetattr           // chmod, utimes
+)
+
+var opNames = [...]string{"stat", "list", "read", "write", "create", "delete", "rename", "setattr"}
+
+func (o Op) String() string { return opNames[o] }
+
+// mutates reports whether o changes the workspace.
+func (o Op) mutates() bool { return o >= OpWrite }
+
+// Policy is one scope's rule set. The zero value is not useful; start from
+// Default and adjust.
+type Policy struct {
+	// MainScope reserves the top-level "subagents" (SPEC §2.1).
+	MainScope bool
+	Rules     []Rule
+	Limits    Limits
+}
+
+// Default returns the open layout: everything rw, default limits.
+func Default() *Policy {
+	return &Policy{Limits: DefaultLimits()}
+}
+
+// WithScope returns a copy of p for a main scope or a child scope.
+func (p *Policy) WithScope(main bool) *Policy {
+	q := *p
+	q.MainScope = main
+	q.Rules = append([]Rule(nil), p.Rules...)
+	return &q
+}
+
+// SetRules validates and installs rules; the longest prefix wins.
+func (p *Policy) SetRules(rules []Rule) error {
+	seen := map[string]bool{}
+	out := make([]Rule, 0, len(rules))
+	for _, r := range rules {
+		prefix, err := CleanPath(r.Prefix, false)
+		if err != nil {
+			return fmt.Errorf("rule %q: %w", r.Prefix, err)
+		}
+		switch r.Mode {
+		case ModeRW, ModeRO, ModeWO, ModeHidden:
+		default:
+			return fmt.Errorf("rule %q: unknown mode %q (want rw, ro, wo or hidden)", r.Prefix, r.Mode)
+		}
+		if seen[prefix] {
+			return fmt.Errorf("rule %q: prefix given twice", r.Prefix)
+		}
+		seen[prefix] = true
+		out = append(out, Rule{Prefix: prefix, Mode: r.Mode})
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i].Prefix) > len(out[j].Prefix) })
+	p.Rules = out
+	return nil
+}
+
+// ModeOf returns the mode in force at the cleaned path rel.
+func (p *Policy) ModeOf(rel string) Mode {
+	for _, r := range p.Rules {
+		if r.Prefix == "." || rel == r.Prefix || strings.HasPrefix(rel, r.Prefix+"/") {
+			return r.Mode
+		}
+	}
+	return ModeRW
+}
+
+// Path cleans a model-supplied path and checks that op may be made on it.
+// It is the first question every tool asks.
+func (p *Policy) Path(op Op, raw string) (string, error) {
+	rel, err := CleanPath(raw, p.MainScope)
+	if err != nil {
+		return "", err
+	}
+	return rel, p.Check(op, rel)
+}
+
+// Check decides whether op may be made at the cleaned path rel under the
+// path modes and reserved names. It does not look at the object there; see
+// CheckObject.
+func (p *Policy) Check(op Op, rel string) error {
+	if op == OpCreate || op == OpRename {
+		dir, name := Split(rel)
+		if rel == "." {
+			return Errorf(Exists, "the workspace root already exists")
+		}
+		if err := CheckName(dir, name, p.MainScope); err != nil {
+			return err
+		}
+	}
+	switch p.ModeOf(rel) {
+	case ModeHidden:
+		return Errorf(NotFound, "%s: no such file or directory", rel)
+	case ModeRO:
+		if op.mutates() {
+			return Errorf(ReadOnly, "%s is read-only (path rule %q); write elsewhere, for example in a rw directory", rel, p.ruleFor(rel))
+		}
+	case ModeWO:
+		if op == OpRead {
+			return Errorf(PermissionDenied, "%s is write-only (path rule %q): files there can be written but not read back", rel, p.ruleFor(rel))
+		}
+	}
+	return nil
+}
+
+// Listed reports whether the entry at cleaned path rel appears in listings.
+func (p *Policy) Listed(rel string) bool {
+	_, name := Split(rel)
+	return Visible(name) && p.ModeOf(rel) != ModeHidden
+}
+
+func (p *Policy) ruleFor(rel string) string {
+	for _, r := range p.Rules {
+		if r.Prefix == "." || rel == r.Prefix || strings.HasPrefix(rel, r.Prefix+"/") {
+			return r.Prefix + "/ " + string(r.Mode)
+		}
+	}
+	return ". rw"
+}
+
+// Split splits a cleaned path into its directory and last name.
+func Split(rel string) (dir, name string) {
+	i := strings.LastIndexByte(rel, '/')
+	if i < 0 {
+		return ".", rel
+	}
+	return rel[:i], rel[i+1:]
+}
+
+// Limits bound what one call or one scope may use (SPEC §3.3). Zero means
+// unlimited for the quota fields.
+type Limits struct {
+	TextBytes  int64 // largest file the text tools read or write
+	FileBytes  int64 // largest file through the filesystem
+	ScopeBytes int64 // total bytes of regular files in a scope
+	ScopeFiles int64 // number of files and directories in a scope
+
+	ListEntries  int           // entries one workspace_list returns
+	GlobResults  int           // paths one workspace_glob returns
+	GrepMatches  int           // matching lines one workspace_grep returns
+	GrepScan     int64         // bytes one workspace_grep reads in all
+	GrepLine     int           // longest line handed to a backtracking regex
+	RegexTimeout time.Duration // per-match limit of a backtracking regex
+	GrepBudget   time.Duration // whole-call limit of workspace_grep
+	WalkEntries  int           // entries one glob or grep visits
+}
+
+// DefaultLimits are the limits of the open layout.
+func DefaultLimits() Limits {
+	return Limits{
+		TextBytes:    2 << 20,
+		FileBytes:    1 << 30,
+		ScopeBytes:   5 << 30,
+		ScopeFiles:   100_000,
+		ListEntries:  1000,
+		GlobResults:  1000,
+		GrepMatches:  500,
+		GrepScan:     256 << 20,
+		GrepLine:     64 << 10,
+		RegexTimeout: 100 * time.Millisecond,
+		GrepBudget:   10 * time.Second,
+		WalkEntries:  200_000,
+	}
+}
+
+// CheckText refuses a file of size bytes for the text tools.
+func (l Limits) CheckText(rel string, size int64) error {
+	if l.TextBytes > 0 && size > l.TextBytes {
+		return Errorf(TooLarge, "%s is %s; the text limit of read and write tools is %s (use workspace_command for larger files)", rel, Bytes(size), Bytes(l.TextBytes))
+	}
+	return nil
+}
+
+// CheckFileSize refuses growing a file to size bytes through the filesystem.
+func (l Limits) CheckFileSize(rel string, size int64) error {
+	if l.FileBytes > 0 && size > l.FileBytes {
+		return Errorf(TooLarge, "file too large: %s would be %s; the per-file limit is %s", rel, Bytes(size), Bytes(l.FileBytes))
+	}
+	return nil
+}
+
+// Usage is what a scope holds now.
+type Usage struct {
+	Bytes int64 // apparent size of regular files (sparse files count in full)
+	Files int64 // files and directories
+}
+
+// CheckQuota refuses a change that adds addBytes and addFiles to used.
+// Shrinking changes always pass, so a full scope can be cleaned up.
+func (l Limits) CheckQuota(used Usage, addBytes, addFiles int64) error {
+	if addBytes > 0 && l.ScopeBytes > 0 && used.Bytes+addBytes > l.ScopeBytes {
+		return Errorf(QuotaExceeded, "quota exceeded: workspace total %s (used %s, write of %s refused)", Bytes(l.ScopeBytes), Bytes(used.Bytes), Bytes(addBytes))
+	}
+	if addFiles > 0 && l.ScopeFiles > 0 && used.Files+addFiles > l.ScopeFiles {
+		return Errorf(QuotaExceeded, "quota exceeded: workspace file count %d (used %d, %d new refused)", l.ScopeFiles, used.Files, addFiles)
+	}
+	return nil
+}
+
+// Bytes formats n for people: "2 MiB", "4.99 GiB", "512 B".
+func Bytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	v := float64(n) / float64(div)
+	s := fmt.Sprintf("%.2f", v)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	return s + " " + string("KMGTP"[exp]) + "iB"
+}

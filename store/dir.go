@@ -1,0 +1,103 @@
+package store
+
+import (
+	"context"
+	"io"
+	"os"
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// ReadDir lists the directory at rel: every entry the policy shows, with
+// what lstat says of it, sorted by name. Objects that can't be used
+// (symlinks, FIFOs…) are listed for what they are.
+func (w *Workspace) ReadDir(ctx context.Context, rel string) ([]Info, error) {
+	f, _, err := w.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return w.readDirFD(ctx, f, rel)
+}
+
+func (w *Workspace) readDirFD(ctx context.Context, f *os.File, rel string) ([]Info, error) {
+	names, err := f.Readdirnames(-1)
+	if err != nil && err != io.EOF {
+		return nil, policy.FromErrno(err, "list", rel)
+	}
+	sort.Strings(names)
+	out := make([]Info, 0, len(names))
+	for _, name := range names {
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Cancelled, "list %s cancelled", rel)
+		}
+		if !w.pol.Listed(policy.Join(rel, name)) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // removed meanwhile
+		}
+		out = append(out, infoOf(name, &st))
+	}
+	return out, nil
+}
+
+// WalkFunc is called for every entry Walk visits, with its cleaned path.
+// Returning SkipDir skips a directory's contents; any other error stops.
+type WalkFunc func(rel string, info Info) error
+
+// SkipDir is returned by a WalkFunc to skip a directory.
+var SkipDir = io.EOF
+
+// Walk visits the tree at rel depth first in name order. It descends one
+// component at a time from directory fds with O_NOFOLLOW, never through a
+// symlink and never onto another filesystem; the root of the walk itself
+// is not passed to fn.
+func (w *Workspace) Walk(ctx context.Context, rel string, fn WalkFunc) error {
+	f, _, err := w.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return w.walkFD(ctx, f, rel, fn)
+}
+
+func (w *Workspace) walkFD(ctx context.Context, dir *os.File, rel string, fn WalkFunc) error {
+	entries, err := w.readDirFD(ctx, dir, rel)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		p := policy.Join(rel, e.Name)
+		if err := fn(p, e); err != nil {
+			if err == SkipDir {
+				continue
+			}
+			return err
+		}
+		if e.Kind != policy.KindDir || e.Stat.Dev != w.dev {
+			continue
+		}
+		fd, err := unix.Openat(int(dir.Fd()), e.Name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // replaced by a symlink or removed meanwhile: not followed
+		}
+		sub := os.NewFile(uintptr(fd), p)
+		err = w.walkFD(ctx, sub, p, fn)
+		sub.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// OpenInDir opens the entry name of an open directory for reading, with the
+// same checks as Open. Walkers use it to avoid resolving paths again.
+func (w *Workspace) OpenInDir(op policy.Op, dir *os.File, rel, name string) (*os.File, Info, error) {
+	return w.openChecked(op, rel, unix.O_RDONLY, dir, name)
+}

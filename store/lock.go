@@ -1,0 +1,64 @@
+package store
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// LockFile is the scope lock's name in the scope's state directory,
+// .agentloom-locks/<scope-hash>/, outside every projection (SPEC §7.2).
+const LockFile = "scope.lock"
+
+// Lock takes the scope's exclusive lock, waiting until ctx is done. It is a
+// POSIX open-file-description lock, so it excludes other goroutines of this
+// process as well as other processes and, on a filesystem with working
+// POSIX locks (NFSv4), other nodes. The returned func releases it.
+//
+// Whoever takes the lock and finds an execution marker knows its owner is
+// gone (a running command holds the lock throughout), so the scope is
+// quarantined then and there.
+func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
+	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return nil, policy.FromErrno(err, "open lock", LockFile)
+	}
+	f := os.NewFile(uintptr(fd), LockFile)
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	delay := time.Millisecond
+	for {
+		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+		if err == nil {
+			break
+		}
+		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
+			f.Close()
+			return nil, policy.FromErrno(err, "lock", w.scope.String())
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			f.Close()
+			return nil, policy.Errorf(policy.Timeout, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
+		case <-t.C:
+		}
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+	unlock = func() {
+		un := unix.Flock_t{Type: unix.F_UNLCK}
+		unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &un)
+		f.Close()
+	}
+	if err := w.quarantineStaleMarker(); err != nil {
+		unlock()
+		return nil, err
+	}
+	return unlock, nil
+}

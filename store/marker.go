@@ -1,0 +1,139 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Names in the scope's state directory (SPEC §5).
+const (
+	ExecMarker     = "execution.json"
+	QuarantineFile = ".quarantine"
+)
+
+// Marker records a command in flight: written before its container starts,
+// removed only once the engine confirmed the container is gone.
+type Marker struct {
+	Scope     string    `json:"scope"`
+	ScopeHash string    `json:"scope_hash"`
+	Container string    `json:"container"`
+	Node      string    `json:"node"`
+	PID       int       `json:"pid"`
+	Run       string    `json:"run,omitempty"`
+	Call      string    `json:"call,omitempty"`
+	Time      time.Time `json:"time"`
+	Reason    string    `json:"reason,omitempty"`
+}
+
+// SetMarker persists m atomically. The caller holds the scope lock.
+func (w *Workspace) SetMarker(m Marker) error {
+	m.Scope, m.ScopeHash = w.scope.String(), w.scope.Hash()
+	return w.writeState(ExecMarker, m, true)
+}
+
+// ClearMarker removes the execution marker after confirmed cleanup.
+func (w *Workspace) ClearMarker() error {
+	err := unix.Unlinkat(int(w.state.Fd()), ExecMarker, 0)
+	if err != nil && err != unix.ENOENT {
+		return fmt.Errorf("clear execution marker: %w", err)
+	}
+	syncDir(w.state)
+	return nil
+}
+
+// Quarantine marks the scope: writes and commands are refused until an
+// administrator clears it. The marker of the command concerned moves into
+// the quarantine file.
+func (w *Workspace) Quarantine(m Marker, reason string) error {
+	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
+	if err := w.writeState(QuarantineFile, m, false); err != nil {
+		return err
+	}
+	return w.ClearMarker()
+}
+
+// QuarantineMarker returns the quarantine record, or nil if the scope is
+// not quarantined.
+func (w *Workspace) QuarantineMarker() (*Marker, error) {
+	return w.readState(QuarantineFile)
+}
+
+// CheckQuarantine refuses a change to a quarantined scope.
+func (w *Workspace) CheckQuarantine() error {
+	var st unix.Stat_t
+	err := unix.Fstatat(int(w.state.Fd()), QuarantineFile, &st, unix.AT_SYMLINK_NOFOLLOW)
+	if err == unix.ENOENT {
+		return nil
+	}
+	m, _ := w.readState(QuarantineFile)
+	msg := "this workspace is quarantined: a sandbox command's cleanup could not be confirmed; writes and commands are refused until an administrator clears it (reads still work)"
+	if m != nil {
+		msg += fmt.Sprintf(" [container %s, node %s, since %s]", m.Container, m.Node, m.Time.UTC().Format(time.RFC3339))
+	}
+	return policy.Errorf(policy.Quarantined, "%s", msg)
+}
+
+// quarantineStaleMarker runs right after the scope lock is taken: an
+// execution marker found then was left by a command whose owner died.
+func (w *Workspace) quarantineStaleMarker() error {
+	m, err := w.readState(ExecMarker)
+	if err != nil || m == nil {
+		return err
+	}
+	return w.Quarantine(*m, "execution marker found without a live owner (worker died or cleanup unconfirmed)")
+}
+
+func (w *Workspace) readState(name string) (*Marker, error) {
+	fd, err := unix.Openat(int(w.state.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	var m Marker
+	if err := json.Unmarshal(b, &m); err != nil {
+		// An unreadable marker still counts: return what we know.
+		return &Marker{Reason: "unreadable marker: " + err.Error()}, nil
+	}
+	return &m, nil
+}
+
+// writeState writes a JSON file into the state directory atomically.
+func (w *Workspace) writeState(name string, v any, noReplace bool) error {
+	err := writeJSONAt(int(w.state.Fd()), name, v, noReplace)
+	if err == unix.EINVAL && noReplace {
+		// No RENAME_NOREPLACE here (older NFS); the scope lock serialises.
+		err = writeJSONAt(int(w.state.Fd()), name, v, false)
+	}
+	if err == unix.EEXIST {
+		return fmt.Errorf("write %s: a marker already exists", name)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory given as an O_PATH fd.
+func syncDir(d *os.File) {
+	fd, err := unix.Openat(int(d.Fd()), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.Fsync(fd)
+	unix.Close(fd)
+}

@@ -1,0 +1,197 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Backends (SPEC §2.2).
+const (
+	BackendLocal       = "local"
+	BackendSharedPOSIX = "shared_posix"
+)
+
+// Names on the volume root, outside every scope (SPEC §2.1).
+const (
+	VolumeMarker = ".agentloom-volume"
+	LocksDir     = ".agentloom-locks"
+	AuditDir     = ".agentloom-audit"
+	RunsDir      = ".agentloom-runs"
+	SpacesDir    = "spaces"
+)
+
+// Config says where the volume is. It is read from explicit flags and
+// environment only.
+type Config struct {
+	Backend  string // local (default) or shared_posix
+	Root     string // the volume root; for local, defaults to DataDir/workspaces
+	VolumeID string // shared_posix: what the root's marker must hold
+	DataDir  string // local: AGENT_LOOM_DATA, default ./data
+}
+
+// RootPath returns the volume root the configuration names.
+func (c Config) RootPath() string {
+	if c.Root != "" {
+		return c.Root
+	}
+	data := c.DataDir
+	if data == "" {
+		data = "./data"
+	}
+	return filepath.Join(data, "workspaces")
+}
+
+// Volume is an open workspace root. It pins the root directory by fd; every
+// scope is reached from that fd.
+type Volume struct {
+	cfg  Config
+	path string
+	root *os.File
+}
+
+// OpenVolume opens the configured root. The local backend creates it; the
+// shared_posix backend requires the administrator's root and marker and
+// never falls back to a local directory.
+func OpenVolume(ctx context.Context, cfg Config) (*Volume, error) {
+	if cfg.Backend == "" {
+		cfg.Backend = BackendLocal
+	}
+	path, err := filepath.Abs(cfg.RootPath())
+	if err != nil {
+		return nil, fmt.Errorf("volume root: %w", err)
+	}
+	switch cfg.Backend {
+	case BackendLocal:
+		if err := os.MkdirAll(path, policy.DirPerm); err != nil {
+			return nil, fmt.Errorf("create local root %s: %w", path, err)
+		}
+	case BackendSharedPOSIX:
+		if err := CheckMarker(path, cfg.VolumeID); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, policy.Errorf(policy.InvalidInput, "backend %q: want %s or %s", cfg.Backend, BackendLocal, BackendSharedPOSIX)
+	}
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open volume root %s: %w", path, err)
+	}
+	return &Volume{cfg: cfg, path: path, root: os.NewFile(uintptr(fd), path)}, nil
+}
+
+// CheckMarker verifies a shared root: it must exist and its marker must
+// hold exactly volumeID. Nothing is created.
+func CheckMarker(root, volumeID string) error {
+	unavailable := func(format string, args ...any) error {
+		return policy.Errorf(policy.VolumeUnavailable, "shared volume unavailable: "+format+"; loomfs never falls back to a local directory", args...)
+	}
+	if volumeID == "" {
+		return unavailable("no volume id configured (AGENT_LOOM_WORKSPACE_VOLUME_ID)")
+	}
+	st, err := os.Stat(root)
+	if err != nil || !st.IsDir() {
+		return unavailable("root %s does not exist or is not a directory", root)
+	}
+	b, err := os.ReadFile(filepath.Join(root, VolumeMarker))
+	if err != nil {
+		return unavailable("marker %s is missing or unreadable", VolumeMarker)
+	}
+	got := string(bytes.TrimRight(b, "\r\n"))
+	if got == "" {
+		return unavailable("marker %s is empty", VolumeMarker)
+	}
+	if got != volumeID {
+		return unavailable("marker %s holds %q, configured volume id is %q", VolumeMarker, strings.ToValidUTF8(got, "?"), volumeID)
+	}
+	return nil
+}
+
+// Path returns the root's absolute path (for logs and for the audit sink).
+func (v *Volume) Path() string { return v.path }
+
+// Config returns the configuration the volume was opened with.
+func (v *Volume) Config() Config { return v.cfg }
+
+// Close releases the root fd.
+func (v *Volume) Close() error { return v.root.Close() }
+
+// recheck re-verifies a shared volume's marker before an entry point
+// touches it (SPEC §2.2).
+func (v *Volume) recheck() error {
+	if v.cfg.Backend != BackendSharedPOSIX {
+		return nil
+	}
+	return CheckMarker(v.path, v.cfg.VolumeID)
+}
+
+// mkdirAll creates rel (cleaned, trusted) beneath dirfd, component by
+// component, never following a symlink, and returns an O_PATH fd of it.
+func mkdirAll(dirfd int, rel string) (int, error) {
+	cur, err := unix.Dup(dirfd)
+	if err != nil {
+		return -1, err
+	}
+	for _, c := range strings.Split(rel, "/") {
+		if err := unix.Mkdirat(cur, c, policy.DirPerm); err != nil && err != unix.EEXIST {
+			unix.Close(cur)
+			return -1, fmt.Errorf("mkdir %s: %w", c, err)
+		}
+		next, err := openBeneath(cur, c, unix.O_PATH|unix.O_DIRECTORY, 0)
+		unix.Close(cur)
+		if err != nil {
+			return -1, fmt.Errorf("open %s: %w", c, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// stateDir opens (creating) the scope's directory under .agentloom-locks.
+func (v *Volume) stateDir(s Scope) (int, error) {
+	return mkdirAll(int(v.root.Fd()), LocksDir+"/"+s.Hash())
+}
+
+// Open opens scope s with policy pol, creating its directory on demand.
+// The returned Workspace pins the scope directory by fd.
+func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Workspace, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := v.recheck(); err != nil {
+		return nil, err
+	}
+	if pol == nil {
+		pol = policy.Default()
+	}
+	fd, err := mkdirAll(int(v.root.Fd()), s.Dir())
+	if err != nil {
+		return nil, policy.FromErrno(err, "open scope", s.String())
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("stat scope %s: %w", s, err)
+	}
+	sfd, err := v.stateDir(s)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("scope state dir: %w", err)
+	}
+	w := &Workspace{
+		vol:   v,
+		scope: s,
+		pol:   pol.WithScope(s.Main()),
+		dir:   os.NewFile(uintptr(fd), s.Dir()),
+		state: os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
+		dev:   st.Dev,
+	}
+	return w, nil
+}

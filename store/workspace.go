@@ -1,0 +1,231 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Workspace is one open scope. Its directory is pinned by fd; every access
+// resolves a cleaned path beneath that fd (openBeneath) and then works on
+// the fds it got. Methods take paths already cleaned by policy.
+type Workspace struct {
+	vol   *Volume
+	scope Scope
+	pol   *policy.Policy
+	dir   *os.File // O_PATH fd of the scope directory
+	state *os.File // O_PATH fd of .agentloom-locks/<hash>
+	dev   uint64
+
+	usageMu    sync.Mutex
+	usage      policy.Usage
+	usageKnown bool
+}
+
+// Scope returns the workspace's scope.
+func (w *Workspace) Scope() Scope { return w.scope }
+
+// Policy returns the policy in force for this scope.
+func (w *Workspace) Policy() *policy.Policy { return w.pol }
+
+// Volume returns the volume the workspace lives on.
+func (w *Workspace) Volume() *Volume { return w.vol }
+
+// DirFD returns the pinned scope directory fd. Callers must not close it.
+func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
+
+// Close releases the pinned fds.
+func (w *Workspace) Close() error {
+	w.state.Close()
+	return w.dir.Close()
+}
+
+// Resolve opens the cleaned path rel beneath the scope with flags (always
+// O_NOFOLLOW, never leaving the scope). It does not check the object.
+func (w *Workspace) Resolve(rel string, flags int, mode uint32) (*os.File, error) {
+	fd, err := openBeneath(w.DirFD(), rel, flags, mode)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), rel), nil
+}
+
+// Parent opens the directory holding rel and returns it with rel's last
+// name, so the caller can make one *at call on it. rel must not be ".".
+func (w *Workspace) Parent(rel string) (*os.File, string, error) {
+	dir, name := policy.Split(rel)
+	f, err := w.Resolve(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, "", policy.FromErrno(err, "open", dir)
+	}
+	return f, name, nil
+}
+
+// Lstat describes the object at rel without following it.
+func (w *Workspace) Lstat(rel string) (Info, error) {
+	var st unix.Stat_t
+	if rel == "." {
+		if err := unix.Fstat(w.DirFD(), &st); err != nil {
+			return Info{}, policy.FromErrno(err, "stat", rel)
+		}
+		return infoOf(".", &st), nil
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return Info{}, err
+	}
+	defer parent.Close()
+	if err := unix.Fstatat(int(parent.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return Info{}, policy.FromErrno(err, "stat", rel)
+	}
+	return infoOf(name, &st), nil
+}
+
+// Open opens the existing object at rel for op with open flags. The object
+// is checked before the open (so a FIFO or device is never opened by a
+// refused call) and again on the fd after it (so a swap in between is
+// caught). The file is returned with its Info.
+func (w *Workspace) Open(op policy.Op, rel string, flags int) (*os.File, Info, error) {
+	if rel == "." {
+		return w.openChecked(op, rel, flags, nil, ".")
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	defer parent.Close()
+	return w.openChecked(op, rel, flags, parent, name)
+}
+
+// OpenAt is Open for a caller that already holds the parent directory.
+func (w *Workspace) OpenAt(op policy.Op, rel string, flags int, parent *os.File, name string) (*os.File, Info, error) {
+	return w.openChecked(op, rel, flags, parent, name)
+}
+
+func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *os.File, name string) (*os.File, Info, error) {
+	dirfd := w.DirFD()
+	if parent != nil {
+		dirfd = int(parent.Fd())
+		var pre unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &pre, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+		}
+		if err := policy.CheckObject(op, rel, policy.ObjectOf(&pre)); err != nil {
+			return nil, Info{}, err
+		}
+	}
+	fd, err := unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+	}
+	info := infoOf(name, &st)
+	if st.Dev != w.dev {
+		unix.Close(fd)
+		return nil, Info{}, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
+	}
+	if err := policy.CheckObject(op, rel, info.Object()); err != nil {
+		unix.Close(fd)
+		return nil, Info{}, err
+	}
+	if info.Kind == policy.KindRegular {
+		// Back to blocking mode for ordinary reads and writes.
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^unix.O_NONBLOCK)
+		}
+	}
+	return os.NewFile(uintptr(fd), rel), info, nil
+}
+
+// ReadFile reads the whole regular file at rel, refusing one over the text
+// limit, and returns its bytes and sha256.
+func (w *Workspace) ReadFile(ctx context.Context, rel string) ([]byte, string, error) {
+	f, info, err := w.Open(policy.OpRead, rel, unix.O_RDONLY)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	if info.Kind == policy.KindDir {
+		return nil, "", policy.Errorf(policy.IsDir, "%s is a directory; use workspace_list", rel)
+	}
+	if err := w.pol.Limits.CheckText(rel, info.Size); err != nil {
+		return nil, "", err
+	}
+	// Read at most one byte past the limit so growth after fstat is caught.
+	b, err := io.ReadAll(io.LimitReader(f, w.pol.Limits.TextBytes+1))
+	if err != nil {
+		return nil, "", policy.FromErrno(err, "read", rel)
+	}
+	if err := w.pol.Limits.CheckText(rel, int64(len(b))); err != nil {
+		return nil, "", err
+	}
+	return b, hashBytes(b), ctx.Err()
+}
+
+// HashFile returns the sha256 of the regular file at rel, or "" when the
+// file is over the text limit.
+func (w *Workspace) HashFile(rel string) (string, error) {
+	f, info, err := w.Open(policy.OpRead, rel, unix.O_RDONLY)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if info.Kind != policy.KindRegular || info.Size > w.pol.Limits.TextBytes {
+		return "", nil
+	}
+	return hashReader(f)
+}
+
+// currentHash returns the sha256 of the file name in parent, or "" if it
+// does not exist. Objects that may not be written are refused.
+func (w *Workspace) currentHash(parent *os.File, rel, name string) (hash string, info Info, exists bool, err error) {
+	f, info, err := w.openChecked(policy.OpWrite, rel, unix.O_RDONLY, parent, name)
+	if err != nil {
+		if policy.CodeOf(err) == policy.NotFound {
+			return "", Info{}, false, nil
+		}
+		return "", Info{}, false, err
+	}
+	defer f.Close()
+	if info.Kind == policy.KindDir {
+		return "", info, true, policy.Errorf(policy.IsDir, "%s is a directory", rel)
+	}
+	h, err := hashReader(f)
+	return h, info, true, err
+}
+
+func hashBytes(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func hashReader(r io.Reader) (string, error) {
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return "", fmt.Errorf("hash: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// conflict builds the error a stale expected_sha256 gets.
+func conflict(rel, current string) error {
+	if current == "" {
+		e := policy.Errorf(policy.Conflict, "%s does not exist but expected_sha256 names a version; re-read the workspace and retry", rel)
+		return e
+	}
+	e := policy.Errorf(policy.Conflict, "%s changed since you read it (current sha256 %s); re-read the file and retry", rel, current)
+	e.SHA256 = current
+	return e
+}

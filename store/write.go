@@ -1,0 +1,299 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// WriteResult is what an atomic write did.
+type WriteResult struct {
+	Bytes   int64  `json:"bytes"`
+	SHA256  string `json:"sha256"`
+	Created bool   `json:"created"`
+}
+
+// Precondition is an optional expected_sha256: nil means none, a pointer to
+// "" means the file must not exist.
+type Precondition = *string
+
+// WriteFile atomically replaces the file at rel with data: a temporary file
+// in the same directory is written, fsynced, renamed over rel, and the
+// directory fsynced. A crash leaves the old content or the new, never a torn
+// file. If expected is set, the current content must still hash to it.
+// Callers serialise writers with the scope lock (Lock).
+func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expected Precondition) (WriteResult, error) {
+	if err := w.checkWritable(policy.OpWrite, rel); err != nil {
+		return WriteResult{}, err
+	}
+	if err := w.pol.Limits.CheckText(rel, int64(len(data))); err != nil {
+		return WriteResult{}, err
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return WriteResult{}, err
+	}
+	defer parent.Close()
+	cur, info, exists, err := w.currentHash(parent, rel, name)
+	if err != nil {
+		return WriteResult{}, err
+	}
+	if expected != nil {
+		if *expected == "" && exists {
+			return WriteResult{}, conflict(rel, cur)
+		}
+		if *expected != "" && *expected != cur {
+			return WriteResult{}, conflict(rel, cur)
+		}
+	}
+	if !exists {
+		if err := w.pol.Check(policy.OpCreate, rel); err != nil {
+			return WriteResult{}, err
+		}
+	}
+	var addFiles int64
+	if !exists {
+		addFiles = 1
+	}
+	if err := w.Reserve(int64(len(data))-info.Size, addFiles); err != nil {
+		return WriteResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		w.Adjust(info.Size-int64(len(data)), -addFiles)
+		return WriteResult{}, policy.Errorf(policy.Cancelled, "write %s cancelled before it started", rel)
+	}
+	if err := w.replace(parent, name, rel, data, !exists); err != nil {
+		w.Adjust(info.Size-int64(len(data)), -addFiles)
+		return WriteResult{}, err
+	}
+	return WriteResult{Bytes: int64(len(data)), SHA256: hashBytes(data), Created: !exists}, nil
+}
+
+// replace writes data to a temporary file in parent and renames it to name.
+// With mustCreate the rename refuses to replace an object that appeared
+// meanwhile (RENAME_NOREPLACE).
+func (w *Workspace) replace(parent *os.File, name, rel string, data []byte, mustCreate bool) error {
+	pfd := int(parent.Fd())
+	tmp, tmpName, err := createTemp(pfd)
+	if err != nil {
+		return policy.FromErrno(err, "write", rel)
+	}
+	cleanup := func() {
+		tmp.Close()
+		if tmpName != "" {
+			unix.Unlinkat(pfd, tmpName, 0)
+		}
+	}
+	if _, err := tmp.Write(data); err != nil {
+		cleanup()
+		return policy.FromErrno(err, "write", rel)
+	}
+	if err := tmp.Sync(); err != nil {
+		cleanup()
+		return policy.FromErrno(err, "fsync", rel)
+	}
+	if tmpName == "" {
+		// An O_TMPFILE has no name until now: the window in which a crash
+		// leaves a (hidden, reserved) temp name is this link and the rename.
+		tmpName = tempName()
+		if err := linkTemp(tmp, pfd, tmpName); err != nil {
+			tmpName = ""
+			cleanup()
+			return policy.FromErrno(err, "write", rel)
+		}
+	}
+	flags := uint(0)
+	if mustCreate {
+		flags = unix.RENAME_NOREPLACE
+	}
+	if err := unix.Renameat2(pfd, tmpName, pfd, name, flags); err != nil {
+		if err == unix.EINVAL && flags != 0 {
+			// The filesystem lacks RENAME_NOREPLACE (older NFS); the scope
+			// lock still serialises writers that follow the protocol.
+			err = unix.Renameat(pfd, tmpName, pfd, name)
+		}
+		if err != nil {
+			cleanup()
+			if err == unix.EEXIST {
+				return conflict(rel, "")
+			}
+			return policy.FromErrno(err, "rename", rel)
+		}
+	}
+	tmp.Close()
+	if err := unix.Fsync(pfd); err != nil && err != unix.EBADF && err != unix.EINVAL {
+		return policy.FromErrno(err, "fsync dir", rel)
+	}
+	return nil
+}
+
+// createTemp creates an unnamed file in dirfd (O_TMPFILE) or, where the
+// filesystem lacks it, a named one under the reserved prefix. Mode is
+// always 0600 whatever the umask.
+func createTemp(dirfd int) (*os.File, string, error) {
+	// O_PATH fds can't be used for O_TMPFILE; reopen the directory itself.
+	dfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == nil {
+		fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, policy.FilePerm)
+		unix.Close(dfd)
+		if terr == nil {
+			unix.Fchmod(fd, policy.FilePerm)
+			return os.NewFile(uintptr(fd), "tmpfile"), "", nil
+		}
+	}
+	name := tempName()
+	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return nil, "", err
+	}
+	unix.Fchmod(fd, policy.FilePerm)
+	return os.NewFile(uintptr(fd), name), name, nil
+}
+
+func linkTemp(f *os.File, dirfd int, name string) error {
+	err := unix.Linkat(int(f.Fd()), "", dirfd, name, unix.AT_EMPTY_PATH)
+	if err == nil {
+		return nil
+	}
+	return unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), dirfd, name, unix.AT_SYMLINK_FOLLOW)
+}
+
+func tempName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return policy.InternalPrefix + "tmp-" + hex.EncodeToString(b[:])
+}
+
+// checkWritable refuses a change to a quarantined scope and checks the
+// path's mode.
+func (w *Workspace) checkWritable(op policy.Op, rel string) error {
+	if err := w.vol.recheck(); err != nil {
+		return err
+	}
+	if err := w.CheckQuarantine(); err != nil {
+		return err
+	}
+	return w.pol.Check(op, rel)
+}
+
+// Remove deletes the file or empty directory at rel; never recursive. With
+// expected set, a file's content must still hash to it.
+func (w *Workspace) Remove(ctx context.Context, rel string, expected Precondition) error {
+	if rel == "." {
+		return policy.Errorf(policy.PermissionDenied, "the workspace root can't be deleted")
+	}
+	if err := w.checkWritable(policy.OpDelete, rel); err != nil {
+		return err
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	pfd := int(parent.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return policy.FromErrno(err, "delete", rel)
+	}
+	info := infoOf(name, &st)
+	if err := policy.CheckObject(policy.OpDelete, rel, info.Object()); err != nil {
+		return err
+	}
+	if info.Kind == policy.KindDir {
+		if expected != nil && *expected != "" {
+			return policy.Errorf(policy.IsDir, "%s is a directory; expected_sha256 applies to files", rel)
+		}
+		if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil {
+			return policy.FromErrno(err, "delete", rel)
+		}
+		w.Adjust(0, -1)
+		return nil
+	}
+	if expected != nil {
+		cur, _, exists, err := w.currentHash(parent, rel, name)
+		if err != nil {
+			return err
+		}
+		if !exists || *expected != cur {
+			return conflict(rel, cur)
+		}
+	}
+	// Re-check on the fd we are about to remove: it must still be the file
+	// we checked (same inode), not something swapped in.
+	var again unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &again, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return policy.FromErrno(err, "delete", rel)
+	}
+	if again.Ino != st.Ino || again.Dev != st.Dev {
+		return policy.Errorf(policy.Conflict, "%s changed while it was being deleted; re-read and retry", rel)
+	}
+	if err := unix.Unlinkat(pfd, name, 0); err != nil {
+		return policy.FromErrno(err, "delete", rel)
+	}
+	w.Adjust(-st.Size, -1)
+	return nil
+}
+
+// Mkdir creates the directory rel (mode 0700), and with parents any missing
+// directories above it.
+func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (created bool, err error) {
+	if rel == "." {
+		if parents {
+			return false, nil
+		}
+		return false, policy.Errorf(policy.Exists, "the workspace root already exists")
+	}
+	if err := w.checkWritable(policy.OpCreate, rel); err != nil {
+		return false, err
+	}
+	if parents {
+		dir, _ := policy.Split(rel)
+		if dir != "." {
+			if info, err := w.Lstat(dir); err != nil {
+				if policy.CodeOf(err) != policy.NotFound {
+					return false, err
+				}
+				if _, err := w.Mkdir(ctx, dir, true); err != nil {
+					return false, err
+				}
+			} else if info.Kind != policy.KindDir {
+				if err := policy.CheckObject(policy.OpList, dir, info.Object()); err != nil {
+					return false, err
+				}
+			}
+		}
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return false, err
+	}
+	defer parent.Close()
+	if err := w.Reserve(0, 1); err != nil {
+		return false, err
+	}
+	if err := unix.Mkdirat(int(parent.Fd()), name, policy.DirPerm); err != nil {
+		w.Adjust(0, -1)
+		if err == unix.EEXIST && parents {
+			info, lerr := w.Lstat(rel)
+			if lerr == nil && info.Kind == policy.KindDir {
+				return false, nil
+			}
+			if lerr == nil {
+				return false, policy.CheckObject(policy.OpList, rel, info.Object())
+			}
+		}
+		return false, policy.FromErrno(err, "mkdir", rel)
+	}
+	// The umask may have narrowed it; it is never widened past 0700.
+	if fd, err := unix.Openat(int(parent.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+		unix.Fchmod(fd, policy.DirPerm)
+		unix.Close(fd)
+	}
+	return true, nil
+}
