@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/tools"
+)
+
+func init() {
+	addCommand(newToolCmd)
+	addCommand(newToolsCmd)
+}
+
+func newToolCmd(g *globals) *cobra.Command {
+	var scope, input, callID string
+	cmd := &cobra.Command{
+		Use:   "tool NAME --scope S [--input JSON|-] [--call-id ID]",
+		Short: "Run one workspace tool and print its JSON result",
+		Long: `Run one workspace tool handler against a scope and print its JSON result on
+stdout. On a refusal it prints {"error":{"code":…,"message":…}} and exits 1.
+
+--input takes the tool's JSON arguments, or "-" to read them from stdin.
+--call-id makes the call replayable: a call recorded as done returns the
+recorded result; a write whose outcome was never recorded answers
+unknown_outcome instead of running again.
+
+Run "loomfs tools" for every tool's name, description and input schema.`,
+		Example: `  loomfs tool workspace_write --scope acme/coder/s1 --input '{"path":"a.txt","content":"hi\n"}'
+  echo '{"path":"a.txt"}' | loomfs tool workspace_read --scope acme/coder/s1 --input -`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			raw := []byte(input)
+			if input == "-" {
+				b, err := io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
+				if err != nil {
+					return fmt.Errorf("read input from stdin: %w", err)
+				}
+				raw = b
+			}
+			known := false
+			for _, n := range tools.Names {
+				known = known || n == name
+			}
+			if !known {
+				return usagef("unknown tool %q (run \"loomfs tools\" for the list)", name)
+			}
+			ctx := cmd.Context()
+			tb, done, err := g.openToolbox(ctx, scope)
+			if err != nil {
+				return printToolError(cmd, err)
+			}
+			defer done()
+			res, err := tb.Call(ctx, name, callID, raw)
+			if err != nil {
+				return printToolError(cmd, err)
+			}
+			out := cmd.OutOrStdout()
+			out.Write(res)
+			fmt.Fprintln(out)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE (required)")
+	cmd.Flags().StringVar(&input, "input", "{}", "tool arguments as JSON, or - to read them from stdin")
+	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	return cmd
+}
+
+// printToolError prints a refusal as JSON and exits 1; usage errors pass
+// through to exit 2.
+func printToolError(cmd *cobra.Command, err error) error {
+	if _, ok := err.(usageError); ok {
+		return err
+	}
+	pe := policy.AsError(err)
+	b, _ := json.Marshal(map[string]any{"error": pe})
+	fmt.Fprintln(cmd.OutOrStdout(), string(b))
+	return exitError{exitRefused}
+}
+
+func newToolsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tools",
+		Short: "Print every tool's model-visible definition as JSON",
+		Long: `Print the name, description and JSON Schema of every workspace tool, as a
+JSON array. Descriptions state the limits and path rules of the loaded policy
+(--policy), so what a model reads is what is enforced.`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pol, err := g.loadPolicy()
+			if err != nil {
+				return err
+			}
+			b, err := json.MarshalIndent(tools.Definitions(pol), "", "  ")
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			return nil
+		},
+	}
+}
+
+// openToolbox opens the scope and a Toolbox over it.
+func (g *globals) openToolbox(ctx context.Context, scope string) (*tools.Toolbox, func(), error) {
+	ws, done, err := g.openWorkspace(ctx, scope)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &tools.Toolbox{WS: ws}, done, nil
+}
+
+// exactArgs is cobra.ExactArgs reporting a usage error.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s takes %d argument(s), got %d; see --help", cmd.CommandPath(), n, len(args))
+		}
+		return nil
+	}
+}

@@ -1,0 +1,162 @@
+package tools
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Definition is what a model sees of a tool: its name, what it does, and
+// the JSON Schema of its input.
+type Definition struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// Tool names (SPEC §4). They are part of the contract.
+const (
+	List    = "workspace_list"
+	Stat    = "workspace_stat"
+	Glob    = "workspace_glob"
+	Grep    = "workspace_grep"
+	Read    = "workspace_read"
+	Write   = "workspace_write"
+	Edit    = "workspace_edit"
+	Mkdir   = "workspace_mkdir"
+	Delete  = "workspace_delete"
+	Command = "workspace_command"
+)
+
+// Names lists every tool in a stable order.
+var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command}
+
+// mutating tools hold the scope lock and are never replayed blind.
+var mutating = map[string]bool{Write: true, Edit: true, Mkdir: true, Delete: true, Command: true}
+
+// Mutating reports whether the named tool changes the workspace.
+func Mutating(name string) bool { return mutating[name] }
+
+type prop map[string]any
+
+func schema(required []string, props map[string]prop) json.RawMessage {
+	s := map[string]any{
+		"type":                 "object",
+		"properties":           props,
+		"additionalProperties": false,
+	}
+	if len(required) > 0 {
+		s["required"] = required
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+var (
+	pathProp = func(desc string) prop {
+		return prop{"type": "string", "description": desc}
+	}
+	shaProp = prop{"type": "string", "description": "If set, the file must still have this sha256 (from a previous read or stat); \"\" means the file must not exist yet. On a mismatch the call fails with code conflict and the current sha256.", "pattern": "^([0-9a-f]{64})?$"}
+)
+
+// Definitions returns every tool's model-visible definition, with the
+// limits and path rules of pol written into the descriptions so what a
+// model reads is what is enforced.
+func Definitions(pol *policy.Policy) []Definition {
+	l := pol.Limits
+	paths := "Paths are relative to the workspace root; absolute paths, \"..\", symlinks, hard links and special files are refused."
+	if rules := rulesText(pol); rules != "" {
+		paths += " Path rules in force: " + rules + "."
+	}
+	text := policy.Bytes(l.TextBytes)
+	defs := []Definition{
+		{List, fmt.Sprintf("List the entries of a workspace directory (name, type, size, mtime), sorted by name, at most %d per call; truncated says more exist. %s", l.ListEntries, paths),
+			schema(nil, map[string]prop{
+				"path":  pathProp("Directory to list; default \".\" (the workspace root)."),
+				"limit": {"type": "integer", "minimum": 1, "maximum": l.ListEntries, "description": fmt.Sprintf("Most entries to return (default and maximum %d).", l.ListEntries)},
+			})},
+		{Stat, fmt.Sprintf("Describe one workspace path: type, size, mode, mtime, and the sha256 of a regular file up to %s. Symlinks and special files are described, never followed. %s", text, paths),
+			schema([]string{"path"}, map[string]prop{"path": pathProp("Path to describe.")})},
+		{Glob, fmt.Sprintf("Find workspace paths matching a glob pattern (\"*\", \"?\", \"[a-z]\", and \"**\" for any number of directories), sorted, at most %d; truncated says more exist. Never follows symlinks. %s", l.GlobResults, paths),
+			schema([]string{"pattern"}, map[string]prop{
+				"pattern": {"type": "string", "description": "Glob relative to path, e.g. \"**/*.go\" or \"src/*.py\"."},
+				"path":    pathProp("Directory to search from; default \".\"."),
+				"limit":   {"type": "integer", "minimum": 1, "maximum": l.GlobResults, "description": fmt.Sprintf("Most paths to return (default and maximum %d).", l.GlobResults)},
+			})},
+		{Grep, fmt.Sprintf("Search file contents with a regular expression (RE2 syntax; backreferences and lookaround also work, with a %s per-match limit and a %s budget per call). Returns path, line number and line text for at most %d matching lines; skips binary files and files over %s and says how many; reads at most %s in all; truncated says results were cut. %s", l.RegexTimeout, l.GrepBudget, l.GrepMatches, text, policy.Bytes(l.GrepScan), paths),
+			schema([]string{"pattern"}, map[string]prop{
+				"pattern":     {"type": "string", "description": "Regular expression, matched line by line."},
+				"path":        pathProp("File or directory to search; default \".\"."),
+				"glob":        {"type": "string", "description": "Only search files matching this glob (a name like \"*.go\", or a path pattern with \"/\" and \"**\")."},
+				"ignore_case": {"type": "boolean", "description": "Match case-insensitively."},
+				"context":     {"type": "integer", "minimum": 0, "maximum": maxContext, "description": "Lines of context before and after each match."},
+				"limit":       {"type": "integer", "minimum": 1, "maximum": l.GrepMatches, "description": fmt.Sprintf("Most matching lines to return (default and maximum %d).", l.GrepMatches)},
+			})},
+		{Read, fmt.Sprintf("Read a text file by line range. Returns content, the whole file's sha256 (pass it as expected_sha256 to write, edit or delete), total_lines and truncated. Files over %s are refused. %s", text, paths),
+			schema([]string{"path"}, map[string]prop{
+				"path":   pathProp("File to read."),
+				"offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based; default 1."},
+				"limit":  {"type": "integer", "minimum": 1, "description": fmt.Sprintf("Most lines to return; default %d.", defaultReadLines)},
+			})},
+		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). Files are created 0600, missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s", text, paths),
+			schema([]string{"path", "content"}, map[string]prop{
+				"path":            pathProp("File to write."),
+				"content":         {"type": "string", "description": "The whole new content."},
+				"expected_sha256": shaProp,
+			})},
+		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Returns replacements and the new sha256. Files over %s are refused. %s", text, paths),
+			schema([]string{"path", "old_text", "new_text"}, map[string]prop{
+				"path":            pathProp("File to edit."),
+				"old_text":        {"type": "string", "minLength": 1, "description": "Exact text to find (whitespace matters)."},
+				"new_text":        {"type": "string", "description": "Replacement text; must differ from old_text."},
+				"replace_all":     {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one."},
+				"expected_sha256": shaProp,
+			})},
+		{Mkdir, fmt.Sprintf("Create a directory (mode 0700). With parents, missing parent directories are created too and an existing directory is not an error. %s", paths),
+			schema([]string{"path"}, map[string]prop{
+				"path":    pathProp("Directory to create."),
+				"parents": {"type": "boolean", "description": "Create missing parents; succeed if it exists."},
+			})},
+		{Delete, fmt.Sprintf("Delete one file or one empty directory; never recursive. %s", paths),
+			schema([]string{"path"}, map[string]prop{
+				"path":            pathProp("File or empty directory to delete."),
+				"expected_sha256": shaProp,
+			})},
+		{Command, fmt.Sprintf("Run a shell command (sh -c) in a fresh sandbox container with the workspace at /workspace (the working directory): no network, read-only system, writable /tmp, non-root user, umask 077. Returns exit_code, stdout, stderr, timed_out and truncation flags. Timeout %d–%d s, default %d s.", minTimeout, maxTimeout, defaultTimeout),
+			schema([]string{"command"}, map[string]prop{
+				"command":   {"type": "string", "minLength": 1, "description": "Shell command line."},
+				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
+			})},
+	}
+	return defs
+}
+
+// Command timeouts (SPEC §5).
+const (
+	minTimeout     = 1
+	maxTimeout     = 120
+	defaultTimeout = 60
+)
+
+func rulesText(pol *policy.Policy) string {
+	s := ""
+	for i := len(pol.Rules) - 1; i >= 0; i-- {
+		r := pol.Rules[i]
+		if s != "" {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s/ %s", r.Prefix, modeText[r.Mode])
+	}
+	return s
+}
+
+var modeText = map[policy.Mode]string{
+	policy.ModeRW:     "read-write",
+	policy.ModeRO:     "read-only",
+	policy.ModeWO:     "write-only (no read back)",
+	policy.ModeHidden: "hidden",
+}

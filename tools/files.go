@@ -1,0 +1,362 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+const defaultReadLines = 2000
+
+// Entry is one object in a listing or a stat result.
+type Entry struct {
+	Name  string `json:"name,omitempty"`
+	Path  string `json:"path,omitempty"`
+	Type  string `json:"type"`
+	Size  int64  `json:"size"`
+	Mode  string `json:"mode,omitempty"`
+	MTime string `json:"mtime"`
+	// SHA256 is set by stat for regular files within the text limit.
+	SHA256 string `json:"sha256,omitempty"`
+	// Refused says why a listed object can't be used (symlink, hard link…).
+	Refused string `json:"refused,omitempty"`
+}
+
+func entryOf(rel string, info store.Info) Entry {
+	e := Entry{
+		Type:  info.Kind.String(),
+		Size:  info.Size,
+		MTime: info.ModTime.UTC().Format(time.RFC3339),
+	}
+	if info.Kind != policy.KindDir {
+		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
+			e.Refused = string(policy.CodeOf(err))
+		}
+	}
+	return e
+}
+
+func handleList(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path  string `json:"path"`
+		Limit int    `json:"limit"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	pol := t.WS.Policy()
+	limit, err := bound("limit", in.Limit, pol.Limits.ListEntries)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := pol.Path(policy.OpList, orDot(in.Path))
+	if err != nil {
+		return nil, err
+	}
+	infos, err := t.WS.ReadDir(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	out := struct {
+		Path      string  `json:"path"`
+		Entries   []Entry `json:"entries"`
+		Total     int     `json:"total"`
+		Truncated bool    `json:"truncated"`
+	}{Path: rel, Entries: []Entry{}, Total: len(infos)}
+	for _, info := range infos {
+		if len(out.Entries) == limit {
+			out.Truncated = true
+			break
+		}
+		e := entryOf(policy.Join(rel, info.Name), info)
+		e.Name = info.Name
+		out.Entries = append(out.Entries, e)
+	}
+	return out, nil
+}
+
+func handleStat(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path string `json:"path"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	rel, err := t.WS.Policy().Path(policy.OpStat, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	info, err := t.WS.Lstat(rel)
+	if err != nil {
+		return nil, err
+	}
+	e := entryOf(rel, info)
+	e.Path = rel
+	e.Mode = fmt.Sprintf("%04o", info.Perm)
+	if info.Kind == policy.KindRegular && e.Refused == "" && t.WS.Policy().Check(policy.OpRead, rel) == nil {
+		h, err := t.WS.HashFile(rel)
+		if err != nil {
+			return nil, err
+		}
+		e.SHA256 = h
+	}
+	return e, nil
+}
+
+func handleRead(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path   string `json:"path"`
+		Offset int    `json:"offset"`
+		Limit  int    `json:"limit"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	if in.Offset < 0 || in.Limit < 0 {
+		return nil, policy.Errorf(policy.InvalidInput, "offset and limit must be positive (offset is the first line, 1-based)")
+	}
+	rel, err := t.WS.Policy().Path(policy.OpRead, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	data, sum, err := t.WS.ReadFile(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	lines := splitLines(data)
+	first := max(in.Offset, 1)
+	limit := in.Limit
+	if limit == 0 {
+		limit = defaultReadLines
+	}
+	out := struct {
+		Path       string `json:"path"`
+		Content    string `json:"content"`
+		SHA256     string `json:"sha256"`
+		TotalLines int    `json:"total_lines"`
+		Offset     int    `json:"offset"`
+		Lines      int    `json:"lines"`
+		Truncated  bool   `json:"truncated"`
+		Binary     bool   `json:"binary,omitempty"`
+	}{Path: rel, SHA256: sum, TotalLines: len(lines), Offset: first}
+	if first > len(lines) && len(lines) > 0 {
+		return nil, policy.Errorf(policy.InvalidInput, "offset %d is past the end: %s has %d lines", first, rel, len(lines))
+	}
+	end := min(first-1+limit, len(lines))
+	if first <= len(lines) {
+		out.Content = strings.Join(lines[first-1:end], "")
+		out.Lines = end - first + 1
+	}
+	out.Truncated = end < len(lines)
+	out.Binary = bytes.IndexByte(data, 0) >= 0
+	out.Content = strings.ToValidUTF8(out.Content, "\uFFFD")
+	return out, nil
+}
+
+// splitLines splits keeping line ends, so joining gives the text back.
+func splitLines(b []byte) []string {
+	var out []string
+	s := string(b)
+	for s != "" {
+		i := strings.IndexByte(s, '\n')
+		if i < 0 {
+			out = append(out, s)
+			break
+		}
+		out = append(out, s[:i+1])
+		s = s[i+1:]
+	}
+	return out
+}
+
+func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path     string  `json:"path"`
+		Content  *string `json:"content"`
+		Expected *string `json:"expected_sha256"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	if in.Content == nil {
+		return nil, policy.Errorf(policy.InvalidInput, "content is required (use \"\" for an empty file)")
+	}
+	rel, err := t.WS.Policy().Path(policy.OpWrite, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	res, err := t.WS.WriteFile(ctx, rel, []byte(*in.Content), in.Expected)
+	if err != nil {
+		return nil, err
+	}
+	t.changed(rel)
+	return struct {
+		Path string `json:"path"`
+		store.WriteResult
+	}{rel, res}, nil
+}
+
+func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path       string  `json:"path"`
+		OldText    string  `json:"old_text"`
+		NewText    string  `json:"new_text"`
+		ReplaceAll bool    `json:"replace_all"`
+		Expected   *string `json:"expected_sha256"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	if in.OldText == "" {
+		return nil, policy.Errorf(policy.InvalidInput, "old_text is empty; give the exact text to replace")
+	}
+	if in.OldText == in.NewText {
+		return nil, policy.Errorf(policy.NoChange, "old_text and new_text are the same; the edit would change nothing")
+	}
+	pol := t.WS.Policy()
+	rel, err := pol.Path(policy.OpWrite, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pol.Check(policy.OpRead, rel); err != nil {
+		return nil, err
+	}
+	data, sum, err := t.WS.ReadFile(ctx, rel)
+	if err != nil {
+		return nil, err
+	}
+	if in.Expected != nil && *in.Expected != sum {
+		e := policy.Errorf(policy.Conflict, "%s changed since you read it (current sha256 %s); re-read the file and retry", rel, sum)
+		e.SHA256 = sum
+		return nil, e
+	}
+	text := string(data)
+	n := strings.Count(text, in.OldText)
+	switch {
+	case n == 0:
+		return nil, policy.Errorf(policy.NoMatch, "old_text was not found in %s; re-read the file and copy the text exactly (whitespace and line ends matter)", rel)
+	case n > 1 && !in.ReplaceAll:
+		e := policy.Errorf(policy.AmbiguousEdit, "old_text occurs %d times in %s; add surrounding text to make it unique, or set replace_all", n, rel)
+		e.Count = n
+		return nil, e
+	}
+	if in.ReplaceAll {
+		text = strings.ReplaceAll(text, in.OldText, in.NewText)
+	} else {
+		text = strings.Replace(text, in.OldText, in.NewText, 1)
+	}
+	res, err := t.WS.WriteFile(ctx, rel, []byte(text), &sum)
+	if err != nil {
+		return nil, err
+	}
+	t.changed(rel)
+	return struct {
+		Path         string `json:"path"`
+		Replacements int    `json:"replacements"`
+		SHA256       string `json:"sha256"`
+		Bytes        int64  `json:"bytes"`
+	}{rel, n, res.SHA256, res.Bytes}, nil
+}
+
+func handleMkdir(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path    string `json:"path"`
+		Parents bool   `json:"parents"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	rel, err := t.WS.Policy().Path(policy.OpCreate, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	created, err := t.WS.Mkdir(ctx, rel, in.Parents)
+	if err != nil {
+		return nil, err
+	}
+	t.changed(rel)
+	return struct {
+		Path    string `json:"path"`
+		Created bool   `json:"created"`
+	}{rel, created}, nil
+}
+
+func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Path     string  `json:"path"`
+		Expected *string `json:"expected_sha256"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	rel, err := t.WS.Policy().Path(policy.OpDelete, in.Path)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.WS.Remove(ctx, rel, in.Expected); err != nil {
+		return nil, err
+	}
+	t.changed(rel)
+	return struct {
+		Path    string `json:"path"`
+		Deleted bool   `json:"deleted"`
+	}{rel, true}, nil
+}
+
+func handleCommand(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Command  string `json:"command"`
+		TimeoutS *int   `json:"timeout_s"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(in.Command) == "" {
+		return nil, policy.Errorf(policy.InvalidInput, "command is empty")
+	}
+	timeout := defaultTimeout
+	if in.TimeoutS != nil {
+		timeout = *in.TimeoutS
+	}
+	if timeout < minTimeout || timeout > maxTimeout {
+		return nil, policy.Errorf(policy.InvalidInput, "timeout_s %d is out of range: allowed %d–%d seconds", timeout, minTimeout, maxTimeout)
+	}
+	if t.Commands == nil {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "no sandbox is configured for this workspace, so commands can't run; use the file tools")
+	}
+	if err := t.WS.CheckQuarantine(); err != nil {
+		return nil, err
+	}
+	res, err := t.Commands.RunCommand(ctx, t.WS, CommandRequest{Command: in.Command, Timeout: time.Duration(timeout) * time.Second, CallID: CallID(ctx)})
+	if err != nil {
+		return nil, err
+	}
+	t.changed(".")
+	return res, nil
+}
+
+func orDot(p string) string {
+	if p == "" {
+		return "."
+	}
+	return p
+}
+
+// bound checks an optional limit argument against its maximum.
+func bound(name string, v, maxV int) (int, error) {
+	switch {
+	case v == 0:
+		return maxV, nil
+	case v < 0:
+		return 0, policy.Errorf(policy.InvalidInput, "%s must be positive", name)
+	case v > maxV:
+		return maxV, nil
+	}
+	return v, nil
+}

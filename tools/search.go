@@ -1,0 +1,536 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"path"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlclark/regexp2"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+const maxContext = 10
+
+// globMatch matches a slash-separated path against a pattern whose "**"
+// components match any number of directories.
+func globMatch(pattern, name string) bool {
+	return matchParts(strings.Split(pattern, "/"), strings.Split(name, "/"))
+}
+
+func matchParts(pat, name []string) bool {
+	for len(pat) > 0 {
+		if pat[0] == "**" {
+			for i := 0; i <= len(name); i++ {
+				if matchParts(pat[1:], name[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(name) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(pat[0], name[0]); !ok {
+			return false
+		}
+		pat, name = pat[1:], name[1:]
+	}
+	return len(name) == 0
+}
+
+func checkGlob(pattern string) error {
+	if pattern == "" {
+		return policy.Errorf(policy.InvalidInput, "pattern is empty")
+	}
+	if strings.HasPrefix(pattern, "/") {
+		return policy.Errorf(policy.InvalidInput, "glob %q is absolute; give a pattern relative to path", pattern)
+	}
+	for _, c := range strings.Split(pattern, "/") {
+		if c == ".." {
+			return policy.Errorf(policy.InvalidInput, "glob %q contains \"..\"; patterns stay inside the workspace", pattern)
+		}
+		if _, err := path.Match(c, ""); err != nil {
+			return policy.Errorf(policy.InvalidInput, "glob %q is malformed: %v", pattern, err)
+		}
+	}
+	return nil
+}
+
+// relTo returns p relative to base (both cleaned workspace paths).
+func relTo(base, p string) string {
+	if base == "." {
+		return p
+	}
+	return strings.TrimPrefix(p, base+"/")
+}
+
+func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Pattern string `json:"pattern"`
+		Path    string `json:"path"`
+		Limit   int    `json:"limit"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	pol := t.WS.Policy()
+	limit, err := bound("limit", in.Limit, pol.Limits.GlobResults)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkGlob(in.Pattern); err != nil {
+		return nil, err
+	}
+	base, err := pol.Path(policy.OpList, orDot(in.Path))
+	if err != nil {
+		return nil, err
+	}
+	pattern := strings.TrimPrefix(path.Clean(in.Pattern), "./")
+	deep := strings.Contains(pattern, "**")
+	depth := strings.Count(pattern, "/") + 1
+	var matches []string
+	visited, walkCut := 0, false
+	err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
+		visited++
+		if visited > pol.Limits.WalkEntries {
+			walkCut = true
+			return errStop
+		}
+		r := relTo(base, rel)
+		if globMatch(pattern, r) {
+			matches = append(matches, rel)
+		}
+		if info.Kind == policy.KindDir && !deep && strings.Count(r, "/")+1 >= depth {
+			return store.SkipDir
+		}
+		return nil
+	})
+	if err != nil && err != errStop {
+		return nil, err
+	}
+	sort.Strings(matches)
+	out := struct {
+		Pattern   string   `json:"pattern"`
+		Path      string   `json:"path"`
+		Matches   []string `json:"matches"`
+		Total     int      `json:"total"`
+		Truncated bool     `json:"truncated"`
+	}{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut}
+	if len(matches) > limit {
+		matches, out.Truncated = matches[:limit], true
+	}
+	out.Matches = append(out.Matches, matches...)
+	return out, nil
+}
+
+var errStop = errors.New("stop walking")
+
+// GrepMatch is one matching line.
+type GrepMatch struct {
+	Path   string   `json:"path"`
+	Line   int      `json:"line"`
+	Text   string   `json:"text"`
+	Before []string `json:"before,omitempty"`
+	After  []string `json:"after,omitempty"`
+}
+
+// matcher finds the next matching line in a buffer.
+type matcher interface {
+	// next returns the start of the first match at or after off, or -1.
+	next(b []byte, off int) (int, error)
+}
+
+// re2 is Go's linear-time engine: the default.
+type re2 struct{ re *regexp.Regexp }
+
+func (m re2) next(b []byte, off int) (int, error) {
+	loc := m.re.FindIndex(b[off:])
+	if loc == nil {
+		return -1, nil
+	}
+	return off + loc[0], nil
+}
+
+// backtracking is regexp2, used only for what RE2 lacks (backreferences,
+// lookaround): line by line, lines capped, each match timed out, and the
+// whole call bounded by a deadline.
+type backtracking struct {
+	re       *regexp2.Regexp
+	maxLine  int
+	deadline time.Time
+}
+
+var errRegexTimeout = errors.New("regex timeout")
+
+func (m backtracking) next(b []byte, off int) (int, error) {
+	for off < len(b) {
+		end := bytes.IndexByte(b[off:], '\n')
+		if end < 0 {
+			end = len(b)
+		} else {
+			end += off
+		}
+		line := b[off:end]
+		if len(line) <= m.maxLine {
+			if time.Now().After(m.deadline) {
+				return -1, errRegexTimeout
+			}
+			ok, err := m.re.MatchString(string(line))
+			if err != nil {
+				return -1, errRegexTimeout
+			}
+			if ok {
+				return off, nil
+			}
+		}
+		off = end + 1
+	}
+	return -1, nil
+}
+
+func compile(pattern string, ignoreCase bool, l policy.Limits, deadline time.Time) (matcher, error) {
+	if pattern == "" {
+		return nil, policy.Errorf(policy.InvalidInput, "pattern is empty")
+	}
+	flags := "(?m)"
+	if ignoreCase {
+		flags = "(?mi)"
+	}
+	re, err := regexp.Compile(flags + pattern)
+	if err == nil {
+		return re2{re}, nil
+	}
+	opts := regexp2.RegexOptions(regexp2.Multiline)
+	if ignoreCase {
+		opts |= regexp2.IgnoreCase
+	}
+	re2x, err2 := regexp2.Compile(pattern, opts)
+	if err2 != nil {
+		return nil, policy.Errorf(policy.InvalidInput, "pattern does not compile: %v", err)
+	}
+	re2x.MatchTimeout = l.RegexTimeout
+	return backtracking{re: re2x, maxLine: l.GrepLine, deadline: deadline}, nil
+}
+
+func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Pattern    string `json:"pattern"`
+		Path       string `json:"path"`
+		Glob       string `json:"glob"`
+		IgnoreCase bool   `json:"ignore_case"`
+		Context    int    `json:"context"`
+		Limit      int    `json:"limit"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	pol := t.WS.Policy()
+	l := pol.Limits
+	limit, err := bound("limit", in.Limit, l.GrepMatches)
+	if err != nil {
+		return nil, err
+	}
+	if in.Context < 0 || in.Context > maxContext {
+		return nil, policy.Errorf(policy.InvalidInput, "context must be 0–%d lines", maxContext)
+	}
+	if in.Glob != "" {
+		if err := checkGlob(in.Glob); err != nil {
+			return nil, err
+		}
+	}
+	budget := l.GrepBudget
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	m, err := compile(in.Pattern, in.IgnoreCase, l, deadline)
+	if err != nil {
+		return nil, err
+	}
+	base, err := pol.Path(policy.OpRead, orDot(in.Path))
+	if err != nil {
+		return nil, err
+	}
+
+	// Collect candidate files first (a bounded walk), then search them in
+	// parallel; results are put back in path order.
+	type file struct {
+		rel  string
+		size int64
+	}
+	var files []file
+	var out grepResult
+	info, err := t.WS.Lstat(base)
+	if err != nil {
+		return nil, err
+	}
+	if info.Kind == policy.KindRegular {
+		files = append(files, file{base, info.Size})
+	} else {
+		visited := 0
+		err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
+			visited++
+			if visited > l.WalkEntries {
+				out.Truncated = true
+				return errStop
+			}
+			if info.Kind != policy.KindRegular {
+				if info.Kind != policy.KindDir {
+					out.SkippedRefused++
+				}
+				return nil
+			}
+			if in.Glob != "" && !grepGlob(in.Glob, relTo(base, rel)) {
+				return nil
+			}
+			if pol.Check(policy.OpRead, rel) != nil || policy.CheckObject(policy.OpRead, rel, info.Object()) != nil {
+				out.SkippedRefused++
+				return nil
+			}
+			if info.Size > l.TextBytes {
+				out.SkippedLarge++
+				return nil
+			}
+			files = append(files, file{rel, info.Size})
+			return nil
+		})
+		if err != nil && err != errStop {
+			if ctx.Err() != nil {
+				return nil, timeoutErr(budget)
+			}
+			return nil, err
+		}
+	}
+
+	results := make([][]GrepMatch, len(files))
+	flags := make([]byte, len(files)) // 1 binary, 2 large, 3 refused
+	var mu sync.Mutex
+	var scanned int64
+	var firstErr error
+	next := 0
+	var wg sync.WaitGroup
+	workers := min(runtime.GOMAXPROCS(0), 8)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 0, 64<<10)
+			for {
+				mu.Lock()
+				if next >= len(files) || firstErr != nil || scanned >= l.GrepScan {
+					if next < len(files) && scanned >= l.GrepScan {
+						out.Truncated = true
+					}
+					mu.Unlock()
+					return
+				}
+				i := next
+				next++
+				scanned += files[i].size
+				mu.Unlock()
+				ms, flag, err := grepFile(ctx, t.WS, files[i].rel, m, in.Context, limit, &buf, l.TextBytes)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				results[i], flags[i] = ms, flag
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		if firstErr == errRegexTimeout || ctx.Err() != nil {
+			return nil, timeoutErr(budget)
+		}
+		return nil, firstErr
+	}
+	out.Pattern, out.Path, out.Matches = in.Pattern, base, []GrepMatch{}
+	for i, ms := range results {
+		switch flags[i] {
+		case 1:
+			out.SkippedBinary++
+		case 2:
+			out.SkippedLarge++
+		case 3:
+			out.SkippedRefused++
+		}
+		if ms != nil {
+			out.FilesMatched++
+		}
+		for _, mt := range ms {
+			if len(out.Matches) == limit {
+				out.Truncated = true
+				break
+			}
+			out.Matches = append(out.Matches, mt)
+		}
+		if flags[i] == 0 || ms != nil {
+			out.FilesSearched++
+		}
+	}
+	out.BytesScanned = min(scanned, l.GrepScan)
+	return out, nil
+}
+
+type grepResult struct {
+	Pattern        string      `json:"pattern"`
+	Path           string      `json:"path"`
+	Matches        []GrepMatch `json:"matches"`
+	FilesSearched  int         `json:"files_searched"`
+	FilesMatched   int         `json:"files_matched"`
+	SkippedBinary  int         `json:"skipped_binary"`
+	SkippedLarge   int         `json:"skipped_large"`
+	SkippedRefused int         `json:"skipped_refused"`
+	BytesScanned   int64       `json:"bytes_scanned"`
+	Truncated      bool        `json:"truncated"`
+}
+
+func timeoutErr(budget time.Duration) error {
+	return policy.Errorf(policy.Timeout, "search stopped: it exceeded its time budget of %s (a backtracking pattern can take exponential time); simplify the pattern or narrow path/glob", budget)
+}
+
+// grepGlob matches a file against the glob filter: by name when the glob
+// has no "/", by path below the search root otherwise.
+func grepGlob(glob, rel string) bool {
+	if !strings.Contains(glob, "/") {
+		_, name := policy.Split(rel)
+		ok, _ := path.Match(glob, name)
+		return ok
+	}
+	return globMatch(glob, rel)
+}
+
+// grepFile searches one file. It opens the file with the same checks as
+// every read and reads at most the text limit.
+func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, nctx, limit int, buf *[]byte, maxBytes int64) ([]GrepMatch, byte, error) {
+	if ctx.Err() != nil {
+		return nil, 0, errRegexTimeout
+	}
+	f, info, err := ws.Open(policy.OpRead, rel, unix.O_RDONLY)
+	if err != nil {
+		switch policy.CodeOf(err) {
+		case policy.NotFound:
+			return nil, 0, nil // removed meanwhile
+		case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied:
+			return nil, 3, nil
+		}
+		return nil, 0, err
+	}
+	defer f.Close()
+	if info.Size > maxBytes {
+		return nil, 2, nil
+	}
+	b := (*buf)[:0]
+	if int64(cap(b)) < info.Size+1 {
+		b = make([]byte, 0, info.Size+1)
+	}
+	b, err = readAll(f, b, maxBytes+1)
+	*buf = b
+	if err != nil {
+		return nil, 0, policy.FromErrno(err, "read", rel)
+	}
+	if int64(len(b)) > maxBytes {
+		return nil, 2, nil
+	}
+	head := b
+	if len(head) > 8192 {
+		head = head[:8192]
+	}
+	if bytes.IndexByte(head, 0) >= 0 {
+		return nil, 1, nil
+	}
+	var out []GrepMatch
+	off := 0
+	lineNo, lineOff := 1, 0 // line number of position lineOff
+	for off <= len(b) && len(out) < limit {
+		at, err := m.next(b, off)
+		if err != nil {
+			return nil, 0, err
+		}
+		if at < 0 {
+			break
+		}
+		start := bytes.LastIndexByte(b[:at], '\n') + 1
+		end := bytes.IndexByte(b[at:], '\n')
+		if end < 0 {
+			end = len(b)
+		} else {
+			end += at
+		}
+		lineNo += bytes.Count(b[lineOff:start], []byte{'\n'})
+		lineOff = start
+		gm := GrepMatch{Path: rel, Line: lineNo, Text: clip(b[start:end])}
+		if nctx > 0 {
+			gm.Before, gm.After = around(b, start, end, nctx)
+		}
+		out = append(out, gm)
+		off = end + 1
+	}
+	return out, 0, nil
+}
+
+func readAll(r io.Reader, b []byte, maxBytes int64) ([]byte, error) {
+	for int64(len(b)) < maxBytes {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// clip bounds one reported line so a minified file can't flood a result.
+func clip(line []byte) string {
+	const maxText = 1000
+	s := strings.TrimRight(string(line), "\r")
+	if len(s) > maxText {
+		s = strings.ToValidUTF8(s[:maxText], "") + "…[line cut]"
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+func around(b []byte, start, end, n int) (before, after []string) {
+	s := start
+	for i := 0; i < n && s > 0; i++ {
+		p := bytes.LastIndexByte(b[:s-1], '\n') + 1
+		before = append([]string{clip(b[p : s-1])}, before...)
+		s = p
+	}
+	e := end
+	for i := 0; i < n && e < len(b); i++ {
+		q := bytes.IndexByte(b[e+1:], '\n')
+		if q < 0 {
+			q = len(b)
+		} else {
+			q += e + 1
+		}
+		if e+1 >= len(b) {
+			break
+		}
+		after = append(after, clip(b[e+1:q]))
+		e = q
+	}
+	return before, after
+}

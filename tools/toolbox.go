@@ -1,0 +1,227 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// CommandRequest is one workspace_command call handed to a CommandRunner.
+type CommandRequest struct {
+	Command string
+	Timeout time.Duration
+	CallID  string
+}
+
+// CommandResult is what a command did (SPEC §4, workspace_command).
+type CommandResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	TimedOut        bool   `json:"timed_out"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	Container       string `json:"container,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+}
+
+// CommandRunner runs a command in a sandbox over the workspace. The caller
+// already holds the scope lock.
+type CommandRunner interface {
+	RunCommand(ctx context.Context, ws *store.Workspace, req CommandRequest) (CommandResult, error)
+}
+
+// Toolbox serves the tools over one workspace.
+type Toolbox struct {
+	WS       *store.Workspace
+	Commands CommandRunner // nil: workspace_command answers sandbox_unavailable
+	Audit    audit.Sink    // nil: audit.Discard
+	// Changed is told of every path the tools changed, so an in-process
+	// FUSE projection can drop its caches.
+	Changed func(rel string)
+	// LockWait bounds the wait for the scope lock (default 30 s).
+	LockWait time.Duration
+	// TraceID and Actor are copied into every audit record.
+	TraceID string
+	Actor   audit.Actor
+}
+
+// Call runs the named tool with JSON input. callID, if set, makes the call
+// replayable (SPEC §4). The result is JSON; a refusal is a *policy.Error.
+func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+	start := time.Now()
+	h, ok := handlers[name]
+	if !ok {
+		return nil, policy.Errorf(policy.InvalidInput, "unknown tool %q; known tools: %s", name, strings.Join(Names, ", "))
+	}
+	if len(bytes.TrimSpace(input)) == 0 {
+		input = json.RawMessage("{}")
+	}
+	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
+	if p := pathOf(input); p != "" {
+		ev.Path = p
+	}
+	started := ev
+	started.Result = "started"
+	if err := t.sink().Record(ctx, started); err != nil {
+		return nil, auditErr(err)
+	}
+
+	res, err := t.call(ctx, h, name, callID, input)
+
+	ev.Duration = time.Since(start)
+	if err != nil {
+		pe := policy.AsError(err)
+		ev.Result, ev.Code = "refused", string(pe.Code)
+		if pe.Code == policy.Internal {
+			ev.Result = "error"
+		}
+		t.sink().Record(ctx, ev)
+		return nil, pe
+	}
+	ev.Result = "ok"
+	var m struct {
+		Bytes  int64  `json:"bytes"`
+		SHA256 string `json:"sha256"`
+	}
+	json.Unmarshal(res, &m)
+	ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
+	// The change is made by now: a failure to record its outcome is kept
+	// in the log's status, not turned into a false refusal.
+	t.sink().Record(ctx, ev)
+	return res, nil
+}
+
+func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+	rec, err := t.WS.BeginCall(callID, name, input)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		switch {
+		case rec.State == store.CallDone && rec.Error != nil:
+			return nil, rec.Error
+		case rec.State == store.CallDone:
+			return rec.Result, nil
+		case Mutating(name):
+			return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
+		}
+		// A read whose outcome is unknown is safe to run again.
+	}
+	if Mutating(name) {
+		wait := t.LockWait
+		if wait == 0 {
+			wait = 30 * time.Second
+		}
+		lctx, cancel := context.WithTimeout(ctx, wait)
+		unlock, err := t.WS.Lock(lctx)
+		cancel()
+		if err != nil {
+			return nil, t.finish(callID, name, input, nil, err)
+		}
+		defer unlock()
+	}
+	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
+	if err != nil {
+		return nil, t.finish(callID, name, input, nil, err)
+	}
+	b, merr := json.Marshal(out)
+	if merr != nil {
+		return nil, fmt.Errorf("encode %s result: %w", name, merr)
+	}
+	return b, t.finish(callID, name, input, b, nil)
+}
+
+// finish records the outcome for replay and returns err unchanged, or the
+// recording failure when the outcome can't be kept.
+func (t *Toolbox) finish(callID, name string, input, result json.RawMessage, err error) error {
+	var pe *policy.Error
+	if err != nil {
+		pe = policy.AsError(err)
+	}
+	if ferr := t.WS.FinishCall(callID, name, input, result, pe); ferr != nil && err == nil {
+		return ferr
+	}
+	return err
+}
+
+func (t *Toolbox) sink() audit.Sink {
+	if t.Audit == nil {
+		return audit.Discard
+	}
+	return t.Audit
+}
+
+func (t *Toolbox) changed(rel string) {
+	if t.Changed != nil {
+		t.Changed(rel)
+	}
+}
+
+func auditErr(err error) error {
+	return &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written, so no operation is done: " + err.Error(), Err: err}
+}
+
+type callIDKey struct{}
+
+// CallID returns the call id a handler runs under.
+func CallID(ctx context.Context) string {
+	id, _ := ctx.Value(callIDKey{}).(string)
+	return id
+}
+
+// handler runs one tool; it returns a value to encode as the result.
+type handler func(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error)
+
+var handlers = map[string]handler{
+	List:    handleList,
+	Stat:    handleStat,
+	Glob:    handleGlob,
+	Grep:    handleGrep,
+	Read:    handleRead,
+	Write:   handleWrite,
+	Edit:    handleEdit,
+	Mkdir:   handleMkdir,
+	Delete:  handleDelete,
+	Command: handleCommand,
+}
+
+// decode parses input strictly into v: unknown fields and wrong types are
+// refused with a message naming the field.
+func decode(input json.RawMessage, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(input))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te):
+			return policy.Errorf(policy.InvalidInput, "input field %q must be %s, not %s", te.Field, te.Type, te.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field"):
+			return policy.Errorf(policy.InvalidInput, "input has an %s; see the tool's input schema", strings.TrimPrefix(err.Error(), "json: "))
+		default:
+			return policy.Errorf(policy.InvalidInput, "input is not a JSON object: %v", err)
+		}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return policy.Errorf(policy.InvalidInput, "input has trailing data after the JSON object")
+	}
+	return nil
+}
+
+// pathOf pulls "path" out of an input for the audit record.
+func pathOf(input json.RawMessage) string {
+	var p struct {
+		Path string `json:"path"`
+	}
+	json.Unmarshal(input, &p)
+	return p.Path
+}
