@@ -1,0 +1,5 @@
+package tools
+
+import "syscall"
+
+func umask(m int) int { return syscall.Umask(m) }
