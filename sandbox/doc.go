@@ -1,0 +1,10 @@
+// Package sandbox runs one shell command per container on the local Docker
+// engine, with a scope's projection at /workspace and nothing else mounted.
+//
+// It talks only to a local unix socket, never pulls an image, and never
+// reports a command finished before the engine confirms its container is gone:
+// an execution marker is set before the container is created and cleared only
+// after removal is confirmed, so a crash leaves the scope quarantined instead
+// of racing a leftover container. BuildImage makes the sandbox image locally
+// from Debian packages.
+package sandbox

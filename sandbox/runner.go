@@ -1,0 +1,574 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
+)
+
+// Limits on one command's run time (SPEC §5).
+const (
+	DefaultTimeout = 60 * time.Second
+	MinTimeout     = 1 * time.Second
+	MaxTimeout     = 120 * time.Second
+)
+
+// Labels on every sandbox container. Orphans finds containers by LabelScopeHash.
+const (
+	LabelScope     = "io.loomfs.scope"
+	LabelScopeHash = "io.loomfs.scope_hash"
+	LabelRun       = "io.loomfs.run"
+	LabelCall      = "io.loomfs.call"
+	LabelNode      = "io.loomfs.node"
+)
+
+// Defaults for a zero Config field.
+const (
+	DefaultUser           = "1000:1000"
+	DefaultMemory         = 512 << 20
+	DefaultNanoCPUs       = 1_000_000_000
+	DefaultPidsLimit      = 256
+	DefaultTmpSize        = 64 << 20
+	DefaultOutputLimit    = 64 << 10
+	DefaultCleanupTimeout = 30 * time.Second
+)
+
+// engineTimeout bounds one create or kill request made on a context that
+// outlives the caller's.
+const engineTimeout = 30 * time.Second
+
+var (
+	// ErrInvalidRequest marks a request refused before anything started.
+	ErrInvalidRequest = errors.New("sandbox: invalid request")
+	// ErrQuarantined marks a run whose container removal was not confirmed:
+	// its execution marker stays and the scope must be cleared by an
+	// administrator (SPEC §7.3).
+	ErrQuarantined = errors.New("sandbox: scope quarantined")
+)
+
+// Config configures a Runner. Zero fields take the defaults above; none is
+// read from the environment except through ConfigFromEnv.
+type Config struct {
+	Host           string        // engine address, unix:// only; "" means DefaultHost
+	Image          string        // "" means DefaultImage
+	Runtime        string        // engine runtime such as runsc; "" for the engine's default
+	User           string        // numeric "uid:gid", never root; "" means DefaultUser
+	Node           string        // this worker's name in labels and markers; "" means the hostname
+	Memory         int64         // bytes, swap included
+	NanoCPUs       int64         // CPU quota in 1e-9 CPUs
+	PidsLimit      int64         // processes and threads
+	TmpSize        int64         // bytes of the tmpfs at /tmp
+	OutputLimit    int           // bytes kept of each of stdout and stderr
+	CleanupTimeout time.Duration // how long to wait for the engine to confirm removal
+
+	// Observe, when set, receives one call per container event for the audit
+	// log: container_create, container_start, container_exit, container_kill,
+	// container_removed and container_remove_unconfirmed.
+	Observe func(ctx context.Context, op string, detail map[string]any)
+}
+
+// ConfigFromEnv returns a Config naming the engine, image and runtime of
+// AGENT_LOOM_DOCKER_HOST, AGENT_LOOM_SANDBOX_IMAGE and AGENT_LOOM_SANDBOX_RUNTIME.
+func ConfigFromEnv() Config {
+	return Config{Host: HostFromEnv(), Image: ImageFromEnv(), Runtime: os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")}
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Host == "" {
+		c.Host = DefaultHost
+	}
+	if c.Image == "" {
+		c.Image = DefaultImage
+	}
+	if _, err := normalizeTag(c.Image, false); err != nil {
+		return c, err
+	}
+	if c.Runtime != "" && !validName(c.Runtime, 64) {
+		return c, fmt.Errorf("sandbox: runtime %q: not a runtime name", c.Runtime)
+	}
+	uid, gid, err := parseUser(c.User)
+	if err != nil {
+		return c, err
+	}
+	c.User = fmt.Sprintf("%d:%d", uid, gid)
+	if c.Node == "" {
+		if c.Node, err = os.Hostname(); err != nil {
+			return c, fmt.Errorf("sandbox: node name: %w", err)
+		}
+	}
+	for _, f := range []struct {
+		v   *int64
+		def int64
+	}{{&c.Memory, DefaultMemory}, {&c.NanoCPUs, DefaultNanoCPUs}, {&c.PidsLimit, DefaultPidsLimit}, {&c.TmpSize, DefaultTmpSize}} {
+		if *f.v < 0 {
+			return c, fmt.Errorf("sandbox: negative resource limit %d", *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.OutputLimit <= 0 {
+		c.OutputLimit = DefaultOutputLimit
+	}
+	if c.CleanupTimeout <= 0 {
+		c.CleanupTimeout = DefaultCleanupTimeout
+	}
+	return c, nil
+}
+
+// parseUser parses a numeric "uid:gid" and refuses root.
+func parseUser(s string) (uid, gid int, err error) {
+	if s == "" {
+		s = DefaultUser
+	}
+	u, g, ok := strings.Cut(s, ":")
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if !ok || err1 != nil || err2 != nil || uid < 0 || gid < 0 {
+		return 0, 0, fmt.Errorf("%w: user %q: want numeric uid:gid", ErrInvalidRequest, s)
+	}
+	if uid == 0 || gid == 0 {
+		return 0, 0, fmt.Errorf("%w: user %q: sandbox commands never run as root", ErrInvalidRequest, s)
+	}
+	return uid, gid, nil
+}
+
+// Runner runs commands in sandbox containers on one local engine. It is safe
+// for concurrent use.
+type Runner struct {
+	cli *client.Client
+	cfg Config
+}
+
+// NewRunner connects to the engine named by cfg and checks that it answers.
+// It does not require the image; CheckImage does.
+func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cli, err := dial(ctx, cfg.Host)
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{cli: cli, cfg: cfg}, nil
+}
+
+// Close releases the engine connection.
+func (r *Runner) Close() error { return r.cli.Close() }
+
+// Image returns the image the runner starts containers from.
+func (r *Runner) Image() string { return r.cfg.Image }
+
+// CheckImage reports ErrImageMissing, with the command that builds it, when
+// the runner's image is not on the engine. Images are never pulled.
+func (r *Runner) CheckImage(ctx context.Context) error {
+	ok, err := imageExists(ctx, r.cli, r.cfg.Image)
+	if err != nil || ok {
+		return err
+	}
+	build := "loomfs image build --tag " + r.cfg.Image
+	switch r.cfg.Image {
+	case DefaultImage:
+		build = "loomfs image build"
+	case MinimalImage:
+		build = "loomfs image build --minimal"
+	}
+	return fmt.Errorf("%w: %s; build it with `%s` (images are never pulled)", ErrImageMissing, r.cfg.Image, build)
+}
+
+// Request is one command to run in a fresh container.
+type Request struct {
+	Command   string            // run by sh -c with umask 077 in /workspace
+	Timeout   time.Duration     // 0 means DefaultTimeout; else MinTimeout..MaxTimeout
+	Workspace string            // existing host directory mounted read-write at /workspace
+	Skills    map[string]string // skill id → existing host directory, read-only at /skills/<id>
+	Scope     string            // the logical scope, for labels and the marker
+	ScopeHash string            // the scope's hash; letters and digits
+	Run, Call string            // run and call ids, for labels and the marker
+	Marker    MarkerHooks       // required: persists the execution marker
+}
+
+// Marker is the execution marker persisted while a container may exist.
+type Marker struct {
+	Container string    `json:"container_name"`
+	Node      string    `json:"node"`
+	Run       string    `json:"run"`
+	Call      string    `json:"call"`
+	Scope     string    `json:"scope"`
+	Time      time.Time `json:"time"`
+	PID       int       `json:"pid"`
+}
+
+// MarkerHooks persists a scope's execution marker. Set is called before the
+// container is created, so a crash at any later point leaves the marker;
+// Clear is called only after the engine confirmed the container's removal,
+// or after a failed Set, when no container was asked for.
+type MarkerHooks interface {
+	Set(ctx context.Context, m Marker) error
+	Clear(ctx context.Context) error
+}
+
+// Result is what a command did. A non-zero exit code or a timeout is a
+// result, not an error.
+type Result struct {
+	ExitCode        int           `json:"exit_code"` // -1 when no exit status was received
+	Stdout          string        `json:"stdout"`
+	Stderr          string        `json:"stderr"`
+	StdoutTruncated bool          `json:"stdout_truncated"`
+	StderrTruncated bool          `json:"stderr_truncated"`
+	TimedOut        bool          `json:"timed_out"`
+	Cancelled       bool          `json:"cancelled"`
+	ContainerName   string        `json:"container_name"`
+	ContainerID     string        `json:"container_id"`
+	Duration        time.Duration `json:"duration_ns"`
+}
+
+// Run runs req.Command in a new container and removes it. It sets the
+// execution marker first, creates and starts the container, kills it on
+// timeout or when ctx ends, removes it on a context of its own, and clears
+// the marker once the engine confirms the removal. If removal is not
+// confirmed the error wraps ErrQuarantined and the marker stays. A cancelled
+// ctx returns the partial Result and an error wrapping ctx's error.
+func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
+	timeout, err := req.check()
+	if err != nil {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := r.CheckImage(ctx); err != nil {
+		return Result{}, err
+	}
+	began := time.Now()
+	res := Result{ExitCode: -1, ContainerName: containerName(req.ScopeHash)}
+	m := Marker{Container: res.ContainerName, Node: r.cfg.Node, Run: req.Run, Call: req.Call,
+		Scope: req.Scope, Time: began.UTC(), PID: os.Getpid()}
+	if err := req.Marker.Set(ctx, m); err != nil {
+		// No container was requested, so a half-written marker may go.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CleanupTimeout)
+		defer cancel()
+		return res, errors.Join(fmt.Errorf("sandbox: set execution marker for %s: %w", res.ContainerName, err), req.Marker.Clear(cctx))
+	}
+	known, runErr := r.execute(ctx, req, timeout, &res)
+	cleanErr := r.cleanup(context.WithoutCancel(ctx), req, &res, known)
+	res.Duration = time.Since(began)
+	return res, errors.Join(runErr, cleanErr)
+}
+
+// execute creates, starts and waits for the container. known reports whether
+// the engine answered the create request, so that its outcome is known.
+func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration, res *Result) (known bool, err error) {
+	octx := context.WithoutCancel(ctx)
+	cc, hc := r.containerConfig(req)
+	// The create request runs to its answer even if ctx ends meanwhile: only
+	// an answered request lets cleanup prove that no container is left.
+	cctx, cancel := context.WithTimeout(octx, engineTimeout)
+	created, err := r.cli.ContainerCreate(cctx, cc, hc, nil, nil, res.ContainerName)
+	cancel()
+	if err != nil {
+		return answered(err), fmt.Errorf("sandbox: create container %s: %w", res.ContainerName, err)
+	}
+	res.ContainerID = created.ID
+	r.observe(octx, "container_create", req, res, map[string]any{"image": r.cfg.Image})
+
+	hj, err := r.cli.ContainerAttach(octx, created.ID, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
+	if err != nil {
+		return true, fmt.Errorf("sandbox: attach to %s: %w", res.ContainerName, err)
+	}
+	defer hj.Close()
+	stdout, stderr := newCapture(r.cfg.OutputLimit), newCapture(r.cfg.OutputLimit)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		stdcopy.StdCopy(stdout, stderr, hj.Reader) // ends when the container's stdio closes or hj is closed
+	}()
+	defer func() {
+		// Let the stream finish briefly, then cut it; captures are read only after the copier is done.
+		select {
+		case <-copied:
+		case <-time.After(2 * time.Second):
+			hj.Close()
+			<-copied
+		}
+		res.Stdout, res.StdoutTruncated = stdout.result()
+		res.Stderr, res.StderrTruncated = stderr.result()
+	}()
+
+	wctx, wcancel := context.WithCancel(octx)
+	defer wcancel()
+	waitC, waitErrC := r.cli.ContainerWait(wctx, created.ID, container.WaitConditionNextExit)
+	waited := false
+	defer func() {
+		if !waited { // release the client's goroutine, which may still deliver a status
+			go func() {
+				select {
+				case <-waitC:
+				case <-waitErrC:
+				}
+			}()
+		}
+	}()
+
+	if err := r.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+		hj.Close() // nothing more will come
+		if ctx.Err() != nil {
+			res.Cancelled = true
+			return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
+		}
+		return true, fmt.Errorf("sandbox: start container %s: %w", res.ContainerName, err)
+	}
+	r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds()})
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var reason string
+	select {
+	case w := <-waitC:
+		waited = true
+		res.ExitCode = int(w.StatusCode)
+		r.observe(octx, "container_exit", req, res, map[string]any{"exit_code": res.ExitCode})
+		if w.Error != nil && w.Error.Message != "" {
+			return true, fmt.Errorf("sandbox: wait for %s: %s", res.ContainerName, w.Error.Message)
+		}
+		return true, nil
+	case err := <-waitErrC:
+		waited = true
+		return true, fmt.Errorf("sandbox: wait for %s: %w", res.ContainerName, err)
+	case <-timer.C:
+		res.TimedOut, reason = true, "timeout"
+	case <-ctx.Done():
+		res.Cancelled, reason = true, "cancelled"
+	}
+
+	kctx, kcancel := context.WithTimeout(octx, engineTimeout)
+	kerr := r.cli.ContainerKill(kctx, created.ID, "KILL")
+	kcancel()
+	detail := map[string]any{"reason": reason}
+	if kerr != nil {
+		detail["error"] = kerr.Error()
+	}
+	r.observe(octx, "container_kill", req, res, detail)
+	select { // the exit status, also when the kill lost a race with a normal exit
+	case w := <-waitC:
+		waited = true
+		res.ExitCode = int(w.StatusCode)
+		r.observe(octx, "container_exit", req, res, map[string]any{"exit_code": res.ExitCode})
+	case <-waitErrC:
+		waited = true
+	case <-time.After(10 * time.Second):
+	}
+	if res.Cancelled {
+		return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
+	}
+	return true, nil
+}
+
+// cleanup force-removes the container and waits until the engine no longer
+// knows it, then clears the marker. Anything short of that quarantines the
+// scope. ctx carries values only; the wait is bounded by CleanupTimeout.
+func (r *Runner) cleanup(ctx context.Context, req Request, res *Result, known bool) error {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CleanupTimeout)
+	defer cancel()
+	ref := res.ContainerID
+	if ref == "" {
+		ref = res.ContainerName
+	}
+	err := r.removeConfirmed(cctx, ref)
+	if err == nil && !known {
+		err = errors.New("the engine did not answer the create request, so the container may still appear")
+	}
+	if err != nil {
+		r.observe(ctx, "container_remove_unconfirmed", req, res, map[string]any{"error": err.Error()})
+		return fmt.Errorf("%w: scope %s: removal of container %s not confirmed: %v; writes and commands stay refused until an administrator makes sure it is gone and runs `loomfs quarantine clear`",
+			ErrQuarantined, req.Scope, res.ContainerName, err)
+	}
+	r.observe(ctx, "container_removed", req, res, nil)
+	if err := req.Marker.Clear(cctx); err != nil {
+		return fmt.Errorf("%w: scope %s: container %s is removed but its execution marker could not be cleared: %v",
+			ErrQuarantined, req.Scope, res.ContainerName, err)
+	}
+	return nil
+}
+
+// removeConfirmed removes ref with force until an inspect answers not found.
+func (r *Runner) removeConfirmed(ctx context.Context, ref string) error {
+	for {
+		err := r.cli.ContainerRemove(ctx, ref, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		if err == nil || isNotFound(err) {
+			_, err = r.cli.ContainerInspect(ctx, ref)
+			if isNotFound(err) {
+				return nil
+			}
+			if err == nil {
+				err = errors.New("the engine still lists it")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last answer: %v)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// containerConfig is the whole security posture of a sandbox container.
+func (r *Runner) containerConfig(req Request) (*container.Config, *container.HostConfig) {
+	mounts := []mount.Mount{{
+		Type: mount.TypeBind, Source: req.Workspace, Target: "/workspace",
+		BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
+	}}
+	for _, id := range sortedKeys(req.Skills) {
+		mounts = append(mounts, mount.Mount{
+			Type: mount.TypeBind, Source: req.Skills[id], Target: "/skills/" + id, ReadOnly: true,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
+		})
+	}
+	pids := r.cfg.PidsLimit
+	cc := &container.Config{
+		Image: r.cfg.Image,
+		User:  r.cfg.User,
+		// "$1" hands the command to the inner shell as one argument, unquoted by nobody.
+		Entrypoint:   []string{"/bin/sh", "-c", `umask 077 && exec /bin/sh -c "$1"`, "sh", req.Command},
+		WorkingDir:   "/workspace",
+		Env:          []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
+		AttachStdout: true,
+		AttachStderr: true,
+		Labels: map[string]string{
+			LabelScope: req.Scope, LabelScopeHash: req.ScopeHash,
+			LabelRun: req.Run, LabelCall: req.Call, LabelNode: r.cfg.Node,
+		},
+	}
+	hc := &container.HostConfig{
+		NetworkMode:    "none",
+		ReadonlyRootfs: true,
+		Mounts:         mounts,
+		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", r.cfg.TmpSize)},
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		IpcMode:        container.IPCModePrivate,
+		Runtime:        r.cfg.Runtime,
+		LogConfig:      container.LogConfig{Type: "none"}, // output is captured by attach, bounded; the engine keeps none
+		Resources: container.Resources{
+			Memory:     r.cfg.Memory,
+			MemorySwap: r.cfg.Memory,
+			NanoCPUs:   r.cfg.NanoCPUs,
+			PidsLimit:  &pids,
+		},
+	}
+	return cc, hc
+}
+
+func (r *Runner) observe(ctx context.Context, op string, req Request, res *Result, extra map[string]any) {
+	if r.cfg.Observe == nil {
+		return
+	}
+	detail := map[string]any{
+		"container": res.ContainerName, "container_id": res.ContainerID, "node": r.cfg.Node,
+		"scope": req.Scope, "scope_hash": req.ScopeHash, "run": req.Run, "call": req.Call,
+	}
+	for k, v := range extra {
+		detail[k] = v
+	}
+	r.cfg.Observe(ctx, op, detail)
+}
+
+// check validates the request and returns its effective timeout.
+func (req *Request) check() (time.Duration, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidRequest, fmt.Sprintf(format, args...))
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	if timeout < MinTimeout || timeout > MaxTimeout {
+		return 0, bad("timeout %v is outside the allowed %v to %v", req.Timeout, MinTimeout, MaxTimeout)
+	}
+	if strings.TrimSpace(req.Command) == "" {
+		return 0, bad("empty command")
+	}
+	if strings.ContainsRune(req.Command, 0) {
+		return 0, bad("command contains a NUL byte")
+	}
+	if req.Marker == nil {
+		return 0, bad("no execution marker hooks: a command may not run without a persisted marker")
+	}
+	if !validHash(req.ScopeHash) {
+		return 0, bad("scope hash %q: want 1 to 128 letters and digits", req.ScopeHash)
+	}
+	for what, v := range map[string]string{"scope": req.Scope, "run": req.Run, "call": req.Call} {
+		if len(v) > 512 || strings.IndexFunc(v, unicode.IsControl) >= 0 {
+			return 0, bad("%s %q: too long or contains control characters", what, v)
+		}
+	}
+	if req.Scope == "" {
+		return 0, bad("empty scope")
+	}
+	if err := checkDir("workspace", req.Workspace); err != nil {
+		return 0, err
+	}
+	for id, dir := range req.Skills {
+		if !validName(id, 64) {
+			return 0, bad("skill id %q: want up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+		}
+		if err := checkDir("skill "+id, dir); err != nil {
+			return 0, err
+		}
+	}
+	return timeout, nil
+}
+
+// checkDir requires p to be an existing directory named by a clean absolute
+// path, not a symlink: bind mount sources are never created or followed.
+func checkDir(what, p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return fmt.Errorf("%w: %s %q: want a clean absolute host path", ErrInvalidRequest, what, p)
+	}
+	if p == "/" {
+		return fmt.Errorf("%w: %s may not be the host's root directory", ErrInvalidRequest, what)
+	}
+	fi, err := os.Lstat(p)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %s: %v (bind mount sources are never created)", ErrInvalidRequest, what, err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("%w: %s %q is a symlink", ErrInvalidRequest, what, p)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: %s %q is not a directory", ErrInvalidRequest, what, p)
+	}
+	return nil
+}
+
+func validHash(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// containerName is loomfs-<first 12 of the scope hash>-<8 random hex digits>.
+func containerName(scopeHash string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "loomfs-" + strings.ToLower(scopeHash[:min(12, len(scopeHash))]) + "-" + hex.EncodeToString(b[:])
+}
