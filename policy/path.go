@@ -36,9 +36,6 @@ func CleanPath(raw string, mainScope bool) (string, error) {
 	if raw[0] == '/' {
 		return "", pathErr(raw, "absolute paths are refused; give a path relative to the workspace root")
 	}
-	if strings.HasPrefix(raw, "~") {
-		return "", pathErr(raw, "\"~\" is not expanded; give a path relative to the workspace root")
-	}
 	p := strings.TrimSuffix(raw, "/")
 	if p == "" {
 		return "", pathErr(raw, "path is empty")
@@ -56,6 +53,12 @@ func CleanPath(raw string, mainScope bool) (string, error) {
 	if len(parts) == 0 {
 		return ".", nil
 	}
+	// "~" is checked on the first cleaned component, not on raw: "./~"
+	// cleans to "~", which must be refused too, or the canonical form
+	// would not be accepted when passed back (CleanPath is idempotent).
+	if strings.HasPrefix(parts[0], "~") {
+		return "", pathErr(raw, "\"~\" is not expanded; give a path relative to the workspace root")
+	}
 	if mainScope && parts[0] == SubagentsDir {
 		return "", pathErr(raw, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
 	}
@@ -68,6 +71,16 @@ func CleanPath(raw string, mainScope bool) (string, error) {
 func CheckName(dir, name string, mainScope bool) error {
 	if err := checkComponent(name, name); err != nil {
 		return err
+	}
+	// A name is one component: with a "/" it would name another path
+	// ("b/../c") that CleanPath refuses.
+	if strings.IndexByte(name, '/') >= 0 {
+		return pathErr("", "a name can't contain \"/\"")
+	}
+	// CleanPath refuses a first component starting with "~"; the
+	// filesystem must not create what the tools could not address.
+	if dir == "." && strings.HasPrefix(name, "~") {
+		return pathErr(name, "names starting with \"~\" are refused at the top of the workspace")
 	}
 	if dir == "." && mainScope && name == SubagentsDir {
 		return pathErr(name, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
@@ -137,7 +150,9 @@ func quote(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r == '"' || r == '\\' {
+		// C1 controls (U+0080–U+009F) too: the comment on pathErr promises
+		// no control characters are echoed.
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '"' || r == '\\' {
 			b.WriteString("?")
 			continue
 		}

@@ -86,7 +86,16 @@ func (p *Policy) SetRules(rules []Rule) error {
 		seen[prefix] = true
 		out = append(out, Rule{Prefix: prefix, Mode: r.Mode})
 	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i].Prefix) > len(out[j].Prefix) })
+	// The root rule "." is one byte long but the shortest prefix of all;
+	// ranked by byte length it could sort before a one-letter rule ("o")
+	// and win over it in ModeOf.
+	rank := func(prefix string) int {
+		if prefix == "." {
+			return 0
+		}
+		return len(prefix)
+	}
+	sort.Slice(out, func(i, j int) bool { return rank(out[i].Prefix) > rank(out[j].Prefix) })
 	p.Rules = out
 	return nil
 }
@@ -246,6 +255,10 @@ func Bytes(n int64) string {
 	}
 	v := float64(n) / float64(div)
 	s := fmt.Sprintf("%.2f", v)
+	if s == "1024.00" && exp < 4 {
+		// Rounded up into the next unit: say "1 MiB", not "1024 KiB".
+		s, exp = "1", exp+1
+	}
 	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
 	return s + " " + string("KMGTP"[exp]) + "iB"
 }

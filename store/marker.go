@@ -23,7 +23,7 @@ const (
 type Marker struct {
 	Scope     string    `json:"scope"`
 	ScopeHash string    `json:"scope_hash"`
-	Container string    `json:"container"`
+	Container string    `json:"container_name"`
 	Node      string    `json:"node"`
 	PID       int       `json:"pid"`
 	Run       string    `json:"run,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -62,11 +63,33 @@ func (w *Workspace) Resolve(rel string, flags int, mode uint32) (*os.File, error
 // name, so the caller can make one *at call on it. rel must not be ".".
 func (w *Workspace) Parent(rel string) (*os.File, string, error) {
 	dir, name := policy.Split(rel)
+	if err := checkEntry(rel, name); err != nil {
+		return nil, "", err
+	}
 	f, err := w.Resolve(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
+		if err == unix.ENOTDIR && dir != "." {
+			// O_DIRECTORY|O_NOFOLLOW on a symlink answers ENOTDIR, not
+			// ELOOP: when the parent itself is a symlinked directory, say
+			// so (symlink_refused), not "not a directory".
+			if info, lerr := w.Lstat(dir); lerr == nil && info.Kind == policy.KindSymlink {
+				err = unix.ELOOP
+			}
+		}
 		return nil, "", policy.FromErrno(err, "open", dir)
 	}
 	return f, name, nil
+}
+
+// checkEntry refuses a last name that is not one entry of its directory.
+// Cleaned paths never have one, but the store is the last line: without
+// this, ".." (or "a/../..") would open the scope's parent directory, and
+// a name with a "/" would be resolved by a plain openat.
+func checkEntry(rel, name string) error {
+	if name == ".." || strings.Contains(name, "/") {
+		return policy.Errorf(policy.InvalidPath, "invalid path %q: \"..\" components are refused; paths stay inside the workspace", strings.ToValidUTF8(rel, "?"))
+	}
+	return nil
 }
 
 // Lstat describes the object at rel without following it.
@@ -113,6 +136,9 @@ func (w *Workspace) OpenAt(op policy.Op, rel string, flags int, parent *os.File,
 func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *os.File, name string) (*os.File, Info, error) {
 	dirfd := w.DirFD()
 	if parent != nil {
+		if err := checkEntry(rel, name); err != nil {
+			return nil, Info{}, err
+		}
 		dirfd = int(parent.Fd())
 		var pre unix.Stat_t
 		if err := unix.Fstatat(dirfd, name, &pre, unix.AT_SYMLINK_NOFOLLOW); err != nil {

@@ -1,0 +1,200 @@
+package policy_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// TestErrno is the table the FUSE door relies on: every code maps to one
+// errno, in one place (SPEC §3.4).
+func TestErrno(t *testing.T) {
+	tests := []struct {
+		code policy.Code
+		want syscall.Errno
+	}{
+		{policy.InvalidPath, syscall.EINVAL},
+		{policy.NotFound, syscall.ENOENT},
+		{policy.Exists, syscall.EEXIST},
+		{policy.IsDir, syscall.EISDIR},
+		{policy.NotDir, syscall.ENOTDIR},
+		{policy.NotEmpty, syscall.ENOTEMPTY},
+		{policy.SymlinkRefused, syscall.EPERM},
+		{policy.HardlinkRefused, syscall.EPERM},
+		{policy.SpecialFileRefused, syscall.EPERM},
+		{policy.PermissionDenied, syscall.EACCES},
+		{policy.ReadOnly, syscall.EROFS},
+		{policy.TooLarge, syscall.EFBIG},
+		{policy.QuotaExceeded, syscall.EDQUOT},
+		{policy.Conflict, syscall.EBUSY},
+		{policy.Timeout, syscall.ETIMEDOUT},
+		{policy.Quarantined, syscall.EROFS},
+		{policy.VolumeUnavailable, syscall.EIO},
+		{policy.Unsupported, syscall.EOPNOTSUPP},
+		{policy.AuditUnavailable, syscall.EIO},
+		{policy.Cancelled, syscall.EINTR},
+		{policy.InvalidInput, syscall.EINVAL},
+		// Codes the filesystem never produces itself fall back to EIO.
+		{policy.AmbiguousEdit, syscall.EIO},
+		{policy.NoMatch, syscall.EIO},
+		{policy.NoChange, syscall.EIO},
+		{policy.UnknownOutcome, syscall.EIO},
+		{policy.SandboxUnavailable, syscall.EIO},
+		{policy.Internal, syscall.EIO},
+		{"some_future_code", syscall.EIO},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.code), func(t *testing.T) {
+			err := policy.Errorf(tc.code, "x")
+			if got := policy.Errno(err); got != tc.want {
+				t.Errorf("Errno(%s) = %v, want %v", tc.code, got, tc.want)
+			}
+			wrapped := fmt.Errorf("context: %w", err)
+			if got := policy.Errno(wrapped); got != tc.want {
+				t.Errorf("Errno(wrapped %s) = %v, want %v", tc.code, got, tc.want)
+			}
+		})
+	}
+	t.Run("nil is no error", func(t *testing.T) {
+		if got := policy.Errno(nil); got != 0 {
+			t.Errorf("Errno(nil) = %v", got)
+		}
+	})
+	t.Run("a raw errno passes through", func(t *testing.T) {
+		if got := policy.Errno(syscall.ENOSPC); got != syscall.ENOSPC {
+			t.Errorf("Errno(ENOSPC) = %v", got)
+		}
+		if got := policy.Errno(&fs.PathError{Op: "open", Path: "x", Err: syscall.EXDEV}); got != syscall.EXDEV {
+			t.Errorf("Errno(PathError EXDEV) = %v", got)
+		}
+	})
+	t.Run("an unmapped code keeps its cause's errno", func(t *testing.T) {
+		err := &policy.Error{Code: policy.Internal, Message: "x", Err: syscall.ESTALE}
+		if got := policy.Errno(err); got != syscall.ESTALE {
+			t.Errorf("Errno = %v, want ESTALE", got)
+		}
+	})
+	t.Run("a mapped code wins over its cause", func(t *testing.T) {
+		err := &policy.Error{Code: policy.SymlinkRefused, Message: "x", Err: syscall.ELOOP}
+		if got := policy.Errno(err); got != syscall.EPERM {
+			t.Errorf("Errno = %v, want EPERM", got)
+		}
+	})
+	t.Run("another error is EIO", func(t *testing.T) {
+		if got := policy.Errno(errors.New("boom")); got != syscall.EIO {
+			t.Errorf("Errno = %v, want EIO", got)
+		}
+	})
+}
+
+func TestFromErrno(t *testing.T) {
+	tests := []struct {
+		errno syscall.Errno
+		want  policy.Code
+	}{
+		{syscall.ENOENT, policy.NotFound},
+		{syscall.EEXIST, policy.Exists},
+		{syscall.EISDIR, policy.IsDir},
+		{syscall.ENOTDIR, policy.NotDir},
+		{syscall.ENOTEMPTY, policy.NotEmpty},
+		{syscall.ELOOP, policy.SymlinkRefused},
+		{syscall.EXDEV, policy.InvalidPath},
+		{syscall.EACCES, policy.PermissionDenied},
+		{syscall.EPERM, policy.PermissionDenied},
+		{syscall.EROFS, policy.ReadOnly},
+		{syscall.EDQUOT, policy.QuotaExceeded},
+		{syscall.ENOSPC, policy.QuotaExceeded},
+		{syscall.EFBIG, policy.TooLarge},
+		{syscall.ENAMETOOLONG, policy.InvalidPath},
+		{syscall.EIO, policy.Internal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.errno.Error(), func(t *testing.T) {
+			for _, err := range []error{tc.errno, &fs.PathError{Op: "openat", Path: "x", Err: tc.errno}} {
+				got := policy.FromErrno(err, "read", "dir/file.txt")
+				var pe *policy.Error
+				if !errors.As(got, &pe) || pe.Code != tc.want {
+					t.Fatalf("FromErrno(%v) = %#v, want code %q", err, got, tc.want)
+				}
+				if !errors.Is(got, tc.errno) {
+					t.Errorf("FromErrno(%v) lost its cause", err)
+				}
+				if !strings.Contains(pe.Message, "dir/file.txt") {
+					t.Errorf("FromErrno(%v) message %q does not name the path", err, pe.Message)
+				}
+			}
+		})
+	}
+	if policy.FromErrno(nil, "read", "x") != nil {
+		t.Error("FromErrno(nil) != nil")
+	}
+	orig := policy.Errorf(policy.Conflict, "kept")
+	if got := policy.FromErrno(fmt.Errorf("w: %w", orig), "read", "x"); got != orig {
+		t.Errorf("FromErrno of an *Error = %v, want it kept", got)
+	}
+	if got := policy.CodeOf(policy.FromErrno(errors.New("odd"), "read", "x")); got != policy.Internal {
+		t.Errorf("FromErrno of a non-errno: code %q, want internal", got)
+	}
+}
+
+func TestCodeOfAndAsError(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want policy.Code
+	}{
+		{"nil", nil, ""},
+		{"policy error", policy.Errorf(policy.TooLarge, "x"), policy.TooLarge},
+		{"wrapped policy error", fmt.Errorf("a: %w", policy.Errorf(policy.Conflict, "x")), policy.Conflict},
+		{"raw ENOENT", syscall.ENOENT, policy.NotFound},
+		{"path error ENOENT", &fs.PathError{Op: "open", Path: "x", Err: syscall.ENOENT}, policy.NotFound},
+		{"other errno", syscall.EIO, policy.Internal},
+		{"plain error", errors.New("x"), policy.Internal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := policy.CodeOf(tc.err); got != tc.want {
+				t.Errorf("CodeOf = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	pe := policy.Errorf(policy.NoMatch, "x")
+	if policy.AsError(fmt.Errorf("w: %w", pe)) != pe {
+		t.Error("AsError did not keep an existing *Error")
+	}
+	cause := errors.New("disk on fire")
+	got := policy.AsError(cause)
+	if got.Code != policy.Internal || !errors.Is(got, cause) || !strings.Contains(got.Message, "disk on fire") {
+		t.Errorf("AsError(plain) = %#v", got)
+	}
+}
+
+// TestErrorJSON pins the wire shape tools return: field names are part of
+// the contract (SPEC §3.4, §4).
+func TestErrorJSON(t *testing.T) {
+	e := policy.Errorf(policy.Conflict, "a.txt changed since you read it; re-read the file and retry")
+	e.SHA256 = strings.Repeat("ab", 32)
+	e.Err = errors.New("not serialised")
+	b, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"code":"conflict","message":"a.txt changed since you read it; re-read the file and retry","current_sha256":"` + e.SHA256 + `"}`
+	if string(b) != want {
+		t.Errorf("JSON\n got %s\nwant %s", b, want)
+	}
+	b, _ = json.Marshal(policy.Errorf(policy.NotFound, "gone"))
+	if string(b) != `{"code":"not_found","message":"gone"}` {
+		t.Errorf("JSON without a hash: %s", b)
+	}
+	var back policy.Error
+	if err := json.Unmarshal([]byte(want), &back); err != nil || back.Code != policy.Conflict || back.SHA256 != e.SHA256 {
+		t.Errorf("round trip: %+v, %v", back, err)
+	}
+}

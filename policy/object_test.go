@@ -1,0 +1,178 @@
+package policy_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// objectTestCases are the objects a door can find on the backing store
+// (SPEC §3.2), each with the code every op other than stat gets.
+var objectTestCases = []struct {
+	name string
+	obj  policy.Object
+	// want is the code for every op but stat (always allowed) and list;
+	// list additionally says not_dir for a usable regular file.
+	want policy.Code
+}{
+	{name: "regular file", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o600, Nlink: 1}},
+	{name: "regular file with group and other bits", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o777, Nlink: 1}},
+	{name: "regular file with the sticky bit", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o1600, Nlink: 1}},
+	{name: "directory", obj: policy.Object{Kind: policy.KindDir, Perm: 0o700, Nlink: 2}},
+	{name: "directory with many links is not a hardlink", obj: policy.Object{Kind: policy.KindDir, Perm: 0o700, Nlink: 40}},
+	{name: "directory with setgid", obj: policy.Object{Kind: policy.KindDir, Perm: 0o2700, Nlink: 2}},
+	{name: "symlink", obj: policy.Object{Kind: policy.KindSymlink, Perm: 0o777, Nlink: 1}, want: policy.SymlinkRefused},
+	{name: "hardlinked file (nlink 2)", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o600, Nlink: 2}, want: policy.HardlinkRefused},
+	{name: "hardlinked file (nlink 1000)", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o600, Nlink: 1000}, want: policy.HardlinkRefused},
+	{name: "FIFO", obj: policy.Object{Kind: policy.KindFIFO, Perm: 0o600, Nlink: 1}, want: policy.SpecialFileRefused},
+	{name: "socket", obj: policy.Object{Kind: policy.KindSocket, Perm: 0o600, Nlink: 1}, want: policy.SpecialFileRefused},
+	{name: "device file", obj: policy.Object{Kind: policy.KindDevice, Perm: 0o666, Nlink: 1}, want: policy.SpecialFileRefused},
+	{name: "setuid file", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o4755, Nlink: 1}, want: policy.PermissionDenied},
+	{name: "setgid file", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o2755, Nlink: 1}, want: policy.PermissionDenied},
+	{name: "setuid hardlinked file", obj: policy.Object{Kind: policy.KindRegular, Perm: 0o4755, Nlink: 3}, want: policy.HardlinkRefused},
+}
+
+func TestCheckObject(t *testing.T) {
+	for _, tc := range objectTestCases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, op := range allOps() {
+				want := tc.want
+				switch {
+				case op == policy.OpStat:
+					want = "" // stat shows everything for what it is
+				case op == policy.OpList && tc.obj.Kind == policy.KindDir:
+					want = ""
+				case op == policy.OpList && want == "":
+					want = policy.NotDir
+				}
+				err := policy.CheckObject(op, "x/obj", tc.obj)
+				if got := policy.CodeOf(err); got != want {
+					t.Errorf("CheckObject(%s) = %v (code %q), want code %q", op, err, got, want)
+				}
+				if err != nil {
+					if pe, ok := err.(*policy.Error); !ok || pe.Message == "" {
+						t.Errorf("CheckObject(%s) = %#v, want *policy.Error with a message", op, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestCheckCreateKindLinkChmod(t *testing.T) {
+	kinds := []struct {
+		kind policy.Kind
+		want policy.Code
+	}{
+		{policy.KindRegular, ""},
+		{policy.KindDir, ""},
+		{policy.KindSymlink, policy.SymlinkRefused},
+		{policy.KindFIFO, policy.SpecialFileRefused},
+		{policy.KindSocket, policy.SpecialFileRefused},
+		{policy.KindDevice, policy.SpecialFileRefused},
+	}
+	for _, k := range kinds {
+		if got := policy.CodeOf(policy.CheckCreateKind("n", k.kind)); got != k.want {
+			t.Errorf("CheckCreateKind(%s) code %q, want %q", k.kind, got, k.want)
+		}
+	}
+	if got := policy.CodeOf(policy.CheckLink("n")); got != policy.HardlinkRefused {
+		t.Errorf("CheckLink code %q, want hardlink_refused", got)
+	}
+	perms := []struct {
+		perm uint32
+		want policy.Code
+	}{
+		{0o600, ""},
+		{0o777, ""},
+		{0o4755, policy.PermissionDenied},
+		{0o2755, policy.PermissionDenied},
+		{0o1777, policy.PermissionDenied},
+		{0o7000, policy.PermissionDenied},
+	}
+	for _, p := range perms {
+		if got := policy.CodeOf(policy.CheckChmod("n", p.perm)); got != p.want {
+			t.Errorf("CheckChmod(%#o) code %q, want %q", p.perm, got, p.want)
+		}
+	}
+	if policy.FilePerm != 0o600 || policy.DirPerm != 0o700 {
+		t.Errorf("FilePerm %#o, DirPerm %#o; SPEC §2.1 says 0600 and 0700", policy.FilePerm, policy.DirPerm)
+	}
+}
+
+// TestObjectOf stats real objects and checks the Kind each one gets.
+func TestObjectOf(t *testing.T) {
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dir, "file"), []byte("hello"), 0o600))
+	must(os.Mkdir(filepath.Join(dir, "dir"), 0o700))
+	must(os.Symlink("file", filepath.Join(dir, "symlink")))
+	must(os.Link(filepath.Join(dir, "file"), filepath.Join(dir, "hardlink")))
+	must(unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	must(unix.Mknod(filepath.Join(dir, "socket"), unix.S_IFSOCK|0o600, 0))
+	must(os.WriteFile(filepath.Join(dir, "setuid"), nil, 0o600))
+	must(unix.Chmod(filepath.Join(dir, "setuid"), 0o4700))
+	devices := os.Geteuid() == 0
+	if devices {
+		must(unix.Mknod(filepath.Join(dir, "chardev"), unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
+		must(unix.Mknod(filepath.Join(dir, "blockdev"), unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))))
+	}
+	tests := []struct {
+		name  string
+		kind  policy.Kind
+		nlink uint64
+		perm  uint32
+		size  int64
+	}{
+		{"file", policy.KindRegular, 2, 0o600, 5}, // "hardlink" shares its inode
+		{"dir", policy.KindDir, 2, 0o700, -1},
+		{"symlink", policy.KindSymlink, 1, 0o777, 4},
+		{"fifo", policy.KindFIFO, 1, 0o600, 0},
+		{"socket", policy.KindSocket, 1, 0o600, 0},
+		{"setuid", policy.KindRegular, 1, 0o4700, 0},
+		{"chardev", policy.KindDevice, 1, 0o600, 0},
+		{"blockdev", policy.KindDevice, 1, 0o600, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if !devices && (tc.name == "chardev" || tc.name == "blockdev") {
+				t.Skip("creating device nodes needs root")
+			}
+			var st unix.Stat_t
+			must(unix.Lstat(filepath.Join(dir, tc.name), &st))
+			o := policy.ObjectOf(&st)
+			if o.Kind != tc.kind || o.Nlink != tc.nlink || o.Perm != tc.perm || (tc.size >= 0 && o.Size != tc.size) {
+				t.Errorf("ObjectOf(%s) = %+v, want kind %s nlink %d perm %#o size %d", tc.name, o, tc.kind, tc.nlink, tc.perm, tc.size)
+			}
+		})
+	}
+}
+
+func TestKindAndOpNames(t *testing.T) {
+	kinds := map[policy.Kind]string{
+		policy.KindRegular: "file", policy.KindDir: "dir", policy.KindSymlink: "symlink",
+		policy.KindFIFO: "fifo", policy.KindSocket: "socket", policy.KindDevice: "device",
+	}
+	for k, want := range kinds {
+		if k.String() != want {
+			t.Errorf("Kind %d String() = %q, want %q", k, k.String(), want)
+		}
+	}
+	seen := map[string]bool{}
+	for _, op := range allOps() {
+		s := op.String()
+		if s == "" || seen[s] {
+			t.Errorf("Op %d has an empty or duplicate name %q", op, s)
+		}
+		seen[s] = true
+	}
+}

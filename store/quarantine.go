@@ -1,0 +1,101 @@
+package store
+
+import (
+	"fmt"
+	"os"
+	"sort"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Quarantines lists the quarantine records of every scope on the volume,
+// for administrators (SPEC §7.3).
+func (v *Volume) Quarantines() ([]Marker, error) {
+	fd, err := openBeneath(int(v.root.Fd()), LocksDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err == unix.ENOENT {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", LocksDir, err)
+	}
+	dir := os.NewFile(uintptr(fd), LocksDir)
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", LocksDir, err)
+	}
+	sort.Strings(names)
+	var out []Marker
+	for _, h := range names {
+		sfd, err := unix.Openat(fd, h, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		w := &Workspace{state: os.NewFile(uintptr(sfd), h)}
+		m, err := w.readState(QuarantineFile)
+		w.state.Close()
+		if err != nil {
+			return nil, err
+		}
+		if m != nil {
+			if m.ScopeHash == "" {
+				m.ScopeHash = h
+			}
+			out = append(out, *m)
+		}
+	}
+	return out, nil
+}
+
+// Quarantine returns the quarantine record of scope s, or nil.
+func (v *Volume) Quarantine(s Scope) (*Marker, error) {
+	w, err := v.stateOnly(s)
+	if err != nil {
+		return nil, err
+	}
+	defer w.state.Close()
+	return w.readState(QuarantineFile)
+}
+
+// ClearQuarantine removes scope s's quarantine record, and nothing else,
+// if it names exactly container. The caller has confirmed the container no
+// longer exists on any engine that could have run it.
+func (v *Volume) ClearQuarantine(s Scope, container string) error {
+	w, err := v.stateOnly(s)
+	if err != nil {
+		return err
+	}
+	defer w.state.Close()
+	m, err := w.readState(QuarantineFile)
+	if err != nil {
+		return err
+	}
+	if m == nil {
+		return policy.Errorf(policy.NotFound, "scope %s is not quarantined", s)
+	}
+	if m.Container != container {
+		return policy.Errorf(policy.Conflict, "scope %s is quarantined for container %q, not %q; nothing cleared", s, m.Container, container)
+	}
+	if err := unix.Unlinkat(int(w.state.Fd()), QuarantineFile, 0); err != nil {
+		return fmt.Errorf("clear quarantine of %s: %w", s, err)
+	}
+	syncDir(w.state)
+	return nil
+}
+
+// stateOnly opens scope s's state directory without creating the scope.
+func (v *Volume) stateOnly(s Scope) (*Workspace, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := v.recheck(); err != nil {
+		return nil, err
+	}
+	fd, err := openBeneath(int(v.root.Fd()), LocksDir+"/"+s.Hash(), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, policy.FromErrno(err, "open state of", s.String())
+	}
+	return &Workspace{scope: s, vol: v, state: os.NewFile(uintptr(fd), s.Hash())}, nil
+}
