@@ -63,19 +63,19 @@ type Actor struct {
 // Event is one operation as a door reports it. The Log adds time, node, pid,
 // sequence number and chain hash.
 type Event struct {
-	TraceID  string        `json:"trace_id,omitempty"`
-	CallID   string        `json:"call_id,omitempty"`
-	Actor    Actor         `json:"actor,omitzero"`
-	Scope    string        `json:"scope,omitempty"` // scope hash
-	Source   Source        `json:"source,omitempty"`
-	Op       string        `json:"op,omitempty"` // e.g. workspace_write, create, unlink, release, container_start
-	Path     string        `json:"path,omitempty"`
-	NewPath  string        `json:"new_path,omitempty"`
-	Bytes    int64         `json:"bytes,omitempty"`
-	SHA256   string        `json:"sha256,omitempty"`
-	Result   string        `json:"result,omitempty"` // ok, refused, error, started
-	Code     string        `json:"code,omitempty"`   // loomfs error code when refused or failed
-	Duration time.Duration `json:"duration_ns,omitempty"`
+	TraceID  string         `json:"trace_id,omitempty"`
+	CallID   string         `json:"call_id,omitempty"`
+	Actor    Actor          `json:"actor,omitzero"`
+	Scope    string         `json:"scope,omitempty"` // scope hash
+	Source   Source         `json:"source,omitempty"`
+	Op       string         `json:"op,omitempty"` // e.g. workspace_write, create, unlink, release, container_start
+	Path     string         `json:"path,omitempty"`
+	NewPath  string         `json:"new_path,omitempty"`
+	Bytes    int64          `json:"bytes,omitempty"`
+	SHA256   string         `json:"sha256,omitempty"`
+	Result   string         `json:"result,omitempty"` // ok, refused, error, started
+	Code     string         `json:"code,omitempty"`   // loomfs error code when refused or failed
+	Duration time.Duration  `json:"duration_ns,omitempty"`
 	Detail   map[string]any `json:"detail,omitempty"` // optional extras: exit code, container id…
 }
 

@@ -44,13 +44,13 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 	if err != nil {
 		return WriteResult{}, err
 	}
-	if expected != nil {
-		if *expected == "" && exists {
-			return WriteResult{}, conflict(rel, cur)
+	if expected != nil && (*expected == "" && exists || *expected != "" && *expected != cur) {
+		if w.pol.Check(policy.OpRead, rel) != nil {
+			// A write-only file's hash would tell its content: say only
+			// that it differs.
+			return WriteResult{}, policy.Errorf(policy.Conflict, "%s does not match expected_sha256 (its hash is not shown: the file can't be read back here)", rel)
 		}
-		if *expected != "" && *expected != cur {
-			return WriteResult{}, conflict(rel, cur)
-		}
+		return WriteResult{}, conflict(rel, cur)
 	}
 	if !exists {
 		if err := w.pol.Check(policy.OpCreate, rel); err != nil {
