@@ -200,6 +200,10 @@ type Request struct {
 	ScopeHash string            // the scope's hash; letters and digits
 	Run, Call string            // run and call ids, for labels and the marker
 	Marker    MarkerHooks       // required: persists the execution marker
+	// Name is the container's name; "" picks one with NewContainerName.
+	// Callers set it to label what they prepare before the container
+	// exists (the projection's audit records).
+	Name string
 }
 
 // Marker is the execution marker persisted while a container may exist.
@@ -255,7 +259,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	began := time.Now()
-	res := Result{ExitCode: -1, ContainerName: containerName(req.ScopeHash)}
+	res := Result{ExitCode: -1, ContainerName: req.Name}
+	if res.ContainerName == "" {
+		res.ContainerName = NewContainerName(req.ScopeHash)
+	} else if !validName(res.ContainerName, 128) {
+		return res, fmt.Errorf("%w: container name %q", ErrInvalidRequest, res.ContainerName)
+	}
 	m := Marker{Container: res.ContainerName, Node: r.cfg.Node, Run: req.Run, Call: req.Call,
 		Scope: req.Scope, Time: began.UTC(), PID: os.Getpid()}
 	if err := req.Marker.Set(ctx, m); err != nil {
@@ -566,8 +575,8 @@ func validHash(s string) bool {
 	return true
 }
 
-// containerName is loomfs-<first 12 of the scope hash>-<8 random hex digits>.
-func containerName(scopeHash string) string {
+// NewContainerName returns loomfs-<first 12 of the scope hash>-<8 random hex digits>.
+func NewContainerName(scopeHash string) string {
 	var b [4]byte
 	rand.Read(b[:])
 	return "loomfs-" + strings.ToLower(scopeHash[:min(12, len(scopeHash))]) + "-" + hex.EncodeToString(b[:])

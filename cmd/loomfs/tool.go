@@ -80,8 +80,7 @@ func printToolError(cmd *cobra.Command, err error) error {
 	if _, ok := err.(usageError); ok {
 		return err
 	}
-	pe := policy.AsError(err)
-	b, _ := json.Marshal(map[string]any{"error": pe})
+	b, _ := json.Marshal(map[string]any{"error": policy.AsError(err)})
 	fmt.Fprintln(cmd.OutOrStdout(), string(b))
 	return exitError{exitRefused}
 }
@@ -111,11 +110,11 @@ JSON array. Descriptions state the limits and path rules of the loaded policy
 
 // openToolbox opens the scope and a Toolbox over it.
 func (g *globals) openToolbox(ctx context.Context, scope string) (*tools.Toolbox, func(), error) {
-	ws, done, err := g.openWorkspace(ctx, scope)
+	s, err := g.openSession(ctx, scope)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &tools.Toolbox{WS: ws}, done, nil
+	return s.tools, s.close, nil
 }
 
 // exactArgs is cobra.ExactArgs reporting a usage error.

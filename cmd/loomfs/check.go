@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/store"
+)
+
+func init() { addCommand(newCheckCmd) }
+
+func newCheckCmd(g *globals) *cobra.Command {
+	var probe bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "check [--probe]",
+		Short: "Check this node's workspace root before serving from it",
+		Long: `Check the workspace root this node is configured for (SPEC §7.1). Only the
+explicit flags and their AGENT_LOOM_* variables are read (--backend, --root,
+--volume-id); no .env file, and no default root: without --root it refuses.
+
+By default the check only looks: the root exists and is a directory; on the
+shared_posix backend its .agentloom-volume marker holds exactly the volume id;
+and whether this user may write there (asked of the kernel; nothing is
+written). It never creates a missing root or marker.
+
+--probe also works for real, in a random namespace
+<root>/.agentloom-locks/probe-<random>/ that it removes afterwards: create,
+write, fsync, read back, rename and delete files and a directory; replace a
+file atomically (temporary file, fsync, rename); take an advisory lock and
+check that a second open file description is refused it while held.
+
+The answer is honest about its reach: single_node is always true (only this
+node was checked) and advisory_lock_local says the lock worked on this node,
+which is not proof that another node's locks exclude this node's. Only a
+trial on two real nodes shows that (see DEPLOY.md). --backend local checks a
+local directory and never claims it is shared.
+
+Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
+		Example: `  loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1
+  loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1 --probe --json
+  loomfs check --backend local --root /srv/loom/workspaces`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if g.root == "" {
+				return usagef("check needs --root (or AGENT_LOOM_WORKSPACE_ROOT); it never picks a default root")
+			}
+			if timeout <= 0 {
+				return usagef("--timeout must be positive")
+			}
+			opts := store.CheckOptions{Backend: g.backend, Root: g.root, VolumeID: g.volumeID, Probe: probe}
+			r := checkWithin(cmd.Context(), opts, timeout)
+			if g.json {
+				if err := printJSON(cmd, r); err != nil {
+					return err
+				}
+			} else {
+				printCheck(cmd, r)
+			}
+			if !r.OK {
+				return exitError{exitRefused}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&probe, "probe", false, "also do file operations, an atomic replace and a lock check in a temporary namespace, then remove it")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up when the filesystem has not answered by then")
+	return cmd
+}
+
+// checkWithin bounds the check by timeout. A call blocked in the kernel
+// (a hard NFS mount whose server is gone) can't be interrupted; the check
+// then answers failed and the blocked call is abandoned with the process.
+func checkWithin(ctx context.Context, opts store.CheckOptions, timeout time.Duration) *store.CheckReport {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan *store.CheckReport, 1)
+	go func() { done <- store.Check(ctx, opts) }()
+	select {
+	case r := <-done:
+		return r
+	case <-ctx.Done():
+		return &store.CheckReport{
+			Backend: opts.Backend, Root: opts.Root, VolumeID: opts.VolumeID, Probe: opts.Probe, SingleNode: true,
+			Checks: []store.CheckItem{{Name: "timeout", Detail: fmt.Sprintf(
+				"the filesystem did not answer within %v; on a hard NFS mount calls wait until the server is back (see DEPLOY.md)", timeout)}},
+			Meaning: store.CheckMeaning(),
+		}
+	}
+}
+
+func printCheck(cmd *cobra.Command, r *store.CheckReport) {
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "loomfs check: backend %s, root %s", r.Backend, r.Root)
+	if r.VolumeID != "" {
+		fmt.Fprintf(w, ", volume id %q", r.VolumeID)
+	}
+	if r.Filesystem != "" {
+		fmt.Fprintf(w, ", filesystem %s", r.Filesystem)
+	}
+	fmt.Fprintf(w, ", node %s\n", r.Node)
+	for _, c := range r.Checks {
+		mark := "ok  "
+		if !c.OK {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s  %-21s %s\n", mark, c.Name, c.Detail)
+	}
+	for _, s := range r.Warnings {
+		fmt.Fprintf(w, "  warning: %s\n", s)
+	}
+	fmt.Fprintf(w, "single_node: true — %s\n", r.Meaning["single_node"])
+	lock := "false — not checked (add --probe)"
+	switch {
+	case r.AdvisoryLockLocal:
+		lock = "true — the lock worked on this node; that is not proof it excludes other nodes"
+	case r.Probe:
+		lock = "false — the probe did not show working locks"
+	}
+	fmt.Fprintf(w, "advisory_lock_local: %s\n", lock)
+	if r.OK {
+		fmt.Fprintln(w, "result: ok")
+	} else {
+		fmt.Fprintln(w, "result: FAILED")
+	}
+}

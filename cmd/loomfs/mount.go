@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/fusefs"
+)
+
+func init() { addCommand(newMountCmd) }
+
+func newMountCmd(g *globals) *cobra.Command {
+	var (
+		scope string
+		opts  fusefs.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "mount --scope S MOUNTPOINT",
+		Short: "Serve a scope's policed projection at MOUNTPOINT, in the foreground",
+		Long: `Serve a scope's policed FUSE projection at MOUNTPOINT until SIGINT or SIGTERM,
+then unmount it. Every operation through the mount is checked by the same
+policy as the tools and recorded in the volume's audit log.
+
+The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
+(the sandbox user), files 0600 and directories 0700. A stale mount left at
+MOUNTPOINT by a daemon that died is cleared first. "mounted SCOPE at DIR" is
+printed on stderr once the mount is ready.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if opts.UID == 0 || opts.GID == 0 {
+				return usagef("--uid and --gid name the sandbox user, which is never root")
+			}
+			return runMount(cmd.Context(), g, scope, args[0], opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE")
+	f.Uint32Var(&opts.UID, "uid", fusefs.DefaultUID, "uid shown as the owner of every object (the sandbox user)")
+	f.Uint32Var(&opts.GID, "gid", fusefs.DefaultGID, "gid shown as the group of every object")
+	f.BoolVar(&opts.AllowOther, "allow-other", false, "let other users (the sandbox container's) use the mount; MOUNTPOINT's parent must be root's, mode 0700")
+	f.BoolVar(&opts.ReadOnly, "read-only", false, "refuse every change (EROFS)")
+	f.BoolVar(&opts.UserXattrs, "user-xattrs", false, `serve extended attributes in the "user." namespace (every other is refused)`)
+	f.BoolVar(&opts.Passthrough, "passthrough", false, "let the kernel read files opened read-only from the backing store (Linux 6.9+); writes always come to the daemon")
+	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
+	return cmd
+}
+
+func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	fail := func(format string, args ...any) error {
+		fmt.Fprintf(os.Stderr, "loomfs mount: "+format+"\n", args...)
+		return exitError{exitRefused}
+	}
+	ws, closeWS, err := g.openWorkspace(ctx, scope)
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		return fail("%v", err)
+	}
+	defer closeWS()
+
+	// Nothing is served unaudited.
+	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return fail("open the audit log: %v", err)
+	}
+	defer auditLog.Close()
+	opts.Audit = auditLog
+
+	if recovered, err := fusefs.RecoverStale(mountpoint); err != nil {
+		return fail("%v", err)
+	} else if recovered {
+		fmt.Fprintf(os.Stderr, "recovered a stale mount at %s\n", mountpoint)
+	}
+
+	// Signals are caught before the mount exists, so none is lost.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	m, err := fusefs.Mount(ctx, ws, mountpoint, opts)
+	if err != nil {
+		return fail("%v", err)
+	}
+	fmt.Fprintf(os.Stderr, "mounted %s at %s\n", ws.Scope(), m.Dir())
+
+	ended := make(chan struct{})
+	go func() { m.Wait(); close(ended) }()
+	select {
+	case <-ended:
+		fmt.Fprintf(os.Stderr, "%s was unmounted from outside\n", m.Dir())
+		return nil
+	case sig := <-sigs:
+		g.log.Info("unmounting", zap.String("signal", sig.String()), zap.String("mountpoint", m.Dir()))
+	}
+	switch err := m.Unmount(); {
+	case errors.Is(err, fusefs.ErrDetached):
+		fmt.Fprintf(os.Stderr, "unmounted %s (it was busy: its users were cut off)\n", m.Dir())
+	case err != nil:
+		return fail("%v", err)
+	default:
+		fmt.Fprintf(os.Stderr, "unmounted %s\n", m.Dir())
+	}
+	return nil
+}

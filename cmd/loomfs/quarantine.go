@@ -1,0 +1,153 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
+)
+
+func init() { addCommand(newQuarantineCmd) }
+
+const quarantineProcedure = `A scope is quarantined when a sandbox command's container could not be
+confirmed removed (the worker died, or the engine did not answer). Writes and
+commands are refused there until an administrator clears it; reads work.
+
+Recovery:
+  1. Stop new tasks and resumes for that workspace; keep the marker, the run
+     record and the logs.
+  2. "loomfs quarantine show --scope S" names the container and the node that
+     ran it. On that node's engine, check the container; if the node is
+     unclear, check every node that could have run it.
+  3. Make sure the old worker, its docker client and any pending create
+     request can no longer start a container, then stop and remove the
+     container if it still exists. One "No such container" answer right after
+     a killed client does not prove a pending create won't land later.
+  4. Only then run "loomfs quarantine clear --scope S --container NAME" (it
+     refuses while that container exists on the local engine and touches
+     nothing but that scope's quarantine record), and resume tasks.
+Deleting the marker by hand, waiting for it to expire, or retrying the command
+are not safe recoveries.`
+
+func newQuarantineCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "quarantine list|show|clear",
+		Short: "Inspect and clear quarantined workspaces (administrators)",
+		Long:  quarantineProcedure,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usagef("quarantine needs a subcommand: list, show or clear")
+		},
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List every quarantined scope on the volume",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			ms, err := vol.Quarantines()
+			if err != nil {
+				return err
+			}
+			if g.json {
+				if ms == nil {
+					ms = []store.Marker{}
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(ms)
+			}
+			if len(ms) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no quarantined scopes")
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SCOPE\tCONTAINER\tNODE\tRUN\tCALL\tSINCE")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Scope, m.Container, m.Node, m.Run, m.Call, m.Time.UTC().Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	})
+	var scope, container string
+	show := &cobra.Command{
+		Use:   "show --scope S",
+		Short: "Show one scope's quarantine record",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, err := store.ParseScope(scope)
+			if err != nil {
+				return usageError{err}
+			}
+			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			m, err := vol.Quarantine(sc)
+			if err != nil {
+				return err
+			}
+			if m == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "scope %s is not quarantined\n", sc)
+				return nil
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(m)
+		},
+	}
+	show.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
+	show.MarkFlagRequired("scope")
+	clear := &cobra.Command{
+		Use:   "clear --scope S --container NAME",
+		Short: "Clear one scope's quarantine once its container is confirmed gone",
+		Long:  "Clear one scope's quarantine record.\n\n" + quarantineProcedure,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, err := store.ParseScope(scope)
+			if err != nil {
+				return usageError{err}
+			}
+			if container == "" {
+				return usagef("--container is required: name the exact container from \"loomfs quarantine show\"")
+			}
+			ctx := cmd.Context()
+			vol, err := store.OpenVolume(ctx, g.storeConfig())
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			r, err := sandbox.NewRunner(ctx, sandbox.ConfigFromEnv())
+			if err != nil {
+				return fmt.Errorf("can't ask the local engine whether %s still exists, so nothing is cleared: %w", container, err)
+			}
+			defer r.Close()
+			exists, err := r.ContainerExists(ctx, container)
+			if err != nil {
+				return fmt.Errorf("can't ask the local engine whether %s still exists, so nothing is cleared: %w", container, err)
+			}
+			if exists {
+				return fmt.Errorf("container %s still exists on the local engine: stop and remove it first (see --help); nothing cleared", container)
+			}
+			if err := vol.ClearQuarantine(sc, container); err != nil {
+				return err
+			}
+			g.auditAdmin(ctx, "quarantine_clear", sc, map[string]any{"container": container})
+			fmt.Fprintf(cmd.OutOrStdout(), "cleared the quarantine of %s (container %s); no other marker, lock or file was touched\n", sc, container)
+			return nil
+		},
+	}
+	clear.Flags().StringVar(&scope, "scope", "", "exact scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
+	clear.Flags().StringVar(&container, "container", "", "exact container name from the quarantine record (required)")
+	clear.MarkFlagRequired("scope")
+	cmd.AddCommand(show, clear)
+	return cmd
+}

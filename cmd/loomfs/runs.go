@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+func init() { addCommand(newRunsCmd) }
+
+const runsHelp = `A run's binding is recorded when the run is created: backend, volume id,
+layout version, the scope ids (space, agent, session, run) and the user who
+started it, in <root>/.agentloom-runs/<run_id>.json. The session is bound to
+the same volume for life.
+
+Resuming a run uses its binding, not today's configuration: this node's
+--root only says where the node sees the volume. If this node is configured
+for another backend or volume id than the binding names, the resume is
+refused (volume_unavailable, naming both). A run with no binding but a
+directory <data>/runs/<run_id> is a legacy run from before bindings: it keeps
+that directory, which loomfs neither moves nor upgrades.
+
+On the shared_posix backend the root and its marker are checked first; if
+they fail, nothing else is consulted and nothing is created.`
+
+func newRunsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "runs create|show",
+		Short: "Record and inspect run bindings",
+		Long:  runsHelp,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usagef("runs needs a subcommand: create or show")
+		},
+	}
+	var scope, runID, user string
+	create := &cobra.Command{
+		Use:   "create --scope SPACE/AGENT/SESSION --run RUN --user USER",
+		Short: "Record a new run's binding and print it as JSON",
+		Long: "Record a new run's binding and print it as JSON. Creating the same run again\n" +
+			"with the same session and user prints the existing binding (a platform may\n" +
+			"retry); anything else already bound to that run id is refused.\n\n" + runsHelp,
+		Example: `  loomfs --backend shared_posix --root /mnt/loom --volume-id team-v1 \
+    runs create --scope acme/coder/s1 --run r-42 --user alice@example.com`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, err := store.ParseScope(scope)
+			if err != nil || !sc.Main() {
+				return usagef("--scope: want SPACE/AGENT/SESSION (the session the run belongs to)")
+			}
+			if runID == "" || user == "" {
+				return usagef("--run and --user are required")
+			}
+			ctx := cmd.Context()
+			b, err := store.CreateRun(ctx, g.storeConfig(), store.RunSpec{Space: sc.Space, Agent: sc.Agent, Session: sc.Session, Run: runID, User: user})
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			g.auditAdmin(ctx, "run_create", sc, map[string]any{"run": runID, "user": user, "volume_id": b.VolumeID})
+			return printJSON(cmd, b)
+		},
+	}
+	create.Flags().StringVar(&scope, "scope", "", "the run's session, SPACE/AGENT/SESSION (required)")
+	create.Flags().StringVar(&runID, "run", "", "run id from the platform's run record (required)")
+	create.Flags().StringVar(&user, "user", "", "the authenticated user who started the run (required)")
+
+	show := &cobra.Command{
+		Use:   "show --run RUN",
+		Short: "Resume a run's binding and print what it resolves to, as JSON",
+		Long: "Resolve a run the way every resume does and print it as JSON: its binding and\n" +
+			"its main scope (name and hash, the same on every node), or that it is a\n" +
+			"legacy run.\n\n" + runsHelp,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runID == "" {
+				return usagef("--run is required")
+			}
+			r, err := store.ResumeRun(cmd.Context(), g.storeConfig(), runID)
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			defer r.Close()
+			out := runShow{RunID: r.ID(), Legacy: r.Legacy(), Binding: r.Binding()}
+			if b := r.Binding(); b != nil {
+				out.MainScope, out.MainScopeHash = b.MainScope().String(), b.MainScope().Hash()
+			} else {
+				out.LegacyDir = r.Volume().Path() + "/" + store.LegacyRunsDir + "/" + r.ID()
+			}
+			return printJSON(cmd, out)
+		},
+	}
+	show.Flags().StringVar(&runID, "run", "", "run id (required)")
+	cmd.AddCommand(create, show)
+	return cmd
+}
+
+// runShow is what "runs show" prints.
+type runShow struct {
+	RunID         string         `json:"run_id"`
+	Legacy        bool           `json:"legacy"`
+	Binding       *store.Binding `json:"binding,omitempty"`
+	MainScope     string         `json:"main_scope,omitempty"`
+	MainScopeHash string         `json:"main_scope_hash,omitempty"`
+	LegacyDir     string         `json:"legacy_dir,omitempty"`
+}
+
+func printJSON(cmd *cobra.Command, v any) error {
+	enc := json.NewEncoder(cmd.OutOrStdout())
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// refuse reports a refusal and exits 1: as {"error":{…}} on stdout with
+// --json, else as "loomfs: CODE: message" on stderr. Usage errors pass
+// through to exit 2.
+func refuse(cmd *cobra.Command, g *globals, err error) error {
+	var ue usageError
+	if errors.As(err, &ue) {
+		return err
+	}
+	if g.json {
+		return printToolError(cmd, err)
+	}
+	pe := policy.AsError(err)
+	fmt.Fprintf(cmd.ErrOrStderr(), "loomfs: %s: %s\n", pe.Code, pe.Message)
+	return exitError{exitRefused}
+}
