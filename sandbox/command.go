@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -59,6 +62,7 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err := os.MkdirAll(c.MountDir, 0o700); err != nil {
 		return tools.CommandResult{}, fmt.Errorf("mount dir: %w", err)
 	}
+	sweepStaleMounts(c.MountDir)
 	mp, err := os.MkdirTemp(c.MountDir, "ws-")
 	if err != nil {
 		return tools.CommandResult{}, fmt.Errorf("mountpoint: %w", err)
@@ -140,3 +144,21 @@ func (h *markerHooks) quarantine(reason string) error {
 // DefaultMountDir is where projections for commands are mounted: inside a
 // root-only directory, so allow_other exposes them to no other user.
 const DefaultMountDir = "/run/loomfs/mnt"
+
+// sweepStaleMounts detaches projections whose daemon died (the kernel
+// answers ENOTCONN) and removes their mountpoints. Live mounts of other
+// processes answer stat and are left alone.
+func sweepStaleMounts(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err == unix.ENOTCONN {
+			unix.Unmount(p, unix.MNT_DETACH)
+			os.Remove(p)
+		}
+	}
+}

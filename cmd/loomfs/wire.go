@@ -106,6 +106,7 @@ func (g *globals) newCommands(ctx context.Context, ws *store.Workspace, log *aud
 	if err != nil {
 		return nil, sandboxUnavailable(err)
 	}
+	g.reportOrphans(ctx, r)
 	return &sandbox.Commands{
 		Runner:   r,
 		MountDir: sandbox.DefaultMountDir,
@@ -146,4 +147,21 @@ func auditUnavailable(err error) error {
 
 func sandboxUnavailable(err error) error {
 	return &policy.Error{Code: policy.SandboxUnavailable, Message: "no sandbox engine: " + err.Error() + " (run scripts/setup, or make sure dockerd answers on AGENT_LOOM_DOCKER_HOST)", Err: err}
+}
+
+// reportOrphans says which loomfs containers exist on the engine as this
+// process starts using it. Each command removes its container before it
+// returns, so one still there belongs to a command running elsewhere or to
+// a worker that died (its scope is then quarantined).
+func (g *globals) reportOrphans(ctx context.Context, r *sandbox.Runner) {
+	list, err := r.Orphans(ctx)
+	if err != nil {
+		g.log.Warn("list loomfs containers", zap.Error(err))
+		return
+	}
+	for _, c := range list {
+		g.log.Warn("loomfs container found at start: running elsewhere or orphaned (see loomfs quarantine list)",
+			zap.String("container", c.Name), zap.String("state", c.State), zap.String("scope", c.Scope),
+			zap.String("node", c.Node), zap.String("call", c.Call), zap.Time("created", c.Created))
+	}
 }
