@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# FUSE side by side (issue: fusefs "Measure"): native disk vs a loomfs mount
+# vs go-fuse's plain loopback vs bindfs, each layer alone, ROUNDS rounds,
+# medians, unpinned and pinned to one CPU (taskset -c 0 for the daemon and
+# the workload). Run as root: bash bench/run.sh fuse
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+FILES=${FILES:-5000}
+FIO_SIZE=${FIO_SIZE:-1G}
+PINS=${PINS:-"unpinned pinned"}
+LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
+for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
+
+work=$(mktemp -d /var/tmp/loomfs-bench.XXXXXX)
+chmod 700 "$work"
+bin=$work/bin; mkdir -p "$bin"
+go build -o "$bin/loomfs" ./cmd/loomfs
+go build -o "$bin/loopback" ./bench/loopback
+go build -o "$bin/metaops" ./bench/metaops
+daemon_pid=""
+mnt=$work/mnt
+cleanup() {
+	[ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
+	mountpoint -q "$mnt" 2>/dev/null && umount -l "$mnt" || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+srctar=$work/src.tar
+tar -C "$(go env GOROOT)" -cf "$srctar" src
+root=$work/root
+SCOPE=bench/agent/s
+
+# mount_layer LAYER PIN: mounts LAYER and sets dir to the directory to work in
+mount_layer() {
+	local layer=$1 pin=$2
+	mkdir -p "$mnt"
+	case $layer in
+	native)
+		rm -rf "$work/native"; mkdir -p "$work/native"; dir=$work/native; return ;;
+	loomfs)
+		rm -rf "$root"
+		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
+		"${pre[@]}" "$bin/loomfs" --root "$root" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
+		daemon_pid=$!
+		;;
+	loopback)
+		rm -rf "$work/lb"; mkdir -p "$work/lb"
+		"${pre[@]}" "$bin/loopback" "$work/lb" "$mnt" >/dev/null 2>"$work/daemon.log" &
+		daemon_pid=$!
+		;;
+	bindfs)
+		rm -rf "$work/bf"; mkdir -p "$work/bf"
+		"${pre[@]}" bindfs -f "$work/bf" "$mnt" >/dev/null 2>"$work/daemon.log" &
+		daemon_pid=$!
+		;;
+	esac
+	for _ in $(seq 200); do mountpoint -q "$mnt" && break; sleep 0.05; done
+	mountpoint -q "$mnt" || { cat "$work/daemon.log" >&2; echo "mount $layer failed" >&2; exit 1; }
+	dir=$mnt
+}
+unmount_layer() {
+	if [ -n "$daemon_pid" ]; then
+		kill "$daemon_pid" 2>/dev/null || true
+		wait "$daemon_pid" 2>/dev/null || true
+		daemon_pid=""
+	fi
+	mountpoint -q "$mnt" && umount -l "$mnt" || true
+}
+
+now() { date +%s.%N; }
+secs() { awk -v s="$1" -v e="$2" 'BEGIN {printf "%.3f", e - s}'; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+# each workload prints one number: seconds, or MB/s for fio rows
+w_meta() { # create/stat/delete FILES small files
+	mkdir -p "$1/meta"
+	"${pre[@]}" "$bin/metaops" -n "$FILES" "$1/meta"
+	rmdir "$1/meta"
+}
+# Ownership is the projection's to decide: tar keeps the files as created.
+w_untar() { local s e; s=$(now); "${pre[@]}" tar --no-same-owner --no-same-permissions -C "$1" -xf "$srctar"; e=$(now); secs "$s" "$e"; }
+w_rg() { local s e; s=$(now); "${pre[@]}" rg -c --no-config 'func main' "$1/src" >/dev/null || true; e=$(now); secs "$s" "$e"; }
+w_fio() { # $2 = write|read; prints MB/s
+	"${pre[@]}" fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
+		--end_fsync=1 --output-format=terse --terse-version=3 2>/dev/null |
+		awk -F';' -v rw="$2" '{ if (rw == "read") print $7/1024; else print $48/1024 }'
+}
+
+declare -A R
+for pin in $PINS; do
+	for layer in $LAYERS; do
+		for round in $(seq "$ROUNDS"); do
+			pre=(); [ "$pin" = pinned ] && pre=(taskset -c 0)
+			mount_layer "$layer" "$pin"
+			R[$pin,$layer,meta]+="$(w_meta "$dir") "
+			R[$pin,$layer,untar]+="$(w_untar "$dir") "
+			sync; echo 3 >/proc/sys/vm/drop_caches
+			R[$pin,$layer,rg]+="$(w_rg "$dir") "
+			R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
+			echo 3 >/proc/sys/vm/drop_caches
+			R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
+			rm -rf "${dir:?}"/* 2>/dev/null || true
+			unmount_layer
+			echo "  $pin $layer round $round done" >&2
+		done
+	done
+done
+
+printf '\n%-9s %-24s' "pin" "workload"; for l in $LAYERS; do printf '%12s' "$l"; done; printf '   (ratios to native)\n'
+for pin in $PINS; do
+	for w in meta untar rg fiow fior; do
+		case $w in meta) label="create/stat/rm $FILES (s)";; untar) label="tar -x GOROOT/src (s)";; rg) label="rg cold (s)";; fiow) label="fio seq write (MB/s)";; fior) label="fio seq read (MB/s)";; esac
+		printf '%-9s %-24s' "$pin" "$label"
+		base=$(echo ${R[$pin,native,$w]:-0} | tr ' ' '\n' | median)
+		for l in $LAYERS; do
+			m=$(echo ${R[$pin,$l,$w]} | tr ' ' '\n' | median)
+			printf '%12s' "$m($(awk -v a="$m" -v b="$base" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'))"
+		done
+		echo
+	done
+done
