@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,14 +23,9 @@ import (
 
 func init() { addCommand(newAuditCmd) }
 
-// auditDir is the audit directory of the configured root: --root, or the
-// local backend's default root under --data.
+// auditDir is the audit directory of the configured volume root.
 func auditDir(g *globals) string {
-	root := g.root
-	if root == "" {
-		root = filepath.Join(g.data, "workspaces")
-	}
-	return audit.Dir(root)
+	return audit.Dir(g.storeConfig().RootPath())
 }
 
 func newAuditCmd(g *globals) *cobra.Command {
