@@ -3,6 +3,7 @@ package tools
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/agentloom/loomfs/policy"
 )
@@ -69,8 +70,14 @@ var (
 func Definitions(pol *policy.Policy) []Definition {
 	l := pol.Limits
 	paths := "Paths are relative to the workspace root; absolute paths, \"..\", symlinks, hard links and special files are refused."
-	if rules := rulesText(pol); rules != "" {
-		paths += " Path rules in force: " + rules + "."
+	if rules := policy.RulesSummary(pol); rules != "" {
+		paths += " Path rules in force: " + rules
+	}
+	// What a change may use, and what needs confirmation, say the same as
+	// the workspace README (policy/readme.go).
+	quota := policy.QuotaSummary(pol)
+	if c := policy.ConfirmSummary(pol); c != "" {
+		quota += " " + c
 	}
 	text := policy.Bytes(l.TextBytes)
 	defs := []Definition{
@@ -102,31 +109,31 @@ func Definitions(pol *policy.Policy) []Definition {
 				"offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based; default 1."},
 				"limit":  {"type": "integer", "minimum": 1, "description": fmt.Sprintf("Most lines to return; default %d.", defaultReadLines)},
 			})},
-		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). Files are created 0600, missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s", text, paths),
-			schema([]string{"path", "content"}, map[string]prop{
+		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). Files are created 0600, missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
+			schema([]string{"path", "content"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to write."),
 				"content":         {"type": "string", "description": "The whole new content."},
 				"expected_sha256": shaProp,
-			})},
-		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Returns replacements and the new sha256. Files over %s are refused. %s", text, paths),
-			schema([]string{"path", "old_text", "new_text"}, map[string]prop{
+			}))},
+		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
+			schema([]string{"path", "old_text", "new_text"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to edit."),
 				"old_text":        {"type": "string", "minLength": 1, "description": "Exact text to find (whitespace matters)."},
 				"new_text":        {"type": "string", "description": "Replacement text; must differ from old_text."},
 				"replace_all":     {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one."},
 				"expected_sha256": shaProp,
-			})},
-		{Mkdir, fmt.Sprintf("Create a directory (mode 0700). With parents, missing parent directories are created too and an existing directory is not an error. %s", paths),
+			}))},
+		{Mkdir, fmt.Sprintf("Create a directory (mode 0700). With parents, missing parent directories are created too and an existing directory is not an error. %s %s", paths, quota),
 			schema([]string{"path"}, map[string]prop{
 				"path":    pathProp("Directory to create."),
 				"parents": {"type": "boolean", "description": "Create missing parents; succeed if it exists."},
 			})},
-		{Delete, fmt.Sprintf("Delete one file or one empty directory; never recursive. %s", paths),
-			schema([]string{"path"}, map[string]prop{
+		{Delete, strings.TrimSpace(fmt.Sprintf("Delete one file or one empty directory; never recursive. %s %s", paths, policy.ConfirmSummary(pol))),
+			schema([]string{"path"}, withConfirm(pol, policy.OpDelete, map[string]prop{
 				"path":            pathProp("File or empty directory to delete."),
 				"expected_sha256": shaProp,
-			})},
-		{Command, fmt.Sprintf("Run a shell command (sh -c) in a fresh sandbox container with the workspace at /workspace (the working directory): no network, read-only system, writable /tmp, non-root user, umask 077. Returns exit_code, stdout, stderr, timed_out and truncation flags. Timeout %d–%d s, default %d s.", minTimeout, maxTimeout, defaultTimeout),
+			}))},
+		{Command, fmt.Sprintf("Run a shell command (sh -c) in a fresh sandbox container with the workspace at /workspace (the working directory): no network, read-only system, writable /tmp, non-root user, umask 077. Returns exit_code, stdout, stderr, timed_out and truncation flags. Timeout %d–%d s, default %d s. The command sees the same path rules and limits as the tools. %s %s", minTimeout, maxTimeout, defaultTimeout, paths, quota),
 			schema([]string{"command"}, map[string]prop{
 				"command":   {"type": "string", "minLength": 1, "description": "Shell command line."},
 				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
@@ -141,22 +148,3 @@ const (
 	maxTimeout     = 120
 	defaultTimeout = 60
 )
-
-func rulesText(pol *policy.Policy) string {
-	s := ""
-	for i := len(pol.Rules) - 1; i >= 0; i-- {
-		r := pol.Rules[i]
-		if s != "" {
-			s += ", "
-		}
-		s += fmt.Sprintf("%s/ %s", r.Prefix, modeText[r.Mode])
-	}
-	return s
-}
-
-var modeText = map[policy.Mode]string{
-	policy.ModeRW:     "read-write",
-	policy.ModeRO:     "read-only",
-	policy.ModeWO:     "write-only (no read back)",
-	policy.ModeHidden: "hidden",
-}

@@ -180,6 +180,7 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 		Path     string  `json:"path"`
 		Content  *string `json:"content"`
 		Expected *string `json:"expected_sha256"`
+		Confirm  string  `json:"confirm_token"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
@@ -190,6 +191,14 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	rel, err := t.WS.Policy().Path(policy.OpWrite, in.Path)
 	if err != nil {
 		return nil, err
+	}
+	// Overwriting where the policy asks for confirmation (confirm.go).
+	confirmed, err := t.confirm(ctx, Write, policy.OpWrite, rel, input, in.Confirm)
+	if err != nil {
+		return nil, err
+	}
+	if in.Expected == nil {
+		in.Expected = confirmed
 	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(*in.Content), in.Expected)
 	if err != nil {
@@ -209,6 +218,7 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		NewText    string  `json:"new_text"`
 		ReplaceAll bool    `json:"replace_all"`
 		Expected   *string `json:"expected_sha256"`
+		Confirm    string  `json:"confirm_token"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
@@ -226,6 +236,14 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	}
 	if err := pol.Check(policy.OpRead, rel); err != nil {
 		return nil, err
+	}
+	// Changing a file where the policy asks for confirmation (confirm.go).
+	confirmed, err := t.confirm(ctx, Edit, policy.OpWrite, rel, input, in.Confirm)
+	if err != nil {
+		return nil, err
+	}
+	if in.Expected == nil {
+		in.Expected = confirmed
 	}
 	data, sum, err := t.WS.ReadFile(ctx, rel)
 	if err != nil {
@@ -291,6 +309,7 @@ func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, 
 	var in struct {
 		Path     string  `json:"path"`
 		Expected *string `json:"expected_sha256"`
+		Confirm  string  `json:"confirm_token"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
@@ -298,6 +317,14 @@ func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, 
 	rel, err := t.WS.Policy().Path(policy.OpDelete, in.Path)
 	if err != nil {
 		return nil, err
+	}
+	// Deleting where the policy asks for confirmation (confirm.go).
+	confirmed, err := t.confirm(ctx, Delete, policy.OpDelete, rel, input, in.Confirm)
+	if err != nil {
+		return nil, err
+	}
+	if in.Expected == nil {
+		in.Expected = confirmed
 	}
 	if err := t.WS.Remove(ctx, rel, in.Expected); err != nil {
 		return nil, err

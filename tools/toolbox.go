@@ -130,6 +130,9 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		}
 		defer unlock()
 	}
+	if err := checkRequired(name, input); err != nil {
+		return nil, t.finish(callID, name, input, nil, err)
+	}
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
 	if err != nil {
 		return nil, t.finish(callID, name, input, nil, err)
@@ -213,6 +216,34 @@ func decode(input json.RawMessage, v any) error {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return policy.Errorf(policy.InvalidInput, "input has trailing data after the JSON object")
+	}
+	return nil
+}
+
+// required lists each tool's required fields, from the schemas in defs.go.
+var required = func() map[string][]string {
+	m := map[string][]string{}
+	for _, d := range Definitions(policy.Default()) {
+		var s struct {
+			Required []string `json:"required"`
+		}
+		json.Unmarshal(d.InputSchema, &s)
+		m[d.Name] = s.Required
+	}
+	return m
+}()
+
+// checkRequired refuses an input that lacks a required field, so a missing
+// field is never read as its zero value ("" for new_text would delete).
+func checkRequired(name string, input json.RawMessage) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(input, &fields); err != nil {
+		return policy.Errorf(policy.InvalidInput, "input is not a JSON object: %v", err)
+	}
+	for _, f := range required[name] {
+		if _, ok := fields[f]; !ok {
+			return policy.Errorf(policy.InvalidInput, "input field %q is required; see the tool's input schema", f)
+		}
 	}
 	return nil
 }
