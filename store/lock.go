@@ -23,6 +23,13 @@ const LockFile = "scope.lock"
 // gone (a running command holds the lock throughout), so the scope is
 // quarantined then and there.
 func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
+	// Every write tool and every command holds this lock, so the shared
+	// volume's marker is checked here: before the lock file is made on a
+	// volume that is not ours, and again once the lock is ours, in case it
+	// was swapped while we waited (SPEC §2.2).
+	if err := w.vol.recheck(); err != nil {
+		return nil, err
+	}
 	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
 		return nil, policy.FromErrno(err, "open lock", LockFile)
@@ -55,6 +62,10 @@ func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
 		un := unix.Flock_t{Type: unix.F_UNLCK}
 		unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &un)
 		f.Close()
+	}
+	if err := w.vol.recheck(); err != nil {
+		unlock()
+		return nil, err
 	}
 	if err := w.quarantineStaleMarker(); err != nil {
 		unlock()

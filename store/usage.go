@@ -22,6 +22,7 @@ func (w *Workspace) Usage(ctx context.Context) (policy.Usage, error) {
 func (w *Workspace) RefreshUsage() {
 	w.usageMu.Lock()
 	w.usageKnown = false
+	w.caps.known = false // the capped subtrees too (subtree.go)
 	w.usageMu.Unlock()
 }
 

@@ -29,6 +29,7 @@ type Workspace struct {
 	usageMu    sync.Mutex
 	usage      policy.Usage
 	usageKnown bool
+	caps       capUsage // usage of each capped subtree (subtree.go)
 }
 
 // Scope returns the workspace's scope.

@@ -61,15 +61,16 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 	if !exists {
 		addFiles = 1
 	}
-	if err := w.Reserve(int64(len(data))-info.Size, addFiles); err != nil {
+	// ReserveAt, not Reserve: the cap of a subtree (tmp/) counts too.
+	if err := w.ReserveAt(rel, int64(len(data))-info.Size, addFiles); err != nil {
 		return WriteResult{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		w.Adjust(info.Size-int64(len(data)), -addFiles)
+		w.AdjustAt(rel, info.Size-int64(len(data)), -addFiles)
 		return WriteResult{}, policy.Errorf(policy.Cancelled, "write %s cancelled before it started", rel)
 	}
 	if err := w.replace(parent, name, rel, data, !exists); err != nil {
-		w.Adjust(info.Size-int64(len(data)), -addFiles)
+		w.AdjustAt(rel, info.Size-int64(len(data)), -addFiles)
 		return WriteResult{}, err
 	}
 	return WriteResult{Bytes: int64(len(data)), SHA256: hashBytes(data), Created: !exists}, nil
@@ -212,7 +213,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 		if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil {
 			return policy.FromErrno(err, "delete", rel)
 		}
-		w.Adjust(0, -1)
+		w.AdjustAt(rel, 0, -1)
 		return nil
 	}
 	if expected != nil {
@@ -236,7 +237,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 	if err := unix.Unlinkat(pfd, name, 0); err != nil {
 		return policy.FromErrno(err, "delete", rel)
 	}
-	w.Adjust(-st.Size, -1)
+	w.AdjustAt(rel, -st.Size, -1)
 	return nil
 }
 
@@ -274,11 +275,11 @@ func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (create
 		return false, err
 	}
 	defer parent.Close()
-	if err := w.Reserve(0, 1); err != nil {
+	if err := w.ReserveAt(rel, 0, 1); err != nil {
 		return false, err
 	}
 	if err := unix.Mkdirat(int(parent.Fd()), name, policy.DirPerm); err != nil {
-		w.Adjust(0, -1)
+		w.AdjustAt(rel, 0, -1)
 		if err == unix.EEXIST && parents {
 			info, lerr := w.Lstat(rel)
 			if lerr == nil && info.Kind == policy.KindDir {

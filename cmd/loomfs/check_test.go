@@ -53,8 +53,8 @@ func TestCheckCommand(t *testing.T) {
 				tc.setup(t, root)
 			}
 			before := tree(t, parent)
-			args := append([]string{"--json", "--root", root}, tc.args...)
-			stdout, stderr, code := runLoomfs(t, append(args, "check")...)
+			args := append([]string{"--json", "--root", root, "check"}, tc.args...)
+			stdout, stderr, code := runLoomfs(t, args...)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d\n%s%s", code, tc.code, stdout, stderr)
 			}

@@ -50,8 +50,11 @@ func newRunsCmd(g *globals) *cobra.Command {
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sc, err := store.ParseScope(scope)
-			if err != nil || !sc.Main() {
-				return usagef("--scope: want SPACE/AGENT/SESSION (the session the run belongs to)")
+			if err != nil {
+				return usageError{err}
+			}
+			if !sc.Main() {
+				return usagef("--scope: want SPACE/AGENT/SESSION (the session the run belongs to), not a child instance")
 			}
 			if runID == "" || user == "" {
 				return usagef("--run and --user are required")

@@ -1,0 +1,429 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// The deployment check (SPEC §7.1). By default it only looks: the root
+// exists and is a directory, a shared root's marker holds the configured
+// volume id, and whether this process may write there (asked of the kernel,
+// nothing written). With Probe it also works in a random namespace,
+// <root>/.agentloom-locks/probe-<random>/: file operations, an atomic
+// replace and an advisory-lock check, then removes everything it made.
+// It never creates a missing root or marker, and it only ever checks this
+// node.
+
+// CheckOptions says what to check. Nothing is taken from defaults: an
+// empty Root is a failed check, not ./data/workspaces.
+type CheckOptions struct {
+	Backend  string // local or shared_posix
+	Root     string
+	VolumeID string // shared_posix: what the marker must hold
+	Probe    bool   // also do file operations in a temporary namespace
+}
+
+// CheckItem is one finding.
+type CheckItem struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// CheckReport is the check's machine-readable answer. SingleNode is always
+// true and AdvisoryLockLocal is true only when the probe proved local lock
+// semantics: the fields say what was and wasn't shown (see Meaning).
+type CheckReport struct {
+	OK                bool              `json:"ok"`
+	Backend           string            `json:"backend"`
+	Root              string            `json:"root"`
+	VolumeID          string            `json:"volume_id,omitempty"`
+	Node              string            `json:"node"`
+	Shared            bool              `json:"shared"`
+	Probe             bool              `json:"probe"`
+	SingleNode        bool              `json:"single_node"`
+	AdvisoryLockLocal bool              `json:"advisory_lock_local"`
+	Filesystem        string            `json:"filesystem,omitempty"`
+	Writable          bool              `json:"writable"`
+	Checks            []CheckItem       `json:"checks"`
+	Warnings          []string          `json:"warnings,omitempty"`
+	Meaning           map[string]string `json:"meaning"`
+}
+
+var checkMeaning = map[string]string{
+	"single_node": "Only this node was checked. That other nodes mount the same volume, see each other's writes " +
+		"and exclude each other's locks is not shown by this check: only a trial on two real nodes shows it.",
+	"advisory_lock_local": "true: on this node, an open-file-description lock on the volume was taken, refused to a " +
+		"second open file description of the same file while held, and released. It proves local lock semantics, " +
+		"not that locks conflict across nodes. false: not checked (no --probe) or the check failed.",
+	"shared": "true: backend shared_posix and the root's marker holds the configured volume id. It says the " +
+		"administrator's label is in place, not that the directory is on network storage.",
+	"writable": "true: the kernel's access check says this process's user may create files in the root; asked " +
+		"without writing anything (the probe writes for real). false: it may not, or the check stopped before asking.",
+}
+
+// CheckMeaning says what the report's claims mean, for every report.
+func CheckMeaning() map[string]string {
+	m := make(map[string]string, len(checkMeaning))
+	for k, v := range checkMeaning {
+		m[k] = v
+	}
+	return m
+}
+
+func (r *CheckReport) add(name string, ok bool, format string, args ...any) bool {
+	r.Checks = append(r.Checks, CheckItem{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+	if !ok {
+		r.OK = false
+	}
+	return ok
+}
+
+// Check runs the deployment check and reports what it found; the report's
+// OK says whether every check passed.
+func Check(ctx context.Context, opts CheckOptions) *CheckReport {
+	r := &CheckReport{OK: true, Backend: opts.Backend, VolumeID: opts.VolumeID, Probe: opts.Probe, SingleNode: true, Meaning: CheckMeaning()}
+	r.Node, _ = os.Hostname()
+	if r.Backend == "" {
+		r.Backend = BackendLocal
+	}
+	if r.Backend != BackendLocal && r.Backend != BackendSharedPOSIX {
+		r.add("backend", false, "backend %q: want %s or %s", r.Backend, BackendLocal, BackendSharedPOSIX)
+		return r
+	}
+	if opts.Root == "" {
+		r.add("root", false, "no root given (--root or AGENT_LOOM_WORKSPACE_ROOT); check never picks a default")
+		return r
+	}
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		r.add("root", false, "%v", err)
+		return r
+	}
+	r.Root = root
+	st, err := os.Stat(root)
+	switch {
+	case err != nil:
+		r.add("root", false, "%s: %v (check never creates it)", root, errors.Unwrap(err))
+		return r
+	case !st.IsDir():
+		r.add("root", false, "%s is not a directory", root)
+		return r
+	}
+	r.add("root", true, "%s is a directory", root)
+	r.Filesystem, r.Warnings = filesystemOf(root, r.Backend, r.Warnings)
+
+	if r.Backend == BackendSharedPOSIX {
+		if err := CheckMarker(root, opts.VolumeID); err != nil {
+			r.add("marker", false, "%v", err)
+			return r
+		}
+		r.Shared = true
+		r.add("marker", true, "%s holds %q", VolumeMarker, opts.VolumeID)
+	} else if _, err := os.Lstat(filepath.Join(root, VolumeMarker)); err == nil {
+		r.Warnings = append(r.Warnings, "the root has a shared volume marker, but the local backend checks it as a local directory only")
+	}
+
+	err = unix.Faccessat(unix.AT_FDCWD, root, unix.W_OK|unix.X_OK, unix.AT_EACCESS)
+	r.Writable = err == nil
+	if err != nil {
+		r.add("writable", false, "uid %d may not create files in %s: %v", os.Geteuid(), root, err)
+		return r
+	}
+	r.add("writable", true, "uid %d may create files in %s (asked with access(2); nothing was written)", os.Geteuid(), root)
+	if os.Geteuid() == 0 {
+		r.Warnings = append(r.Warnings, "checked as root, who may write anywhere; run check as the service user to know what it may do")
+	}
+
+	if opts.Probe {
+		r.AdvisoryLockLocal = probe(ctx, r, root)
+	}
+	return r
+}
+
+// filesystemOf names the root's filesystem type and warns when a shared
+// root sits on one that is local to this node.
+func filesystemOf(root, backend string, warnings []string) (string, []string) {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return "", append(warnings, fmt.Sprintf("statfs %s: %v", root, err))
+	}
+	name, network := fsName(int64(sfs.Type))
+	if backend == BackendSharedPOSIX && !network {
+		warnings = append(warnings, fmt.Sprintf("the root is on %s, a filesystem local to this node: other nodes see it only if it is exported to them", name))
+	}
+	return name, warnings
+}
+
+func fsName(magic int64) (name string, network bool) {
+	switch magic {
+	case unix.NFS_SUPER_MAGIC:
+		return "nfs", true
+	case unix.CEPH_SUPER_MAGIC:
+		return "ceph", true
+	case unix.SMB2_SUPER_MAGIC, unix.CIFS_SUPER_MAGIC:
+		return "smb", true
+	case unix.FUSE_SUPER_MAGIC:
+		return "fuse", true // could be either; not refused
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4", false
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs", false
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs", false
+	case unix.TMPFS_MAGIC:
+		return "tmpfs", false
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlay", false
+	case 0x2fc12fc1: // ZFS_SUPER_MAGIC
+		return "zfs", false
+	}
+	return fmt.Sprintf("unknown (0x%x)", magic), false
+}
+
+// probe does real file operations in a fresh namespace under
+// .agentloom-locks and removes it; it reports whether the lock check
+// passed.
+func probe(ctx context.Context, r *CheckReport, root string) (lockOK bool) {
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		r.add("probe_namespace", false, "open %s: %v", root, err)
+		return false
+	}
+	defer unix.Close(rfd)
+	madeLocks := unix.Mkdirat(rfd, LocksDir, 0o700) == nil
+	lfd, err := openBeneath(rfd, LocksDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		r.add("probe_namespace", false, "open %s: %v", LocksDir, err)
+		if madeLocks {
+			unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR)
+		}
+		return false
+	}
+	defer unix.Close(lfd)
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	ns := "probe-" + hex.EncodeToString(rnd[:])
+	if err := unix.Mkdirat(lfd, ns, 0o700); err != nil {
+		r.add("probe_namespace", false, "mkdir %s/%s: %v", LocksDir, ns, err)
+		if madeLocks {
+			unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR)
+		}
+		return false
+	}
+	where := LocksDir + "/" + ns
+	nfd, err := openBeneath(lfd, ns, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		r.add("probe_namespace", false, "open %s: %v", where, err)
+		unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR)
+		return false
+	}
+	r.add("probe_namespace", true, "made %s", where)
+
+	// Every name the probe may create, removed whatever happened.
+	names := []string{"file", "renamed", "dir", "target", "target.tmp", "target.new", "lock"}
+	defer func() {
+		for _, n := range names {
+			unix.Unlinkat(nfd, n, 0)
+		}
+		unix.Unlinkat(nfd, "dir", unix.AT_REMOVEDIR)
+		unix.Close(nfd)
+		err := unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR)
+		if madeLocks {
+			// Only if it is still empty: a real scope may have come meanwhile.
+			unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR)
+		}
+		var st unix.Stat_t
+		if serr := unix.Fstatat(lfd, ns, &st, unix.AT_SYMLINK_NOFOLLOW); serr != unix.ENOENT {
+			r.add("probe_cleanup", false, "%s is still there: %v", where, err)
+			return
+		}
+		detail := "removed " + where
+		if madeLocks {
+			detail += " and the " + LocksDir + " it made"
+		}
+		r.add("probe_cleanup", true, "%s", detail)
+	}()
+
+	if err := probeFiles(nfd); err != nil {
+		r.add("probe_file_ops", false, "%v", err)
+		return false
+	}
+	r.add("probe_file_ops", true, "created 0600, wrote, fsynced, read back, renamed, made and removed a 0700 directory, deleted")
+	if ctx.Err() != nil {
+		r.add("probe_atomic_replace", false, "cancelled")
+		return false
+	}
+	detail, err := probeReplace(nfd)
+	if err != nil {
+		r.add("probe_atomic_replace", false, "%v", err)
+		return false
+	}
+	r.add("probe_atomic_replace", true, "%s", detail)
+	if err := probeLock(nfd); err != nil {
+		r.add("probe_lock", false, "%v", err)
+		return false
+	}
+	r.add("probe_lock", true, "an OFD write lock was taken, refused to a second open file description while held, and released (this node only)")
+	return true
+}
+
+func probeFiles(dfd int) error {
+	var rnd [16]byte
+	rand.Read(rnd[:])
+	want := []byte("loomfs probe " + hex.EncodeToString(rnd[:]) + "\n")
+	fd, err := unix.Openat(dfd, "file", unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, want); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("fsync: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&0o077 != 0 || st.Nlink != 1 || st.Size != int64(len(want)) {
+		return fmt.Errorf("new file has mode %o, %d links, %d bytes; want 0600 or narrower, 1 link, %d bytes", st.Mode&0o7777, st.Nlink, st.Size, len(want))
+	}
+	got := make([]byte, len(want)+1)
+	n, err := unix.Pread(fd, got, 0)
+	if err != nil || !bytes.Equal(got[:n], want) {
+		return fmt.Errorf("read back %q (%v); wrote %q", got[:n], err, want)
+	}
+	if err := unix.Renameat(dfd, "file", dfd, "renamed"); err != nil {
+		return fmt.Errorf("rename: %w", err)
+	}
+	if err := unix.Fstatat(dfd, "renamed", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("stat after rename: %w", err)
+	}
+	if err := unix.Mkdirat(dfd, "dir", 0o700); err != nil {
+		return fmt.Errorf("mkdir: %w", err)
+	}
+	if err := unix.Unlinkat(dfd, "dir", unix.AT_REMOVEDIR); err != nil {
+		return fmt.Errorf("rmdir: %w", err)
+	}
+	if err := unix.Unlinkat(dfd, "renamed", 0); err != nil {
+		return fmt.Errorf("unlink: %w", err)
+	}
+	if err := unix.Fstatat(dfd, "renamed", &st, unix.AT_SYMLINK_NOFOLLOW); err != unix.ENOENT {
+		return fmt.Errorf("deleted file still there: %v", err)
+	}
+	return nil
+}
+
+// probeReplace replaces a file the way workspace writes do: a temporary
+// file in the same directory, fsync, rename over the target, fsync the
+// directory. It also says whether RENAME_NOREPLACE works here.
+func probeReplace(dfd int) (string, error) {
+	write := func(name, content string) error {
+		fd, err := unix.Openat(dfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+		defer unix.Close(fd)
+		if _, err := unix.Write(fd, []byte(content)); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+		return unix.Fsync(fd)
+	}
+	if err := write("target", "old"); err != nil {
+		return "", err
+	}
+	if err := write("target.tmp", "new"); err != nil {
+		return "", err
+	}
+	if err := unix.Renameat(dfd, "target.tmp", dfd, "target"); err != nil {
+		return "", fmt.Errorf("rename over the target: %w", err)
+	}
+	unix.Fsync(dfd)
+	fd, err := unix.Openat(dfd, "target", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open the target: %w", err)
+	}
+	buf := make([]byte, 16)
+	n, _ := unix.Read(fd, buf)
+	unix.Close(fd)
+	if string(buf[:n]) != "new" {
+		return "", fmt.Errorf("after the replace the target holds %q, want %q", buf[:n], "new")
+	}
+	var st unix.Stat_t
+	if unix.Fstatat(dfd, "target.tmp", &st, unix.AT_SYMLINK_NOFOLLOW) != unix.ENOENT {
+		return "", fmt.Errorf("the temporary file is still there after the rename")
+	}
+	detail := "wrote a temporary file, fsynced, renamed it over the target, read the new content back"
+	if err := write("target.new", "x"); err != nil {
+		return "", err
+	}
+	switch err := unix.Renameat2(dfd, "target.new", dfd, "target", unix.RENAME_NOREPLACE); err {
+	case unix.EEXIST:
+		detail += "; RENAME_NOREPLACE works"
+	case unix.EINVAL, unix.ENOSYS:
+		detail += "; no RENAME_NOREPLACE here (loomfs falls back on the scope lock)"
+	case nil:
+		return "", fmt.Errorf("RENAME_NOREPLACE replaced an existing file")
+	default:
+		return "", fmt.Errorf("rename with RENAME_NOREPLACE: %w", err)
+	}
+	return detail, nil
+}
+
+// probeLock takes an OFD write lock, checks that a second open file
+// description of the same file is refused it while held, releases it and
+// checks the second one gets it then.
+func probeLock(dfd int) error {
+	open := func() (int, error) {
+		return unix.Openat(dfd, "lock", unix.O_CREAT|unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	}
+	a, err := open()
+	if err != nil {
+		return fmt.Errorf("open lock file: %w", err)
+	}
+	defer unix.Close(a)
+	b, err := open()
+	if err != nil {
+		return fmt.Errorf("open lock file again: %w", err)
+	}
+	defer unix.Close(b)
+	wr := unix.Flock_t{Type: unix.F_WRLCK}
+	un := unix.Flock_t{Type: unix.F_UNLCK}
+	if err := unix.FcntlFlock(uintptr(a), unix.F_OFD_SETLK, &wr); err != nil {
+		return fmt.Errorf("take an OFD lock: %w (the filesystem may not support POSIX locks; NFS needs the lock mount option)", err)
+	}
+	second := wr
+	switch err := unix.FcntlFlock(uintptr(b), unix.F_OFD_SETLK, &second); err {
+	case unix.EAGAIN, unix.EACCES:
+	case nil:
+		return fmt.Errorf("a second open file description got the lock while it was held: locks don't exclude here")
+	default:
+		return fmt.Errorf("second lock attempt: %w", err)
+	}
+	query := wr
+	if err := unix.FcntlFlock(uintptr(b), unix.F_OFD_GETLK, &query); err != nil {
+		return fmt.Errorf("query the lock: %w", err)
+	}
+	if query.Type == unix.F_UNLCK {
+		return fmt.Errorf("F_OFD_GETLK does not see the lock held")
+	}
+	if err := unix.FcntlFlock(uintptr(a), unix.F_OFD_SETLK, &un); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	second = wr
+	if err := unix.FcntlFlock(uintptr(b), unix.F_OFD_SETLK, &second); err != nil {
+		return fmt.Errorf("the lock was not free after its release: %w", err)
+	}
+	unix.FcntlFlock(uintptr(b), unix.F_OFD_SETLK, &un)
+	return nil
+}

@@ -1,0 +1,174 @@
+package store_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/store"
+)
+
+func checkNames(r *store.CheckReport) []string {
+	var out []string
+	for _, c := range r.Checks {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func failed(r *store.CheckReport) []string {
+	var out []string
+	for _, c := range r.Checks {
+		if !c.OK {
+			out = append(out, c.Name+": "+c.Detail)
+		}
+	}
+	return out
+}
+
+// TestCheck: the deployment check (SPEC §7.1) on good and bad roots. It
+// never creates a missing root or marker; the probe leaves nothing behind;
+// single_node is always claimed and advisory_lock_local only when the probe
+// showed it.
+func TestCheck(t *testing.T) {
+	probeChecks := []string{"root", "marker", "writable", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}
+	tests := []struct {
+		name       string
+		setup      func(t *testing.T, root string) // nil: root missing
+		opts       store.CheckOptions              // Root is filled in
+		ok         bool
+		shared     bool
+		lock       bool
+		checks     []string // names, in order
+		failing    string   // the check that fails, if !ok
+		mentioning string
+	}{
+		{name: "good shared root", setup: goodShared, opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID},
+			ok: true, shared: true, checks: []string{"root", "marker", "writable"}},
+		{name: "good shared root with probe", setup: goodShared, opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true},
+			ok: true, shared: true, lock: true, checks: probeChecks},
+		{name: "probe where .agentloom-locks exists", setup: func(t *testing.T, root string) {
+			goodShared(t, root)
+			mkfile(t, filepath.Join(root, store.LocksDir, "0123", store.LockFile), "")
+		}, opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true}, ok: true, shared: true, lock: true, checks: probeChecks},
+		{name: "root missing", opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true},
+			checks: []string{"root"}, failing: "root", mentioning: "never creates"},
+		{name: "root is a file", setup: func(t *testing.T, root string) { mkfile(t, root, volID) },
+			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true}, checks: []string{"root"}, failing: "root"},
+		{name: "marker missing", setup: func(t *testing.T, root string) { mkdir(t, root) },
+			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true}, checks: []string{"root", "marker"}, failing: "marker"},
+		{name: "marker empty", setup: func(t *testing.T, root string) { mkfile(t, filepath.Join(root, store.VolumeMarker), "") },
+			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true}, checks: []string{"root", "marker"}, failing: "marker"},
+		{name: "wrong marker", setup: func(t *testing.T, root string) { mkfile(t, filepath.Join(root, store.VolumeMarker), "vol-other") },
+			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true}, checks: []string{"root", "marker"}, failing: "marker", mentioning: "vol-other"},
+		{name: "no volume id configured", setup: goodShared,
+			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX}, checks: []string{"root", "marker"}, failing: "marker"},
+		{name: "local root, not claimed shared", setup: func(t *testing.T, root string) { mkdir(t, root) },
+			opts: store.CheckOptions{Backend: store.BackendLocal, Probe: true}, ok: true, lock: true,
+			checks: []string{"root", "writable", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}},
+		{name: "local root missing", opts: store.CheckOptions{Backend: store.BackendLocal}, checks: []string{"root"}, failing: "root"},
+		{name: "unknown backend", setup: goodShared, opts: store.CheckOptions{Backend: "nfs"}, checks: []string{"backend"}, failing: "backend"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			root := filepath.Join(parent, "root")
+			if tc.setup != nil {
+				tc.setup(t, root)
+			}
+			before := treeOf(t, parent)
+			opts := tc.opts
+			opts.Root = root
+			r := store.Check(context.Background(), opts)
+			if r.OK != tc.ok || r.Shared != tc.shared || r.AdvisoryLockLocal != tc.lock || !r.SingleNode {
+				t.Errorf("ok %v shared %v advisory_lock_local %v single_node %v; want %v %v %v true (failed: %v)",
+					r.OK, r.Shared, r.AdvisoryLockLocal, r.SingleNode, tc.ok, tc.shared, tc.lock, failed(r))
+			}
+			if got := checkNames(r); !slices.Equal(got, tc.checks) {
+				t.Errorf("checks %v; want %v", got, tc.checks)
+			}
+			if f := failed(r); tc.failing != "" && (len(f) != 1 || !strings.HasPrefix(f[0], tc.failing+":") || !strings.Contains(f[0], tc.mentioning)) {
+				t.Errorf("failed checks %v; want only %s, mentioning %q", f, tc.failing, tc.mentioning)
+			}
+			if got := treeOf(t, parent); got != before {
+				t.Errorf("check changed the tree:\nbefore\n%s\nafter\n%s", before, got)
+			}
+			for _, k := range []string{"single_node", "advisory_lock_local"} {
+				if r.Meaning[k] == "" {
+					t.Errorf("the report does not say what %s means", k)
+				}
+			}
+		})
+	}
+	t.Run("no root given", func(t *testing.T) {
+		wd, _ := os.Getwd()
+		before := treeOf(t, wd)
+		r := store.Check(context.Background(), store.CheckOptions{Backend: store.BackendLocal, Probe: true})
+		if r.OK || !slices.Equal(checkNames(r), []string{"root"}) {
+			t.Errorf("check without a root: ok %v, checks %v; it never picks a default", r.OK, checkNames(r))
+		}
+		if got := treeOf(t, wd); got != before {
+			t.Errorf("check without a root created something in the working directory")
+		}
+	})
+}
+
+func goodShared(t *testing.T, root string) {
+	mkfile(t, filepath.Join(root, store.VolumeMarker), volID+"\n")
+}
+
+// TestCheckReadOnlyRoot: a root this node can't write fails "writable",
+// and the probe is not attempted.
+func TestCheckReadOnlyRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a read-only bind mount needs root")
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	goodShared(t, src)
+	ro := filepath.Join(t.TempDir(), "ro")
+	mkdir(t, ro)
+	if err := unix.Mount(src, ro, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(ro, unix.MNT_DETACH) })
+	if err := unix.Mount("", ro, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount read-only: %v", err)
+	}
+	r := store.Check(context.Background(), store.CheckOptions{Backend: store.BackendSharedPOSIX, Root: ro, VolumeID: volID, Probe: true})
+	if r.OK || r.Writable || r.AdvisoryLockLocal {
+		t.Errorf("read-only root: ok %v writable %v advisory_lock_local %v", r.OK, r.Writable, r.AdvisoryLockLocal)
+	}
+	if got := checkNames(r); !slices.Equal(got, []string{"root", "marker", "writable"}) {
+		t.Errorf("checks %v", got)
+	}
+}
+
+// TestProbesInParallel: probes from several processes of a node (or
+// several nodes) at once each work in their own namespace.
+func TestProbesInParallel(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "root")
+	goodShared(t, root)
+	mkdir(t, filepath.Join(root, store.LocksDir))
+	before := treeOf(t, root)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := store.Check(context.Background(), store.CheckOptions{Backend: store.BackendSharedPOSIX, Root: root, VolumeID: volID, Probe: true})
+			if !r.OK || !r.AdvisoryLockLocal {
+				t.Errorf("parallel probe failed: %v", failed(r))
+			}
+		}()
+	}
+	wg.Wait()
+	if got := treeOf(t, root); got != before {
+		t.Errorf("probes left something:\nbefore\n%s\nafter\n%s", before, got)
+	}
+}
