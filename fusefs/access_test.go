@@ -1,0 +1,192 @@
+package fusefs
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// asUser runs script as uid:uid with the mount as its working directory,
+// reached through an inherited fd: the mountpoint's parent is a 0700 root
+// directory, which only the sandbox's bind mount gets past.
+func asUser(t *testing.T, mnt string, uid int, script string) (string, error) {
+	t.Helper()
+	dir, err := os.Open(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	id := strconv.Itoa(uid)
+	cmd := exec.Command("setpriv", "--reuid", id, "--regid", id, "--clear-groups", "sh", "-c", "W=/proc/self/fd/3; "+script)
+	cmd.ExtraFiles = []*os.File{dir}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestSandboxUser: the sandbox user owns everything it sees and can use
+// it; other users can't; modes are 0600/0700 whatever is asked.
+func TestSandboxUser(t *testing.T) {
+	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
+	if err := unix.Mkfifo(e.host("fifo"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out, err := asUser(t, e.mnt, DefaultUID, `umask 000; cd $W || exit 99
+echo hello > f && cat f && mkdir d && stat -c '%n %u:%g %a' f d
+chmod 0640 f && stat -c '%n %a' f
+rm f && rmdir d && echo removed`)
+	if err != nil {
+		t.Fatalf("as the sandbox user: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hello", "f 1000:1000 600", "d 1000:1000 700", "f 640", "removed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// A special file someone planted shows no permissions: the kernel
+	// would open a local pipe, not the backing object.
+	if out, err := asUser(t, e.mnt, DefaultUID, "cat $W/fifo"); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("open a planted fifo as the sandbox user: %v %s", err, out)
+	}
+	if out, err := asUser(t, e.mnt, DefaultUID+1, "ls $W"); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("another user listed the workspace: %v %s", err, out)
+	}
+}
+
+// TestAllowOtherNeedsClosedParent: allow_other only under a root-only
+// directory.
+func TestAllowOtherNeedsClosedParent(t *testing.T) {
+	e := newEnv(t)
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mp := open + "/mnt"
+	if err := os.Mkdir(mp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := Mount(t.Context(), e.ws, mp, Options{AllowOther: true}); err == nil {
+		m.Unmount()
+		t.Fatal("allow_other accepted under a 0755 directory")
+	} else if !strings.Contains(err.Error(), "0700") {
+		t.Errorf("error does not say what is needed: %v", err)
+	}
+	// Without allow_other the same place is fine.
+	mountAt(t, e.ws, mp, Options{}, nil)
+}
+
+// TestMountpointChecks: no mount inside the served scope, nor on top of
+// another mount.
+func TestMountpointChecks(t *testing.T) {
+	e := newEnv(t)
+	if err := os.Mkdir(e.host("inside"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := Mount(t.Context(), e.ws, e.host("inside"), Options{}); err == nil {
+		m.Unmount()
+		t.Fatal("mounted inside the scope it serves")
+	}
+	if m, err := Mount(t.Context(), e.ws, e.mnt, Options{}); err == nil {
+		m.Unmount()
+		t.Fatal("mounted on top of a live mount")
+	}
+}
+
+// TestAuditUnavailable: when the audit sink fails, changes are refused
+// with EIO and not made; reads go on.
+func TestAuditUnavailable(t *testing.T) {
+	e := newEnv(t)
+	mustWrite(t, e.path("keep"), "kept")
+	mustWrite(t, e.path("dir/inner"), "x")
+	e.sink.setFail(true)
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"create", os.WriteFile(e.path("new"), []byte("x"), 0o600)},
+		{"mkdir", os.Mkdir(e.path("newdir"), 0o700)},
+		{"unlink", os.Remove(e.path("keep"))},
+		{"rename", os.Rename(e.path("keep"), e.path("moved"))},
+		{"chmod", os.Chmod(e.path("keep"), 0o644)},
+		{"truncate", os.Truncate(e.path("keep"), 0)},
+		{"open for writing", func() error { _, err := os.OpenFile(e.path("keep"), os.O_WRONLY, 0); return err }()},
+	} {
+		var en syscall.Errno
+		if c.err == nil || !asErrno(c.err, &en) || en != syscall.EIO {
+			t.Errorf("%s with the audit log down: %v, want EIO", c.what, c.err)
+		}
+	}
+	for _, rel := range []string{"new", "newdir", "moved"} {
+		if _, err := os.Lstat(e.host(rel)); !os.IsNotExist(err) {
+			t.Errorf("%s was made unrecorded", rel)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(e.host("keep"), &st); err != nil || st.Size != 4 || st.Mode&0o777 != policy.FilePerm {
+		t.Errorf("keep changed unrecorded: %v size %d mode %o", err, st.Size, st.Mode&0o777)
+	}
+	if b, err := os.ReadFile(e.path("keep")); err != nil || string(b) != "kept" {
+		t.Errorf("read with the audit log down: %q %v", b, err)
+	}
+	e.sink.setFail(false)
+	if err := os.WriteFile(e.path("new"), []byte("x"), 0o600); err != nil {
+		t.Errorf("create once the log is back: %v", err)
+	}
+}
+
+// TestAuditRecords: changes are recorded with the path, reads are
+// summarised once per open file.
+func TestAuditRecords(t *testing.T) {
+	e := newEnv(t)
+	mustWrite(t, e.path("a"), "hello")
+	for i := 0; i < 3; i++ {
+		f, err := os.Open(e.path("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1)
+		for j := 0; j < 5; j++ {
+			f.ReadAt(buf, int64(j))
+		}
+		f.Close()
+	}
+	if err := os.Rename(e.path("a"), e.path("b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(e.sink.find("create", "ok", "a")); got != 1 {
+		t.Errorf("%d create records, want 1", got)
+	}
+	if got := e.sink.find("rename", "ok", "a"); len(got) != 1 || got[0].NewPath != "b" {
+		t.Errorf("rename records: %+v", got)
+	}
+	reads := 0
+	for _, ev := range e.sink.find("release", "ok", "a") {
+		if ev.Detail["read"].(int64) > 0 {
+			reads++
+		}
+	}
+	if reads != 3 {
+		t.Errorf("%d read summaries for 3 opens", reads)
+	}
+}
+
+func asErrno(err error, en *syscall.Errno) bool {
+	for err != nil {
+		if e, ok := err.(syscall.Errno); ok {
+			*en = e
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}

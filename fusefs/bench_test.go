@@ -1,0 +1,99 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// benchDirs runs fn against the mount and against the backing directory
+// itself, so the FUSE overhead can be read off side by side.
+func benchDirs(b *testing.B, fn func(b *testing.B, dir string), options ...envOption) {
+	e := newEnv(b, options...)
+	b.Run("loomfs", func(b *testing.B) { fn(b, e.mnt) })
+	b.Run("native", func(b *testing.B) { fn(b, e.backing) })
+}
+
+// BenchmarkCreateStatDelete: the small-file cycle of builds and VCS
+// checkouts — create and write 100 bytes, stat, delete.
+func BenchmarkCreateStatDelete(b *testing.B) {
+	data := make([]byte, 100)
+	benchDirs(b, func(b *testing.B, dir string) {
+		var st unix.Stat_t
+		for i := 0; b.Loop(); i++ {
+			p := filepath.Join(dir, fmt.Sprintf("f%d", i))
+			if err := os.WriteFile(p, data, 0o600); err != nil {
+				b.Fatal(err)
+			}
+			if err := unix.Stat(p, &st); err != nil {
+				b.Fatal(err)
+			}
+			if err := os.Remove(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkStatTree: stat of every file of a 3-level tree, warm, as
+// "git status" does.
+func BenchmarkStatTree(b *testing.B) {
+	benchDirs(b, func(b *testing.B, dir string) {
+		var paths []string
+		for i := 0; i < 10; i++ {
+			for j := 0; j < 10; j++ {
+				p := filepath.Join(dir, fmt.Sprintf("src%d/pkg%d/file.go", i, j))
+				mustWrite(b, p, "package x\n")
+				paths = append(paths, p)
+			}
+		}
+		var st unix.Stat_t
+		for b.Loop() {
+			for _, p := range paths {
+				if err := unix.Lstat(p, &st); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(paths)), "ns/stat")
+	})
+}
+
+// BenchmarkReadSmall: open, read and close a 4 KiB file.
+func BenchmarkReadSmall(b *testing.B) {
+	benchDirs(b, func(b *testing.B, dir string) {
+		p := filepath.Join(dir, "small")
+		mustWrite(b, p, string(make([]byte, 4096)))
+		b.SetBytes(4096)
+		for b.Loop() {
+			if _, err := os.ReadFile(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkWriteLarge: write 8 MiB in 128 KiB chunks to a new file.
+func BenchmarkWriteLarge(b *testing.B) {
+	chunk := make([]byte, 128<<10)
+	benchDirs(b, func(b *testing.B, dir string) {
+		b.SetBytes(8 << 20)
+		for i := 0; b.Loop(); i++ {
+			p := filepath.Join(dir, "large")
+			f, err := os.Create(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for n := 0; n < 64; n++ {
+				if _, err := f.Write(chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+			f.Close()
+			os.Remove(p)
+		}
+	})
+}

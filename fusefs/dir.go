@@ -1,0 +1,175 @@
+package fusefs
+
+import (
+	"context"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// dirHandle is one open directory: the backing directory fd the store
+// opened, and a snapshot of the entries the policy lets the mount show,
+// taken at the first read and again after a rewind.
+type dirHandle struct {
+	node *node
+	file *os.File
+	fd   int
+	rel  string
+
+	mu      sync.Mutex
+	entries []fuse.DirEntry
+	loaded  bool
+	pos     int
+}
+
+var (
+	_ = (fs.FileReaddirenter)((*dirHandle)(nil))
+	_ = (fs.FileSeekdirer)((*dirHandle)(nil))
+	_ = (fs.FileLookuper)((*dirHandle)(nil))
+	_ = (fs.FileFsyncdirer)((*dirHandle)(nil))
+	_ = (fs.FileReleasedirer)((*dirHandle)(nil))
+)
+
+// openFD returns the backing fd of an open file or directory, or -1.
+func openFD(fh fs.FileHandle) int {
+	if d, ok := fh.(*dirHandle); ok {
+		return d.fd
+	}
+	if h := handleOf(fh); h != nil {
+		return h.fd
+	}
+	return -1
+}
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	f := n.fsys
+	rel, ok := n.relPath()
+	if !ok {
+		return nil, 0, syscall.ENOENT
+	}
+	if err := f.admit(policy.OpList, rel); err != nil {
+		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
+	}
+	file, _, err := f.ws.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		if policy.CodeOf(err) == policy.NotFound {
+			return nil, 0, syscall.ESTALE
+		}
+		return nil, 0, policy.Errno(err)
+	}
+	fd := int(file.Fd())
+	sx, err := statAt(fd, "")
+	if err != nil {
+		file.Close()
+		return nil, 0, policy.Errno(err)
+	}
+	if !sameObject(n.StableAttr(), &sx) {
+		file.Close()
+		return nil, 0, syscall.ESTALE
+	}
+	return &dirHandle{node: n, file: file, fd: fd, rel: rel}, 0, 0
+}
+
+// load reads the whole directory, keeping the entries the tools could
+// address and the policy lists: never loomfs's own files or hidden paths.
+func (d *dirHandle) load() syscall.Errno {
+	f := d.node.fsys
+	if rel, ok := d.node.relPath(); ok {
+		d.rel = rel // renamed since it was opened
+	}
+	if _, err := unix.Seek(d.fd, 0, 0); err != nil {
+		return policy.Errno(err)
+	}
+	d.entries = d.entries[:0]
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := unix.Getdents(d.fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return policy.Errno(err)
+		}
+		if n == 0 {
+			break
+		}
+		for b := buf[:n]; len(b) > 0; {
+			var de fuse.DirEntry
+			b = b[de.Parse(b):]
+			if de.Name != "." && de.Name != ".." {
+				if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
+					continue
+				}
+			}
+			de.Off = uint64(len(d.entries) + 1)
+			d.entries = append(d.entries, de)
+		}
+	}
+	d.loaded = true
+	return 0
+}
+
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.loaded {
+		if e := d.load(); e != 0 {
+			return nil, e
+		}
+	}
+	if d.pos >= len(d.entries) {
+		return nil, 0
+	}
+	de := d.entries[d.pos]
+	d.pos++
+	return &de, 0
+}
+
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if off == 0 {
+		// A rewind sees the directory as it is now.
+		d.loaded = false
+	}
+	d.pos = int(off)
+	return 0
+}
+
+// Lookup serves the lookups of READDIRPLUS from the open directory fd, so
+// listing a directory costs one fstatat per entry and no path walk.
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	f := d.node.fsys
+	d.mu.Lock()
+	dir := d.rel
+	d.mu.Unlock()
+	rel := policy.Join(dir, name)
+	if policy.CheckName(dir, name, f.pol.MainScope) != nil {
+		return nil, syscall.ENOENT
+	}
+	if err := f.admit(policy.OpStat, rel); err != nil {
+		return nil, policy.Errno(err)
+	}
+	sx, err := statAt(d.fd, name)
+	if err != nil {
+		return nil, policy.Errno(err)
+	}
+	return d.node.child(ctx, rel, &sx, out)
+}
+
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	if err := unix.Fsync(d.fd); err != nil {
+		return policy.Errno(err)
+	}
+	return 0
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	d.file.Close()
+}

@@ -1,0 +1,90 @@
+// Package fusefs projects one scope of the workspace through a FUSE
+// filesystem that asks the policy package the same questions the tool
+// handlers ask. It must never reach a host file by a path string: every
+// backing access is an *at call on a directory fd the store resolved
+// beneath the scope.
+//
+// # One door, the same rules
+//
+// Each FUSE request is translated the way a tool call is: the node's
+// cleaned path inside the scope, then the policy question
+// (Policy.Check, policy.CheckName, policy.CheckObject,
+// policy.CheckCreateKind, policy.CheckChmod, the limits), then the store
+// (Workspace.Parent or Workspace.Open, one *at call on the fd it returned,
+// fstat of what was opened), then policy.Errno for the answer. Node and
+// file types are our own (node, handle, dirHandle); go-fuse's loopback
+// types, which track files by path string, call path-based syscalls and
+// forward raw ioctls, are never used.
+//
+// What the projection refuses: symlinks, hard links and special files
+// (EPERM); opening, following or writing objects someone else put in the
+// backing store (they are listed for what they are); names the tools could
+// not address, "subagents" at the top of a main scope and ".agentloom-*"
+// (EINVAL; ".agentloom-*" entries are not listed at all); setuid, setgid
+// and sticky bits; ioctls (ENOTTY); extended attributes unless
+// Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT; moving
+// a directory with path rules beneath it, or a file out of a "wo" subtree. Path rules answer EROFS
+// (ro), EACCES (wo, reading) and ENOENT (hidden); the per-file size limit
+// and the scope quota answer EFBIG and EDQUOT on write, truncate,
+// fallocate and copy_file_range, counting apparent size so sparse files
+// count in full (statfs shows the quota); a capped subtree (tmp/) counts
+// what is written and moved into it in the same counter as the tools.
+// Deleting, overwriting or moving away what a subtree marks for two-step
+// confirmation answers EPERM: the filesystem can't ask twice. A
+// quarantined scope answers EROFS to every change and still reads.
+//
+// # Identity and caching
+//
+// A node's inode number is the backing file's, and its generation the
+// backing file's birth time, so a file replaced by rename (as the tool
+// door's atomic writes do) is a new node. An operation on a node whose
+// path now holds another object answers ESTALE, and the kernel then looks
+// the path up again (the mechanism NFS uses), so an open or stat after a
+// replacement never serves the old file.
+//
+// Entries and attributes are cached for one second (the libfuse default);
+// with no caching every syscall re-resolves every path component, which
+// was measured to make a warm "git status" about six times slower. Failed lookups are not
+// cached, so a file created by the tool door appears at once. Page cache
+// is dropped at every open (close-to-open consistency). Within that second
+// a stat may show the old size of a file changed through the other door;
+// a process in the same binary as the tool door calls Mounted.Invalidate
+// after each change to close that window.
+//
+// Permission checks are done by the kernel (default_permissions) against
+// what the mount shows: every object is owned by the sandbox user
+// (Options.UID/GID), files 0600 and directories 0700, so that user has
+// full access, other users none, and the root daemon does the real I/O.
+//
+// # Audit
+//
+// A change is recorded before it is made, so nothing happens unrecorded:
+// if the sink fails, the change is refused with EIO (audit_unavailable).
+// Should the store then fail it, a second record with result "error"
+// follows. Refusals are recorded as "refused" with their code. Writes are
+// admitted by recording the open for writing; reads and writes are
+// summarised per open file at release (bytes read and written), never one
+// record per read(2) or write(2).
+//
+// # Locks
+//
+// flock and fcntl locks taken in the mount are taken on the backing file
+// (flock and open file description locks on the handle's own fd), so two
+// mounts of one scope, and any process locking the backing file, exclude
+// each other. fcntl locks therefore behave as open file description locks:
+// two opens conflict even within one process, and closing one open drops
+// only its own locks.
+//
+// # Passthrough
+//
+// With Options.Passthrough (Linux 6.9 or later, CAP_SYS_ADMIN; off by
+// default) the kernel reads files opened read-only straight from the
+// backing file. Every open of such a file shares that backing file (a
+// kernel rule), but files opened for writing are answered FOPEN_DIRECT_IO,
+// which takes precedence for read(2) and write(2): every write still comes
+// to the size, quota and audit checks here. Two things then bypass the
+// daemon and are missing from the release record: bytes read through
+// passthrough, and stores into a shared writable mapping of a file opened
+// read-write, which can change bytes in place but never the size (truncate,
+// fallocate and writes past the end all come here).
+package fusefs

@@ -1,0 +1,548 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// handle is one open regular file: the backing fd the store opened and
+// checked, and what the release record summarises. Size-changing calls go
+// through its node's lock and the scope's usage counter.
+type handle struct {
+	node     *node
+	file     *os.File
+	fd       int
+	rel      string // path when opened, for records
+	flags    uint32
+	writable bool
+	// passthrough: the kernel reads this file from the backing fd itself.
+	passthrough bool
+	opened      time.Time
+	read        atomic.Int64
+	written     atomic.Int64
+}
+
+var (
+	_ = (fs.FileReader)((*handle)(nil))
+	_ = (fs.FileWriter)((*handle)(nil))
+	_ = (fs.FileWritever)((*handle)(nil))
+	_ = (fs.FileFsyncer)((*handle)(nil))
+	_ = (fs.FileReleaser)((*handle)(nil))
+	_ = (fs.FileLseeker)((*handle)(nil))
+	_ = (fs.FileAllocater)((*handle)(nil))
+	_ = (fs.FileGetlker)((*handle)(nil))
+	_ = (fs.FileSetlker)((*handle)(nil))
+	_ = (fs.FileSetlkwer)((*handle)(nil))
+)
+
+// passthroughHandle is a file opened read-only on a passthrough mount: the
+// kernel reads it from the backing file. go-fuse registers the first one's
+// fd as the node's backing file.
+type passthroughHandle struct{ *handle }
+
+var _ = (fs.FilePassthroughFder)(passthroughHandle{})
+
+func (p passthroughHandle) PassthroughFd() (int, bool) { return p.fd, true }
+
+// directHandle is a file opened for writing on a passthrough mount. It has
+// the node's backing file too (the kernel requires every open of a node
+// that has one to use it, and go-fuse counts a backing reference for every
+// open of such a node), but it is answered FOPEN_DIRECT_IO, which overrides
+// passthrough for read(2) and write(2): every write comes to the daemon.
+type directHandle struct{ *handle }
+
+var _ = (fs.FilePassthroughFder)(directHandle{})
+
+func (d directHandle) PassthroughFd() (int, bool) { return d.fd, true }
+
+func handleOf(fh fs.FileHandle) *handle {
+	switch h := fh.(type) {
+	case *handle:
+		return h
+	case passthroughHandle:
+		return h.handle
+	case directHandle:
+		return h.handle
+	}
+	return nil
+}
+
+// newHandle wraps an opened backing file and returns the FOPEN flags to
+// answer with.
+func newHandle(n *node, file *os.File, rel string, flags uint32) (*handle, uint32) {
+	h := &handle{
+		node:     n,
+		file:     file,
+		fd:       int(file.Fd()),
+		rel:      rel,
+		flags:    flags,
+		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
+		opened:   time.Now(),
+	}
+	var fuseFlags uint32
+	if n.fsys.opts.Passthrough {
+		if h.writable {
+			// Every write(2) must reach the checks below.
+			fuseFlags |= fuse.FOPEN_DIRECT_IO
+		} else {
+			h.passthrough = true
+		}
+	}
+	return h, fuseFlags
+}
+
+func (h *handle) fileHandle() fs.FileHandle {
+	switch {
+	case !h.node.fsys.opts.Passthrough:
+		return h
+	case h.passthrough:
+		return passthroughHandle{h}
+	}
+	return directHandle{h}
+}
+
+func (h *handle) close() { h.file.Close() }
+
+// path is where the file is now, or where it was opened if it was removed.
+func (h *handle) path() string {
+	if rel, ok := h.node.relPath(); ok {
+		return rel
+	}
+	return h.rel
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	rel, ok := n.relPath()
+	if !ok {
+		return nil, 0, syscall.ENOENT
+	}
+	h, fuseFlags, e := n.open(ctx, rel, flags)
+	if e != 0 {
+		return nil, 0, e
+	}
+	return h.fileHandle(), fuseFlags, 0
+}
+
+// open opens the node's file at rel: read access is asked of the policy as
+// OpRead, write access (or O_TRUNC) as OpWrite, the store opens and checks
+// the object, and an open for writing is recorded before it is granted.
+func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uint32, syscall.Errno) {
+	f := n.fsys
+	ev := f.event(ctx, "open", rel)
+	acc := int(flags) & unix.O_ACCMODE
+	write := acc != unix.O_RDONLY || flags&unix.O_TRUNC != 0
+	op := policy.OpRead
+	if acc != unix.O_WRONLY {
+		if err := f.admit(policy.OpRead, rel); err != nil {
+			return nil, 0, f.refused(ctx, ev, err)
+		}
+	}
+	if write {
+		op = policy.OpWrite
+		err := f.admit(policy.OpWrite, rel)
+		if err == nil {
+			// Opening an existing file for writing changes it: a
+			// subtree may ask for a confirmation this door can't give.
+			err = f.pol.CheckConfirmable(policy.OpWrite, rel)
+		}
+		if err != nil {
+			return nil, 0, f.refused(ctx, ev, err)
+		}
+	}
+	// The daemon reads and writes at the offsets the kernel gives, so
+	// O_APPEND is the kernel's business; O_TRUNC comes as a setattr.
+	bflags := acc | int(flags)&(unix.O_SYNC|unix.O_DSYNC)
+	if write && acc == unix.O_RDONLY {
+		bflags = unix.O_RDWR // O_RDONLY|O_TRUNC: the truncate needs a writable fd
+	}
+	file, _, err := f.ws.Open(op, rel, bflags)
+	if err != nil {
+		if policy.CodeOf(err) == policy.NotFound {
+			return nil, 0, syscall.ESTALE
+		}
+		if refusal(err) {
+			return nil, 0, f.refused(ctx, ev, err)
+		}
+		return nil, 0, policy.Errno(err)
+	}
+	sx, err := statAt(int(file.Fd()), "")
+	if err != nil {
+		file.Close()
+		return nil, 0, policy.Errno(err)
+	}
+	if !sameObject(n.StableAttr(), &sx) {
+		// The path holds another file than this node's: make the kernel
+		// look it up again.
+		file.Close()
+		return nil, 0, syscall.ESTALE
+	}
+	if write {
+		detail(&ev, "flags", flags)
+		if e := f.begin(ctx, ev); e != 0 {
+			file.Close()
+			return nil, 0, e
+		}
+	}
+	h, fuseFlags := newHandle(n, file, rel, flags)
+	if flags&unix.O_TRUNC != 0 {
+		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
+			h.close()
+			return nil, 0, policy.Errno(err)
+		}
+	}
+	return h, fuseFlags, 0
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.node.fsys.daemonReads.Add(1)
+	n := 0
+	for n < len(dest) {
+		k, err := unix.Pread(h.fd, dest[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			if n > 0 {
+				break
+			}
+			return nil, policy.Errno(err)
+		}
+		if k == 0 {
+			break
+		}
+		n += k
+	}
+	h.read.Add(int64(n))
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return h.write(ctx, [][]byte{data}, len(data), off)
+}
+
+func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, syscall.Errno) {
+	size := 0
+	for _, b := range data {
+		size += len(b)
+	}
+	return h.write(ctx, data, size, off)
+}
+
+// write checks a write of size bytes at off against the per-file limit and
+// the scope quota (counting the growth of the file's apparent size, so a
+// write far past the end counts in full) and makes it.
+func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) (uint32, syscall.Errno) {
+	n := h.node
+	f := n.fsys
+	if err := f.writable(); err != nil {
+		return 0, f.refused(ctx, f.event(ctx, "write", h.path()), err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return 0, policy.Errno(err)
+	}
+	end := off + int64(size)
+	grow := end - st.Size
+	rel := h.rel
+	if grow > 0 {
+		rel = h.path()
+		if err := f.grow(rel, end, grow); err != nil {
+			ev := f.event(ctx, "write", rel)
+			ev.Bytes = int64(size)
+			detail(&ev, "offset", off)
+			return 0, f.refused(ctx, ev, err)
+		}
+	}
+	var written int
+	var err error
+	if len(data) == 1 {
+		written, err = unix.Pwrite(h.fd, data[0], off)
+	} else {
+		written, err = unix.Pwritev(h.fd, data, off)
+	}
+	written = max(written, 0)
+	if grow > 0 {
+		if got := max(off+int64(written)-st.Size, 0); got != grow {
+			f.ws.AdjustAt(rel, got-grow, 0)
+		}
+	}
+	h.written.Add(int64(written))
+	if err != nil && written == 0 {
+		return 0, policy.Errno(err)
+	}
+	return uint32(written), 0
+}
+
+// grow checks that the file at rel may grow to end bytes, by grow bytes,
+// and reserves the growth in the usage the tools count too: the scope's
+// and that of every capped subtree rel is in.
+func (f *fsys) grow(rel string, end, grow int64) error {
+	if err := f.pol.Limits.CheckFileSize(rel, end); err != nil {
+		return err
+	}
+	return f.ws.ReserveAt(rel, grow, 0)
+}
+
+// resize sets the size of the file open as fd to size by apply, checking
+// and counting growth first and counting shrinkage after. The caller has
+// admitted the change.
+func (n *node) resize(fd int, rel string, size int64, apply func() error) error {
+	f := n.fsys
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return policy.FromErrno(err, "truncate", rel)
+	}
+	delta := size - st.Size
+	if delta > 0 {
+		if err := f.grow(rel, size, delta); err != nil {
+			return err
+		}
+	}
+	if err := apply(); err != nil {
+		if delta > 0 {
+			f.ws.AdjustAt(rel, -delta, 0)
+		}
+		return policy.FromErrno(err, "truncate", rel)
+	}
+	if delta < 0 {
+		f.ws.AdjustAt(rel, delta, 0)
+	}
+	return nil
+}
+
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	var err error
+	if flags&1 != 0 { // FUSE_FSYNC_FDATASYNC
+		err = unix.Fdatasync(h.fd)
+	} else {
+		err = unix.Fsync(h.fd)
+	}
+	if err != nil {
+		return policy.Errno(err)
+	}
+	return 0
+}
+
+func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	n, err := unix.Seek(h.fd, int64(off), int(whence))
+	if err != nil {
+		return 0, policy.Errno(err)
+	}
+	return uint64(n), 0
+}
+
+// Release closes the backing file and records what was read and written
+// through it.
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.close()
+	read, written := h.read.Load(), h.written.Load()
+	if !h.writable && read == 0 && !h.passthrough {
+		return 0
+	}
+	f := h.node.fsys
+	ev := f.event(ctx, "release", h.path())
+	ev.Bytes = read + written
+	ev.Duration = time.Since(h.opened)
+	ev.Result = "ok"
+	detail(&ev, "read", read)
+	detail(&ev, "written", written)
+	if h.passthrough {
+		detail(&ev, "passthrough", true)
+	}
+	_ = f.sink.Record(ctx, ev)
+	return 0
+}
+
+// Fallocate modes loomfs serves. Space reserved past the end of a file
+// (FALLOC_FL_KEEP_SIZE) is invisible to a quota on apparent size, so it is
+// granted only up to the current end; collapsing and inserting ranges are
+// refused.
+const allocModes = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
+
+func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	n := h.node
+	f := n.fsys
+	ev := f.event(ctx, "fallocate", h.path())
+	ev.Bytes = int64(size)
+	detail(&ev, "offset", off)
+	detail(&ev, "mode", mode)
+	if mode&^allocModes != 0 || mode&unix.FALLOC_FL_PUNCH_HOLE != 0 && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		return f.refused(ctx, ev, policy.Errorf(policy.Unsupported, "fallocate mode %#x is not supported", mode))
+	}
+	if err := f.writable(); err != nil {
+		return f.refused(ctx, ev, err)
+	}
+	start, end := int64(off), int64(off+size)
+	if start < 0 || end < start {
+		return policy.Errno(syscall.EINVAL)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return policy.Errno(err)
+	}
+	if mode&unix.FALLOC_FL_KEEP_SIZE != 0 {
+		end = min(end, st.Size)
+		if end <= start {
+			return 0
+		}
+		if err := unix.Fallocate(h.fd, mode, start, end-start); err != nil {
+			return policy.Errno(err)
+		}
+		return 0
+	}
+	grow := end - st.Size
+	if grow > 0 {
+		if err := f.grow(ev.Path, end, grow); err != nil {
+			return f.refused(ctx, ev, err)
+		}
+	}
+	if err := unix.Fallocate(h.fd, mode, start, end-start); err != nil {
+		if grow > 0 {
+			f.ws.AdjustAt(ev.Path, -grow, 0)
+		}
+		return policy.Errno(err)
+	}
+	return 0
+}
+
+// Locks are taken on the backing file, so they hold against every other
+// user of it: another mount of the scope, or the tool door.
+
+func (h *handle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	var fl syscall.Flock_t
+	lk.ToFlockT(&fl)
+	if err := syscall.FcntlFlock(uintptr(h.fd), unix.F_OFD_GETLK, &fl); err != nil {
+		return policy.Errno(err)
+	}
+	out.FromFlockT(&fl)
+	return 0
+}
+
+func (h *handle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lock(ctx, lk, flags, false)
+}
+
+func (h *handle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lock(ctx, lk, flags, true)
+}
+
+// lock takes or releases a lock on the backing file: flock(2) for flock
+// requests, an open file description lock for fcntl ones. A waiting lock is
+// retried rather than blocked on, so an interrupted caller is answered
+// EINTR at once.
+func (h *handle) lock(ctx context.Context, lk *fuse.FileLock, flags uint32, wait bool) syscall.Errno {
+	try := func() error {
+		if flags&fuse.FUSE_LK_FLOCK != 0 {
+			var op int
+			switch lk.Typ {
+			case syscall.F_RDLCK:
+				op = unix.LOCK_SH | unix.LOCK_NB
+			case syscall.F_WRLCK:
+				op = unix.LOCK_EX | unix.LOCK_NB
+			case syscall.F_UNLCK:
+				op = unix.LOCK_UN
+			default:
+				return unix.EINVAL
+			}
+			return unix.Flock(h.fd, op)
+		}
+		var fl syscall.Flock_t
+		lk.ToFlockT(&fl)
+		return syscall.FcntlFlock(uintptr(h.fd), unix.F_OFD_SETLK, &fl)
+	}
+	delay := time.Millisecond
+	var timer *time.Timer
+	for {
+		err := try()
+		if err == nil {
+			return 0
+		}
+		busy := errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES)
+		if !wait || !busy {
+			if busy {
+				return syscall.EAGAIN
+			}
+			return policy.Errno(err)
+		}
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			return syscall.EINTR
+		case <-timer.C:
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+}
+
+// CopyFileRange copies between two files open in the mount inside the
+// backing store, under the same size and quota checks as a write.
+func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint64, out *fs.Inode, fhOut fs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	in, dst := handleOf(fhIn), handleOf(fhOut)
+	if in == nil || dst == nil || flags != 0 {
+		return 0, policy.Errno(syscall.EINVAL)
+	}
+	on := dst.node
+	f := on.fsys
+	ev := f.event(ctx, "copy_file_range", dst.path())
+	detail(&ev, "from", in.path())
+	if err := f.writable(); err != nil {
+		return 0, f.refused(ctx, ev, err)
+	}
+	on.mu.Lock()
+	defer on.mu.Unlock()
+	var src, cur unix.Stat_t
+	if err := unix.Fstat(in.fd, &src); err != nil {
+		return 0, policy.Errno(err)
+	}
+	if err := unix.Fstat(dst.fd, &cur); err != nil {
+		return 0, policy.Errno(err)
+	}
+	// What will really be copied: the source may end before length.
+	size := min(int64(min(length, 1<<30)), max(src.Size-int64(offIn), 0))
+	if size == 0 {
+		return 0, 0
+	}
+	end := int64(offOut) + size
+	grow := end - cur.Size
+	if grow > 0 {
+		ev.Bytes = size
+		if err := f.grow(ev.Path, end, grow); err != nil {
+			return 0, f.refused(ctx, ev, err)
+		}
+	}
+	ri, wo := int64(offIn), int64(offOut)
+	k, err := unix.CopyFileRange(in.fd, &ri, dst.fd, &wo, int(size), 0)
+	k = max(k, 0)
+	if grow > 0 {
+		if got := max(int64(offOut)+int64(k)-cur.Size, 0); got != grow {
+			f.ws.AdjustAt(ev.Path, got-grow, 0)
+		}
+	}
+	in.read.Add(int64(k))
+	dst.written.Add(int64(k))
+	if err != nil && k == 0 {
+		return 0, policy.Errno(err)
+	}
+	return uint32(k), 0
+}

@@ -1,0 +1,258 @@
+package fusefs
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// fsys is what every node of one mount shares: the workspace, its policy,
+// the audit sink and the options.
+type fsys struct {
+	ws        *store.Workspace
+	pol       *policy.Policy
+	opts      Options
+	uid, gid  uint32
+	dev       uint64 // the scope directory's device; no other is served
+	sink      audit.Sink
+	actor     audit.Actor
+	scopeHash string
+	root      *node
+	gate      quarantineGate
+
+	// daemonReads counts read requests the daemon served (not the
+	// kernel through passthrough); tests use it.
+	daemonReads atomic.Int64
+}
+
+func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
+	var root unix.Statx_t
+	if err := unix.Statx(ws.DirFD(), "", unix.AT_EMPTY_PATH|unix.AT_STATX_SYNC_AS_STAT, statxMask, &root); err != nil {
+		return nil, nil, fmt.Errorf("stat scope directory: %w", err)
+	}
+	uid, gid := opts.owner()
+	sc := ws.Scope()
+	actor := opts.Actor
+	if actor.Space == "" && actor.Agent == "" && actor.Session == "" {
+		actor.Space, actor.Agent, actor.Session = sc.Space, sc.Agent, sc.Session
+		actor.Run, actor.Instance = sc.Run, sc.Instance
+	}
+	sink := opts.Audit
+	if sink == nil {
+		sink = audit.Discard
+	}
+	f := &fsys{
+		ws:        ws,
+		pol:       ws.Policy(),
+		opts:      opts,
+		uid:       uid,
+		gid:       gid,
+		dev:       devOf(&root),
+		sink:      sink,
+		actor:     actor,
+		scopeHash: sc.Hash(),
+		gate:      quarantineGate{ws: ws},
+	}
+	f.root = &node{fsys: f}
+	return f, &root, nil
+}
+
+// changes reports whether op changes the workspace.
+func changes(op policy.Op) bool {
+	switch op {
+	case policy.OpWrite, policy.OpCreate, policy.OpDelete, policy.OpRename, policy.OpSetattr:
+		return true
+	}
+	return false
+}
+
+// admit asks the policy whether op may be made at the cleaned path rel
+// and, for a change, whether the mount and the scope take changes now.
+func (f *fsys) admit(op policy.Op, rel string) error {
+	if err := f.pol.Check(op, rel); err != nil {
+		return err
+	}
+	if changes(op) {
+		return f.writable()
+	}
+	return nil
+}
+
+// writable refuses every change to a read-only mount or a quarantined
+// scope.
+func (f *fsys) writable() error {
+	if f.opts.ReadOnly {
+		return policy.Errorf(policy.ReadOnly, "the workspace is mounted read-only")
+	}
+	return f.gate.check()
+}
+
+// quarantineGate answers Workspace.CheckQuarantine, asking the store at
+// most once a second: it is on the path of every write(2).
+type quarantineGate struct {
+	ws    *store.Workspace
+	state atomic.Pointer[gateState]
+}
+
+type gateState struct {
+	until time.Time
+	err   error
+}
+
+const quarantineRecheck = time.Second
+
+func (g *quarantineGate) check() error {
+	now := time.Now()
+	if s := g.state.Load(); s != nil && now.Before(s.until) {
+		return s.err
+	}
+	err := g.ws.CheckQuarantine()
+	g.state.Store(&gateState{until: now.Add(quarantineRecheck), err: err})
+	return err
+}
+
+// refusal reports whether a store error is the policy refusing the object
+// found (a symlink, a hard link, a special file, a setuid file, another
+// filesystem) rather than a plain failure.
+func refusal(err error) bool {
+	switch policy.CodeOf(err) {
+	case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied, policy.InvalidPath:
+		return true
+	}
+	return false
+}
+
+// Audit.
+
+func (f *fsys) event(ctx context.Context, op, rel string) audit.Event {
+	e := audit.Event{
+		TraceID: f.opts.TraceID,
+		CallID:  f.opts.CallID,
+		Actor:   f.actor,
+		Scope:   f.scopeHash,
+		Source:  audit.SourceFUSE,
+		Op:      op,
+		Path:    rel,
+	}
+	if c, ok := fuse.FromContext(ctx); ok && c.Pid != 0 {
+		e.Detail = map[string]any{"pid": c.Pid, "uid": c.Uid}
+	}
+	return e
+}
+
+func detail(e *audit.Event, key string, v any) {
+	if e.Detail == nil {
+		e.Detail = map[string]any{}
+	}
+	e.Detail[key] = v
+}
+
+// refused records a refusal and returns what the caller answers.
+func (f *fsys) refused(ctx context.Context, e audit.Event, err error) syscall.Errno {
+	e.Result, e.Code = "refused", string(policy.CodeOf(err))
+	// The operation is refused whether or not this record is kept.
+	_ = f.sink.Record(ctx, e)
+	return policy.Errno(err)
+}
+
+// begin records a change about to be made; if the record can't be kept the
+// change is refused.
+func (f *fsys) begin(ctx context.Context, e audit.Event) syscall.Errno {
+	e.Result = "ok"
+	if err := f.sink.Record(ctx, e); err != nil {
+		return policy.Errno(&policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written; changes are refused until it can", Err: err})
+	}
+	return 0
+}
+
+// failed records that a change failed in the store and returns what the
+// caller answers.
+func (f *fsys) failed(ctx context.Context, e audit.Event, err error) syscall.Errno {
+	e.Result, e.Code = "error", string(policy.CodeOf(policy.FromErrno(err, e.Op, e.Path)))
+	_ = f.sink.Record(ctx, e)
+	return policy.Errno(err)
+}
+
+// Objects and attributes.
+
+const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME
+
+// statAt describes name in dirfd without following it; an empty name
+// describes dirfd itself.
+func statAt(dirfd int, name string) (unix.Statx_t, error) {
+	var sx unix.Statx_t
+	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_SYNC_AS_STAT
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	err := unix.Statx(dirfd, name, flags, statxMask, &sx)
+	return sx, err
+}
+
+func devOf(sx *unix.Statx_t) uint64 { return unix.Mkdev(sx.Dev_major, sx.Dev_minor) }
+
+// objectOf describes sx for the policy, through the same policy.ObjectOf
+// the tools use.
+func objectOf(sx *unix.Statx_t) policy.Object {
+	var st unix.Stat_t
+	st.Mode = uint32(sx.Mode)
+	st.Size = int64(sx.Size)
+	setUint(&st.Nlink, sx.Nlink)
+	return policy.ObjectOf(&st)
+}
+
+func setUint[T ~uint32 | ~uint64](p *T, v uint32) { *p = T(v) }
+
+// stableAttr is a node's identity: the backing inode number and, as the
+// generation, its birth time, so a reused inode number is a new node.
+func stableAttr(sx *unix.Statx_t) fs.StableAttr {
+	sa := fs.StableAttr{Mode: uint32(sx.Mode) & unix.S_IFMT, Ino: sx.Ino}
+	if sx.Mask&unix.STATX_BTIME != 0 {
+		sa.Gen = uint64(sx.Btime.Sec)*1e9 + uint64(sx.Btime.Nsec)
+	}
+	if sa.Ino == ^uint64(0) { // reserved by go-fuse
+		sa.Ino--
+	}
+	return sa
+}
+
+// sameObject reports whether sx still describes the object of identity sa.
+func sameObject(sa fs.StableAttr, sx *unix.Statx_t) bool {
+	return stableAttr(sx) == sa
+}
+
+// fillAttr shows sx as the mount shows it: owned by the sandbox user, and
+// special files with no permissions, so they can't be opened through the
+// mount (the kernel would open them locally, not the backing object).
+func (f *fsys) fillAttr(sx *unix.Statx_t, out *fuse.Attr) {
+	out.Ino = sx.Ino
+	out.Size = sx.Size
+	out.Blocks = sx.Blocks
+	out.Blksize = sx.Blksize
+	out.Atime, out.Atimensec = uint64(sx.Atime.Sec), sx.Atime.Nsec
+	out.Mtime, out.Mtimensec = uint64(sx.Mtime.Sec), sx.Mtime.Nsec
+	out.Ctime, out.Ctimensec = uint64(sx.Ctime.Sec), sx.Ctime.Nsec
+	out.Mode = uint32(sx.Mode)
+	out.Nlink = sx.Nlink
+	out.Uid, out.Gid = f.uid, f.gid
+	out.Rdev = 0
+	switch out.Mode & unix.S_IFMT {
+	case unix.S_IFREG, unix.S_IFDIR, unix.S_IFLNK:
+	default:
+		out.Mode &= unix.S_IFMT
+	}
+}
+
+func (f *fsys) crossDevice(rel string) error {
+	return policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
+}

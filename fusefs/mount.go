@@ -1,0 +1,275 @@
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// Mounted is a scope served at a mountpoint by this process.
+type Mounted struct {
+	fsys   *fsys
+	server *fuse.Server
+	dir    string
+
+	once sync.Once
+	err  error
+}
+
+// ErrDetached is returned by Unmount when the mount was still in use: the
+// session was aborted (its users get ENOTCONN from then on) and the mount
+// taken out of the namespace.
+var ErrDetached = errors.New("mount was busy; its session was aborted and the mount detached")
+
+// Mount serves ws at mountpoint until Unmount. The mountpoint must be an
+// existing directory outside the scope; a stale mount left there by a dead
+// daemon is cleared first. The mount is nosuid and nodev, and is open to
+// other users only with Options.AllowOther (see there).
+func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Options) (*Mounted, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	dir, err := prepareMountpoint(ws, mountpoint, opts.AllowOther)
+	if err != nil {
+		return nil, err
+	}
+	f, rootStat, err := newFsys(ws, opts)
+	if err != nil {
+		return nil, err
+	}
+	timeout := opts.cacheTimeout()
+	rootAttr := stableAttr(rootStat)
+	mo := fuse.MountOptions{
+		FsName:      "loomfs",
+		Name:        "loomfs",
+		Options:     []string{"nosuid", "nodev", "default_permissions"},
+		AllowOther:  opts.AllowOther,
+		DirectMount: true,
+		// No xattrs: ENOSYS once, and the kernel stops asking.
+		DisableXAttrs: !opts.UserXattrs,
+		EnableLocks:   true,
+		MaxWrite:      1 << 20,
+		Debug:         opts.Debug,
+	}
+	if opts.ReadOnly {
+		mo.DirectMountFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY
+	}
+	if !opts.Passthrough {
+		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
+	}
+	server, err := fs.Mount(dir, f.root, &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NullPermissions: true,
+		RootStableAttr:  &rootAttr,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
+	}
+	return &Mounted{fsys: f, server: server, dir: dir}, nil
+}
+
+// Dir returns the mountpoint (absolute, symlinks resolved).
+func (m *Mounted) Dir() string { return m.dir }
+
+// Unmount ends the mount. When it returns, the daemon no longer touches the
+// workspace, which the caller may then close. A mount still in use is
+// aborted and detached, and ErrDetached returned.
+func (m *Mounted) Unmount() error {
+	m.once.Do(func() {
+		if err := m.server.Unmount(); err == nil {
+			return
+		}
+		// Busy. A forced unmount makes FUSE abort the session: pending and
+		// later requests fail, and the serve loop ends. Then take the
+		// mount out of the namespace if it is still there.
+		unix.Unmount(m.dir, unix.MNT_FORCE)
+		if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+			m.err = fmt.Errorf("unmount %s: %w", m.dir, err)
+			return
+		}
+		done := make(chan struct{})
+		go func() { m.server.Wait(); close(done) }()
+		select {
+		case <-done:
+			m.err = ErrDetached
+		case <-time.After(10 * time.Second):
+			m.err = fmt.Errorf("unmount %s: detached, but the session did not end", m.dir)
+		}
+	})
+	return m.err
+}
+
+// Wait returns when the mount has ended: unmounted here, or by someone else.
+func (m *Mounted) Wait() { m.server.Wait() }
+
+// Invalidate tells the kernel that the object at the cleaned path rel
+// changed outside the mount (through the tool door), so that the next
+// access through the mount looks it up and reads it afresh. It is cheap
+// when the kernel does not know the path.
+func (m *Mounted) Invalidate(rel string) {
+	rel, err := policy.CleanPath(rel, false)
+	if err != nil {
+		return
+	}
+	root := m.fsys.root.EmbeddedInode()
+	if rel == "." {
+		root.NotifyContent(0, 0)
+		return
+	}
+	parent := root
+	names := strings.Split(rel, "/")
+	for _, name := range names[:len(names)-1] {
+		if parent = parent.GetChild(name); parent == nil {
+			return
+		}
+	}
+	name := names[len(names)-1]
+	if child := parent.GetChild(name); child != nil {
+		child.NotifyContent(0, 0)
+	}
+	parent.NotifyEntry(name)
+	parent.NotifyContent(0, 0)
+}
+
+// Probe writes a file through the mount, reads it back and removes it: the
+// health check of the path the agent uses (SPEC §6). The probe's name is
+// one the tools can address.
+func (m *Mounted) Probe(ctx context.Context) error {
+	var b [8]byte
+	rand.Read(b[:])
+	path := filepath.Join(m.dir, ".loomfs-probe-"+hex.EncodeToString(b[:]))
+	want := []byte("loomfs probe " + hex.EncodeToString(b[:]) + "\n")
+	done := make(chan error, 1)
+	go func() { done <- probe(path, want) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("probe through %s: %w", m.dir, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("probe through %s: %w", m.dir, ctx.Err())
+	}
+}
+
+func probe(path string, want []byte) (err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := os.Remove(path); err == nil {
+			err = rerr
+		}
+	}()
+	_, err = f.Write(want)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("read back %d bytes that differ from the %d written", len(got), len(want))
+	}
+	return nil
+}
+
+// RecoverStale clears a mount left at mountpoint by a daemon that died, by
+// detaching it, and reports whether it did. A dead daemon's mount answers
+// ENOTCONN to every request the kernel sends; statfs always sends one
+// (stat may be answered from the attribute cache). A mountpoint that does
+// not answer at all is reported as an error.
+func RecoverStale(mountpoint string) (bool, error) {
+	answer := make(chan error, 1)
+	go func() {
+		var st unix.Statfs_t
+		answer <- unix.Statfs(mountpoint, &st)
+	}()
+	var err error
+	select {
+	case err = <-answer:
+	case <-time.After(5 * time.Second):
+		return false, fmt.Errorf("mountpoint %s does not answer: a daemon serving it is alive but stuck", mountpoint)
+	}
+	if err != unix.ENOTCONN && err != unix.ECONNABORTED {
+		return false, nil
+	}
+	if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err != nil {
+		return false, fmt.Errorf("clear stale mount at %s: %w", mountpoint, err)
+	}
+	return true, nil
+}
+
+// prepareMountpoint checks the mountpoint and returns its real path: an
+// existing directory with nothing mounted on it, outside the scope it
+// would serve, and for allowOther inside a directory only root can enter.
+func prepareMountpoint(ws *store.Workspace, mountpoint string, allowOther bool) (string, error) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", mountpoint, err)
+	}
+	if _, err := RecoverStale(abs); err != nil {
+		return "", err
+	}
+	dir, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", mountpoint, err)
+	}
+	var st, pst unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", fmt.Errorf("mountpoint %s is not a directory", dir)
+	}
+	parent := filepath.Dir(dir)
+	if err := unix.Stat(parent, &pst); err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", parent, err)
+	}
+	if dir != "/" && st.Dev != pst.Dev {
+		return "", fmt.Errorf("mountpoint %s: something is already mounted there", dir)
+	}
+	var scope unix.Stat_t
+	if err := unix.Fstat(ws.DirFD(), &scope); err != nil {
+		return "", fmt.Errorf("stat scope directory: %w", err)
+	}
+	for p := dir; ; p = filepath.Dir(p) {
+		var a unix.Stat_t
+		if err := unix.Stat(p, &a); err == nil && a.Dev == scope.Dev && a.Ino == scope.Ino {
+			return "", fmt.Errorf("mountpoint %s lies inside the scope it would serve", dir)
+		}
+		if p == "/" || p == "." {
+			break
+		}
+	}
+	if allowOther && (pst.Uid != 0 || pst.Mode&0o077 != 0) {
+		return "", fmt.Errorf("allow_other refused: the mountpoint's parent %s must be owned by root with mode 0700 (it is uid %d, mode %#o), so that only the sandbox's own bind mount reaches the projection", parent, pst.Uid, pst.Mode&0o7777)
+	}
+	return dir, nil
+}

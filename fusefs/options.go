@@ -1,0 +1,83 @@
+package fusefs
+
+import (
+	"time"
+
+	"github.com/agentloom/loomfs/audit"
+)
+
+// Owner shown for every object when Options leaves it unset: the sandbox
+// containers' non-root user (SPEC §5).
+const (
+	DefaultUID = 1000
+	DefaultGID = 1000
+)
+
+// DefaultCacheTimeout is how long the kernel may trust an entry or an
+// attribute it got from the mount (see the package doc).
+const DefaultCacheTimeout = time.Second
+
+// Options configure a mount. The zero value mounts the scope read-write for
+// uid:gid 1000:1000, visible to the mounting user only.
+type Options struct {
+	// UID and GID own every object the mount shows; 0 means DefaultUID and
+	// DefaultGID. The daemon does the real I/O as itself.
+	UID, GID uint32
+
+	// AllowOther lets users other than the mounting one (the sandbox
+	// container's) use the mount. It is accepted only for a mountpoint
+	// whose parent directory is owned by root and closed to everyone else
+	// (mode 0700 or narrower).
+	AllowOther bool
+
+	// ReadOnly refuses every change with EROFS and mounts read-only.
+	ReadOnly bool
+
+	// UserXattrs serves extended attributes in the "user." namespace.
+	// Every other namespace is refused whatever this says; without it the
+	// mount has no extended attributes at all.
+	UserXattrs bool
+
+	// Passthrough lets the kernel read files opened read-only straight
+	// from the backing file (Linux 6.9+, CAP_SYS_ADMIN). Writes always go
+	// through the daemon.
+	Passthrough bool
+
+	// CacheTimeout is the kernel's entry and attribute cache lifetime;
+	// 0 means DefaultCacheTimeout, negative means no caching.
+	CacheTimeout time.Duration
+
+	// Audit receives a record of every change and every refusal; nil
+	// means audit.Discard.
+	Audit audit.Sink
+	// Actor is recorded with every event. Unset fields are filled from the
+	// workspace's scope.
+	Actor audit.Actor
+	// TraceID and CallID are recorded with every event: the trace and the
+	// tool call (a sandbox command) the mount serves.
+	TraceID, CallID string
+
+	// Debug logs every FUSE request and reply to stderr.
+	Debug bool
+}
+
+func (o Options) owner() (uid, gid uint32) {
+	uid, gid = o.UID, o.GID
+	if uid == 0 {
+		uid = DefaultUID
+	}
+	if gid == 0 {
+		gid = DefaultGID
+	}
+	return uid, gid
+}
+
+func (o Options) cacheTimeout() time.Duration {
+	switch {
+	case o.CacheTimeout == 0:
+		return DefaultCacheTimeout
+	case o.CacheTimeout < 0:
+		return 0
+	}
+	return o.CacheTimeout
+}
