@@ -45,10 +45,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 
 	// Ask the policy first, before touching anything.
-	// TODO(policy): a Policy.CheckChown rule; until then ownership changes
-	// other than to the owner already shown are refused here.
+	// Setting the owner already shown is a no-op (cp -p, tar do it).
 	if setUID && uid != f.uid || setGID && gid != f.gid {
-		return f.refused(ctx, ev, policy.Errorf(policy.PermissionDenied, "%s: ownership can't be changed in the workspace", rel))
+		return f.refused(ctx, ev, policy.CheckChown(rel))
 	}
 	if setMode {
 		if err := policy.CheckChmod(rel, mode); err != nil {

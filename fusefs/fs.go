@@ -67,22 +67,13 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 	return f, &root, nil
 }
 
-// changes reports whether op changes the workspace.
-func changes(op policy.Op) bool {
-	switch op {
-	case policy.OpWrite, policy.OpCreate, policy.OpDelete, policy.OpRename, policy.OpSetattr:
-		return true
-	}
-	return false
-}
-
 // admit asks the policy whether op may be made at the cleaned path rel
 // and, for a change, whether the mount and the scope take changes now.
 func (f *fsys) admit(op policy.Op, rel string) error {
 	if err := f.pol.Check(op, rel); err != nil {
 		return err
 	}
-	if changes(op) {
+	if op.Mutates() {
 		return f.writable()
 	}
 	return nil

@@ -447,7 +447,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	exchange := flags&unix.RENAME_EXCHANGE != 0
 	if err == nil {
-		err = checkMove(f.pol, oldRel, newRel, exchange)
+		err = f.pol.CheckMove(oldRel, newRel, exchange)
 	}
 	if err == nil {
 		// Moving a file away deletes it from its place; a subtree may ask
@@ -575,35 +575,6 @@ func checkRenameFlags(flags uint32) error {
 	}
 	if flags&^uint32(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
 		return policy.Errorf(policy.InvalidInput, "unknown rename flags %#x", flags)
-	}
-	return nil
-}
-
-// checkMove refuses a rename that would carry files out from under a path
-// rule: a directory with rules beneath it (its "ro" or "hidden" subtree
-// would land where the rule no longer holds), or anything leaving a "wo"
-// subtree for a place where it could be read back.
-//
-// TODO(policy): this rule belongs in the policy package
-// (Policy.CheckMove(oldRel, newRel, exchange)); it lives here until the
-// policy owner adds it.
-func checkMove(p *policy.Policy, oldRel, newRel string, exchange bool) error {
-	check := func(from, to string) error {
-		for _, r := range p.Rules {
-			if strings.HasPrefix(r.Prefix, from+"/") {
-				return policy.Errorf(policy.PermissionDenied, "%s can't be moved: the path rule %q lies beneath it", from, r.Prefix+"/ "+string(r.Mode))
-			}
-		}
-		if p.ModeOf(from) == policy.ModeWO && p.ModeOf(to) != policy.ModeWO {
-			return policy.Errorf(policy.PermissionDenied, "%s is write-only and can't be moved to %s, where it could be read back", from, to)
-		}
-		return nil
-	}
-	if err := check(oldRel, newRel); err != nil {
-		return err
-	}
-	if exchange {
-		return check(newRel, oldRel)
 	}
 	return nil
 }

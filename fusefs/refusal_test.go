@@ -85,7 +85,7 @@ os.copy_file_range(s, d, 600<<10, 0, 600<<10)'`, want: syscall.EFBIG, audited: t
 	{name: "chmod/u+s", setup: writeFile("f", "x"), cmd: "chmod u+s f", want: policy.Errno(policy.CheckChmod("f", 0o4600)), audited: true},
 	{name: "chmod/g+s on a directory", cmd: "mkdir d && chmod g+s d", want: policy.Errno(policy.CheckChmod("d", 0o2700)), audited: true},
 	{name: "chmod/+t", cmd: "mkdir d && chmod +t d", want: policy.Errno(policy.CheckChmod("d", 0o1700)), audited: true},
-	{name: "chown", setup: writeFile("f", "x"), cmd: "chown 0:0 f", want: syscall.EACCES, audited: true},
+	{name: "chown", setup: writeFile("f", "x"), cmd: "chown 0:0 f", want: syscall.EPERM, audited: true},
 
 	{name: "rule ro/create", setup: plantRuleDirs, cmd: "touch data/new", want: syscall.EROFS, audited: true},
 	{name: "rule ro/overwrite", setup: plantRuleDirs, cmd: "echo x > data/file", want: syscall.EROFS, audited: true},

@@ -18,11 +18,7 @@ import (
 // Without it go-fuse answers ENOSYS for every xattr request (DisableXAttrs)
 // and the kernel, having learnt that, answers EOPNOTSUPP itself: it no
 // longer asks for security.capability before every write.
-//
-// TODO(policy): the namespace rule belongs in the policy package
-// (policy.CheckXattr(rel, name)); it lives here until the policy owner adds it.
-
-const userXattrPrefix = "user."
+// The namespace rule is policy.CheckXattr.
 
 var (
 	_ = (fs.NodeGetxattrer)((*node)(nil))
@@ -30,13 +26,6 @@ var (
 	_ = (fs.NodeRemovexattrer)((*node)(nil))
 	_ = (fs.NodeListxattrer)((*node)(nil))
 )
-
-func checkXattrName(rel, name string) error {
-	if !strings.HasPrefix(name, userXattrPrefix) {
-		return policy.Errorf(policy.Unsupported, "%s: extended attribute %q refused: only the \"user.\" namespace is served", rel, name)
-	}
-	return nil
-}
 
 // xattrFile opens the node's object at rel for an xattr call: regular files
 // and directories only, checked by the store and still this node's object.
@@ -62,7 +51,7 @@ func (n *node) usesXattrs() bool {
 }
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if !strings.HasPrefix(attr, userXattrPrefix) || !n.usesXattrs() {
+	if !strings.HasPrefix(attr, policy.UserXattrPrefix) || !n.usesXattrs() {
 		return 0, syscall.ENODATA
 	}
 	rel, ok := n.relPath()
@@ -111,7 +100,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	}
 	var list []byte
 	for _, name := range bytes.Split(all[:sz], []byte{0}) {
-		if bytes.HasPrefix(name, []byte(userXattrPrefix)) {
+		if bytes.HasPrefix(name, []byte(policy.UserXattrPrefix)) {
 			list = append(append(list, name...), 0)
 		}
 	}
@@ -144,7 +133,7 @@ func (n *node) changeXattr(ctx context.Context, op, attr string, apply func(fd i
 	}
 	ev := f.event(ctx, op, rel)
 	detail(&ev, "name", attr)
-	err := checkXattrName(rel, attr)
+	err := policy.CheckXattr(rel, attr)
 	if err == nil {
 		err = f.admit(policy.OpSetattr, rel)
 	}

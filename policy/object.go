@@ -97,7 +97,7 @@ func CheckLink(rel string) error {
 // CheckChmod refuses setting setuid, setgid or sticky bits.
 func CheckChmod(rel string, perm uint32) error {
 	if perm&specialBits != 0 {
-		return Errorf(PermissionDenied, "%s: setuid, setgid and sticky bits are never set", rel)
+		return Errorf(NotPermitted, "%s: setuid, setgid and sticky bits are never set", rel)
 	}
 	return nil
 }

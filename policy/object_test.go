@@ -3,6 +3,7 @@ package policy_test
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -89,10 +90,10 @@ func TestCheckCreateKindLinkChmod(t *testing.T) {
 	}{
 		{0o600, ""},
 		{0o777, ""},
-		{0o4755, policy.PermissionDenied},
-		{0o2755, policy.PermissionDenied},
-		{0o1777, policy.PermissionDenied},
-		{0o7000, policy.PermissionDenied},
+		{0o4755, policy.NotPermitted},
+		{0o2755, policy.NotPermitted},
+		{0o1777, policy.NotPermitted},
+		{0o7000, policy.NotPermitted},
 	}
 	for _, p := range perms {
 		if got := policy.CodeOf(policy.CheckChmod("n", p.perm)); got != p.want {
@@ -174,5 +175,42 @@ func TestKindAndOpNames(t *testing.T) {
 			t.Errorf("Op %d has an empty or duplicate name %q", op, s)
 		}
 		seen[s] = true
+	}
+}
+
+func TestMoveChownXattr(t *testing.T) {
+	p := policy.Default()
+	if err := p.SetRules([]policy.Rule{{Prefix: "proj/secret", Mode: policy.ModeHidden}, {Prefix: "out", Mode: policy.ModeWO}, {Prefix: "out2", Mode: policy.ModeWO}}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name     string
+		old, new string
+		exchange bool
+		want     policy.Code
+	}{
+		{"plain rename", "a", "b", false, ""},
+		{"directory with a rule beneath it", "proj", "elsewhere", false, policy.PermissionDenied},
+		{"exchange onto a directory with a rule beneath it", "x", "proj", true, policy.PermissionDenied},
+		{"out of a write-only subtree", "out/f", "f", false, policy.PermissionDenied},
+		{"within a write-only subtree", "out/f", "out/g", false, ""},
+		{"between write-only subtrees", "out/f", "out2/f", false, ""},
+		{"into a write-only subtree", "f", "out/f", false, ""},
+		{"exchange with a write-only file", "f", "out/f", true, policy.PermissionDenied},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := policy.CodeOf(p.CheckMove(c.old, c.new, c.exchange)); got != c.want {
+				t.Fatalf("CheckMove(%s, %s, %v) = %q, want %q", c.old, c.new, c.exchange, got, c.want)
+			}
+		})
+	}
+	if policy.Errno(policy.CheckChown("f")) != syscall.EPERM || policy.Errno(policy.CheckChmod("f", 0o4700)) != syscall.EPERM {
+		t.Fatal("chown and chmod u+s must answer EPERM")
+	}
+	for name, want := range map[string]policy.Code{"user.x": "", "security.capability": policy.Unsupported, "trusted.x": policy.Unsupported, "system.posix_acl_access": policy.Unsupported} {
+		if got := policy.CodeOf(policy.CheckXattr("f", name)); got != want {
+			t.Errorf("CheckXattr(%s) = %q, want %q", name, got, want)
+		}
 	}
 }
