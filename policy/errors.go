@@ -21,6 +21,7 @@ const (
 	HardlinkRefused    Code = "hardlink_refused"
 	SpecialFileRefused Code = "special_file_refused"
 	PermissionDenied   Code = "permission_denied"
+	NotPermitted       Code = "not_permitted"
 	ReadOnly           Code = "read_only"
 	TooLarge           Code = "too_large"
 	QuotaExceeded      Code = "quota_exceeded"
@@ -38,6 +39,10 @@ const (
 	AuditUnavailable   Code = "audit_unavailable"
 	Cancelled          Code = "cancelled"
 	Internal           Code = "internal"
+	// ConfirmationRequired answers the first call of an operation the
+	// policy marks for two-step confirmation (seed 001 §6.3); Token
+	// carries the one-time token that performs it.
+	ConfirmationRequired Code = "confirmation_required"
 )
 
 // Error is the one error type every door returns. Message is written for a
@@ -47,7 +52,9 @@ type Error struct {
 	Message string `json:"message"`
 	SHA256  string `json:"current_sha256,omitempty"`
 	Count   int    `json:"count,omitempty"`
-	Err     error  `json:"-"` // underlying cause, kept for logs
+	// Token is the one-time token a ConfirmationRequired refusal carries.
+	Token string `json:"confirm_token,omitempty"`
+	Err   error  `json:"-"` // underlying cause, kept for logs
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -95,6 +102,7 @@ var errnos = map[Code]syscall.Errno{
 	HardlinkRefused:    syscall.EPERM,
 	SpecialFileRefused: syscall.EPERM,
 	PermissionDenied:   syscall.EACCES,
+	NotPermitted:       syscall.EPERM,
 	ReadOnly:           syscall.EROFS,
 	TooLarge:           syscall.EFBIG,
 	QuotaExceeded:      syscall.EDQUOT,
@@ -106,6 +114,8 @@ var errnos = map[Code]syscall.Errno{
 	AuditUnavailable:   syscall.EIO,
 	Cancelled:          syscall.EINTR,
 	InvalidInput:       syscall.EINVAL,
+	// The filesystem can't ask twice: a marked operation is refused there.
+	ConfirmationRequired: syscall.EPERM,
 }
 
 // Errno maps err to the errno the filesystem returns for it. A raw errno

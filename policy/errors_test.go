@@ -40,6 +40,7 @@ func TestErrno(t *testing.T) {
 		{policy.AuditUnavailable, syscall.EIO},
 		{policy.Cancelled, syscall.EINTR},
 		{policy.InvalidInput, syscall.EINVAL},
+		{policy.ConfirmationRequired, syscall.EPERM},
 		// Codes the filesystem never produces itself fall back to EIO.
 		{policy.AmbiguousEdit, syscall.EIO},
 		{policy.NoMatch, syscall.EIO},

@@ -51,6 +51,9 @@ type Policy struct {
 	MainScope bool
 	Rules     []Rule
 	Limits    Limits
+	// Subtrees holds what the policy file says of a subtree besides its
+	// mode: caps, confirmation, clearing at run end (subtree.go).
+	Subtrees []Subtree
 }
 
 // Default returns the open layout: everything rw, default limits.

@@ -13,9 +13,16 @@ func (g *globals) storeConfig() store.Config {
 }
 
 // loadPolicy returns the policy in force: the --policy file, else the open
-// layout.
+// layout. An invalid file is refused at start, with its line and reason.
 func (g *globals) loadPolicy() (*policy.Policy, error) {
-	return policy.Default(), nil
+	if g.policy == "" {
+		return policy.Default(), nil
+	}
+	pol, err := policy.Load(g.policy)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return pol, nil
 }
 
 // openWorkspace opens the volume and the scope named by scopeArg. The

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+func init() { addCommand(newPolicyCmd) }
+
+const policyHelp = `A policy file (YAML, --policy or AGENT_LOOM_POLICY) sets the path rules,
+limits and confirmation rules of every scope; without one the open layout
+applies (everything read-write, default limits). The tool descriptions and
+the workspace README are generated from the same policy, so what a model
+reads is what is enforced. Example:
+
+  version: 1
+  preset: standard          # start from a built-in policy: open or standard
+  rules:                    # the longest matching prefix gives the mode
+    - path: output/
+      mode: wo              # rw, ro, wo or hidden
+      confirm: [delete, overwrite]
+    - path: tmp/
+      mode: rw
+      max_bytes: 512 MiB    # cap on what the subtree holds
+      max_files: 10000
+      clear_at_run_end: true
+  limits:
+    text_bytes: 2 MiB       # files the read and write tools handle
+    file_bytes: 1 GiB       # one file through the filesystem
+    scope_bytes: 5 GiB      # or "unlimited"
+    scope_files: 100000
+
+The standard preset is the seed-001 layout: src/ rw, data/ ro, output/ wo
+(deleting or overwriting there needs confirmation), logs/ rw, tmp/ rw capped
+at 512 MiB and 10000 entries and emptied at the end of each run, .meta/
+hidden. Unknown keys are refused, as is any invalid value, with its line.`
+
+func newPolicyCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "policy show|check|readme",
+		Short: "Check a policy file and show the rules and README it gives",
+		Long:  policyHelp,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usagef("policy needs a subcommand: show, check or readme")
+		},
+	}
+	var preset string
+	// load reads FILE if given, else --preset, else --policy.
+	load := func(args []string) (*policy.Policy, string, error) {
+		switch {
+		case len(args) == 1:
+			pol, err := policy.Load(args[0])
+			return pol, args[0], err
+		case preset != "":
+			pol, ok := policy.Preset(preset)
+			if !ok {
+				return nil, "", usagef("--preset %q: known presets are %s", preset, strings.Join(policy.PresetNames(), ", "))
+			}
+			return pol, "preset " + preset, nil
+		}
+		pol, err := g.loadPolicy()
+		src := g.policy
+		if src == "" {
+			src = "the open layout (no --policy)"
+		}
+		return pol, src, err
+	}
+	show := &cobra.Command{
+		Use:   "show [FILE]",
+		Short: "Print the effective rules, limits and the generated README",
+		Long:  "Print the rules, subtrees and limits the policy FILE (or --preset, or\n--policy) puts in force, then the workspace README generated from it.\n\n" + policyHelp,
+		Args:  maxArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pol, src, err := load(args)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(policyJSON(pol, src))
+			}
+			printPolicy(cmd.OutOrStdout(), pol, src)
+			fmt.Fprintf(cmd.OutOrStdout(), "\n--- README.md ---\n%s", policy.WorkspaceReadme(pol))
+			return nil
+		},
+	}
+	check := &cobra.Command{
+		Use:   "check FILE",
+		Short: "Check a policy file; exit 1 with the line and reason if invalid",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pol, err := policy.Load(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d path rules, %d subtree rules)\n", args[0], len(pol.Rules), len(pol.Subtrees))
+			return nil
+		},
+	}
+	readme := &cobra.Command{
+		Use:   "readme [FILE]",
+		Short: "Print the workspace README.md generated from the policy",
+		Args:  maxArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pol, _, err := load(args)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), policy.WorkspaceReadme(pol))
+			return nil
+		},
+	}
+	for _, c := range []*cobra.Command{show, readme} {
+		c.Flags().StringVar(&preset, "preset", "", "show a built-in policy instead: "+strings.Join(policy.PresetNames(), " or "))
+	}
+	cmd.AddCommand(show, check, readme)
+	return cmd
+}
+
+func printPolicy(w io.Writer, pol *policy.Policy, src string) {
+	fmt.Fprintf(w, "policy: %s\n\n", src)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PATH\tMODE\tCAP\tCONFIRM\tAT RUN END")
+	rows := map[string][]string{}
+	for _, r := range pol.Rules {
+		rows[r.Prefix] = []string{string(r.Mode), "-", "-", "-"}
+	}
+	for _, s := range pol.Subtrees {
+		row, ok := rows[s.Prefix]
+		if !ok {
+			row = []string{string(pol.ModeOf(s.Prefix)) + " (inherited)", "-", "-", "-"}
+		}
+		if s.Capped() {
+			var c []string
+			if s.MaxBytes > 0 {
+				c = append(c, policy.Bytes(s.MaxBytes))
+			}
+			if s.MaxFiles > 0 {
+				c = append(c, fmt.Sprintf("%d files", s.MaxFiles))
+			}
+			row[1] = strings.Join(c, ", ")
+		}
+		if len(s.Confirm) > 0 {
+			var c []string
+			for _, op := range s.Confirm {
+				c = append(c, policy.ConfirmName(op))
+			}
+			row[2] = strings.Join(c, ", ")
+		}
+		if s.Temporary {
+			row[3] = "emptied"
+		}
+		rows[s.Prefix] = row
+	}
+	var prefixes []string
+	for p := range rows {
+		prefixes = append(prefixes, p)
+	}
+	sort.Strings(prefixes)
+	for _, p := range prefixes {
+		fmt.Fprintf(tw, "%s/\t%s\n", p, strings.Join(rows[p], "\t"))
+	}
+	if _, ok := rows["."]; !ok {
+		fmt.Fprintln(tw, "(everything else)\trw\t-\t-\t-")
+	}
+	tw.Flush()
+	l := pol.Limits
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	limit := func(name, v string) { fmt.Fprintf(tw, "%s\t%s\n", name, v) }
+	orUnlimited := func(n int64, f func(int64) string) string {
+		if n == 0 {
+			return "unlimited"
+		}
+		return f(n)
+	}
+	count := func(n int64) string { return fmt.Sprint(n) }
+	limit("text_bytes", policy.Bytes(l.TextBytes))
+	limit("file_bytes", orUnlimited(l.FileBytes, policy.Bytes))
+	limit("scope_bytes", orUnlimited(l.ScopeBytes, policy.Bytes))
+	limit("scope_files", orUnlimited(l.ScopeFiles, count))
+	limit("list_entries", fmt.Sprint(l.ListEntries))
+	limit("glob_results", fmt.Sprint(l.GlobResults))
+	limit("grep_matches", fmt.Sprint(l.GrepMatches))
+	limit("grep_scan", policy.Bytes(l.GrepScan))
+	limit("grep_line", policy.Bytes(int64(l.GrepLine)))
+	limit("regex_timeout", l.RegexTimeout.String())
+	limit("grep_budget", l.GrepBudget.String())
+	limit("walk_entries", fmt.Sprint(l.WalkEntries))
+	tw.Flush()
+}
+
+func policyJSON(pol *policy.Policy, src string) any {
+	type subtree struct {
+		Path          string   `json:"path"`
+		MaxBytes      int64    `json:"max_bytes,omitempty"`
+		MaxFiles      int64    `json:"max_files,omitempty"`
+		Confirm       []string `json:"confirm,omitempty"`
+		ClearAtRunEnd bool     `json:"clear_at_run_end,omitempty"`
+	}
+	type rule struct {
+		Path string      `json:"path"`
+		Mode policy.Mode `json:"mode"`
+	}
+	out := struct {
+		Source   string    `json:"source"`
+		Rules    []rule    `json:"rules"`
+		Subtrees []subtree `json:"subtrees"`
+		Limits   any       `json:"limits"`
+		Readme   string    `json:"readme"`
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Readme: policy.WorkspaceReadme(pol)}
+	for _, r := range pol.Rules {
+		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
+	}
+	for _, s := range pol.Subtrees {
+		st := subtree{Path: s.Prefix, MaxBytes: s.MaxBytes, MaxFiles: s.MaxFiles, ClearAtRunEnd: s.Temporary}
+		for _, op := range s.Confirm {
+			st.Confirm = append(st.Confirm, policy.ConfirmName(op))
+		}
+		out.Subtrees = append(out.Subtrees, st)
+	}
+	l := pol.Limits
+	out.Limits = map[string]any{
+		"text_bytes": l.TextBytes, "file_bytes": l.FileBytes, "scope_bytes": l.ScopeBytes, "scope_files": l.ScopeFiles,
+		"list_entries": l.ListEntries, "glob_results": l.GlobResults, "grep_matches": l.GrepMatches, "grep_scan": l.GrepScan,
+		"grep_line": l.GrepLine, "regex_timeout": l.RegexTimeout.String(), "grep_budget": l.GrepBudget.String(), "walk_entries": l.WalkEntries,
+	}
+	return out
+}
+
+// maxArgs is cobra.MaximumNArgs reporting a usage error.
+func maxArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) > n {
+			return usagef("%s takes at most %d argument(s), got %d; see --help", cmd.CommandPath(), n, len(args))
+		}
+		return nil
+	}
+}

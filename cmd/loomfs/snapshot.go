@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/snapshot"
+	"github.com/agentloom/loomfs/store"
+)
+
+func init() { addCommand(newSnapshotCmd) }
+
+const snapshotHelp = `Snapshots are incremental and content-addressed: each file's content is
+stored once under <root>/.agentloom-snapshots/<scope-hash>/, outside every
+workspace, and a file unchanged since the last snapshot is neither read nor
+written again. A snapshot is taken with the scope locked; restore replaces the
+whole workspace atomically, and refuses while a command runs there or the
+scope is quarantined. A "loomfs mount" of the scope in another process keeps
+serving the old tree after a restore: remount it.
+
+Snapshots are NOT backups: they live on the same volume as the workspace, and
+a lost volume takes both. Copy what matters to independent storage.`
+
+func newSnapshotCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "snapshot create|list|restore|diff",
+		Short: "Take, list, compare and restore snapshots of a workspace",
+		Long:  snapshotHelp,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usagef("snapshot needs a subcommand: create, list, restore or diff")
+		},
+	}
+	var scope, label, run string
+	var wait time.Duration
+	scopeFlag := func(c *cobra.Command) {
+		c.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
+	}
+	waitFlag := func(c *cobra.Command) {
+		c.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the scope lock")
+	}
+
+	create := &cobra.Command{
+		Use:   "create --scope S [--label TEXT] [--run RUN]",
+		Short: "Take a snapshot of the workspace and print its manifest",
+		Long:  "Take a snapshot of the workspace and print its manifest.\n\n" + snapshotHelp,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, done, err := g.openWorkspace(cmd.Context(), scope)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			m, err := snapshot.Create(ctx, ws, snapshot.Options{Label: label, Run: run})
+			if err != nil {
+				return err
+			}
+			g.auditAdmin(cmd.Context(), "snapshot_create", ws.Scope(), map[string]any{"snapshot": m.ID, "files": m.Files, "new_bytes": m.NewBytes})
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(m)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s: %d files, %d directories, %s; read %d files, stored %d new contents (%s) in %.3fs\n",
+				m.ID, m.Files, m.Dirs, policy.Bytes(m.Bytes), m.Hashed, m.NewBlobs, policy.Bytes(m.NewBytes), m.Duration)
+			printSkipped(cmd.OutOrStdout(), m)
+			return nil
+		},
+	}
+	scopeFlag(create)
+	waitFlag(create)
+	create.Flags().StringVar(&label, "label", "", "free text shown by list")
+	create.Flags().StringVar(&run, "run", "", "run id the snapshot belongs to")
+
+	list := &cobra.Command{
+		Use:   "list --scope S",
+		Short: "List the workspace's snapshots, oldest first",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, err := parseScopeFlag(scope)
+			if err != nil {
+				return err
+			}
+			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			ms := []snapshot.Manifest{}
+			repo, err := snapshot.OpenRepo(vol, sc, false)
+			if err == nil {
+				ms, err = repo.List()
+				repo.Close()
+			}
+			if err != nil && policy.CodeOf(err) != policy.NotFound {
+				return err
+			}
+			if g.json {
+				if ms == nil {
+					ms = []snapshot.Manifest{}
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(ms)
+			}
+			if len(ms) == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "scope %s has no snapshots\n", sc)
+				return nil
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tCREATED\tRUN\tFILES\tSIZE\tNEW\tLABEL")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", m.ID, m.Created.UTC().Format(time.RFC3339), m.Run, m.Files, policy.Bytes(m.Bytes), policy.Bytes(m.NewBytes), m.Label)
+			}
+			return tw.Flush()
+		},
+	}
+	scopeFlag(list)
+
+	restore := &cobra.Command{
+		Use:   "restore --scope S ID",
+		Short: "Replace the workspace with snapshot ID, atomically",
+		Long:  "Replace the whole workspace with snapshot ID, atomically.\n\n" + snapshotHelp,
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, done, err := g.openWorkspace(cmd.Context(), scope)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+			defer cancel()
+			m, err := snapshot.Restore(ctx, ws, args[0], snapshot.RestoreOptions{})
+			if err != nil {
+				return err
+			}
+			g.auditAdmin(cmd.Context(), "snapshot_restore", ws.Scope(), map[string]any{"snapshot": m.ID})
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(m)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "restored %s to snapshot %s (%d files, %s)\n", ws.Scope(), m.ID, m.Files, policy.Bytes(m.Bytes))
+			return nil
+		},
+	}
+	scopeFlag(restore)
+	waitFlag(restore)
+
+	diff := &cobra.Command{
+		Use:   "diff --scope S FROM [TO]",
+		Short: "List paths added, changed and removed between two snapshots, or FROM and now",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usagef("snapshot diff takes FROM and an optional TO (default: the workspace as it is now)")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ws, done, err := g.openWorkspace(cmd.Context(), scope)
+			if err != nil {
+				return err
+			}
+			defer done()
+			to := snapshot.Live
+			if len(args) == 2 {
+				to = args[1]
+			}
+			c, err := snapshot.Diff(cmd.Context(), ws, args[0], to)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(c)
+			}
+			out := cmd.OutOrStdout()
+			for _, p := range c.Added {
+				fmt.Fprintf(out, "A %s\n", p)
+			}
+			for _, p := range c.Changed {
+				fmt.Fprintf(out, "M %s\n", p)
+			}
+			for _, p := range c.Removed {
+				fmt.Fprintf(out, "D %s\n", p)
+			}
+			return nil
+		},
+	}
+	scopeFlag(diff)
+
+	cmd.AddCommand(create, list, restore, diff)
+	return cmd
+}
+
+func parseScopeFlag(s string) (store.Scope, error) {
+	if s == "" {
+		return store.Scope{}, usagef("--scope is required (SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE)")
+	}
+	sc, err := store.ParseScope(s)
+	if err != nil {
+		return store.Scope{}, usageError{err}
+	}
+	return sc, nil
+}
+
+func printSkipped(w io.Writer, m *snapshot.Manifest) {
+	if len(m.Skipped) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "not kept (%d):\n", len(m.Skipped))
+	for _, s := range m.Skipped {
+		fmt.Fprintf(w, "  %s\t%s\n", s.Path, s.Reason)
+	}
+}

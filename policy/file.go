@@ -1,0 +1,512 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// A policy file is YAML (SPEC §3.3). Every key is optional; an unknown key
+// is refused, so a typo never silently leaves a rule out:
+//
+//	version: 1              # the only version
+//	preset: standard        # start from a built-in policy: open (default) or standard
+//	rules:                  # one entry per subtree; the longest matching prefix gives the mode
+//	  - path: output/
+//	    mode: wo            # rw, ro, wo or hidden; omitted: the enclosing rule's mode
+//	    confirm: [delete, overwrite]
+//	  - path: tmp/
+//	    mode: rw
+//	    max_bytes: 512 MiB  # cap on what the subtree holds
+//	    max_files: 10000
+//	    clear_at_run_end: true
+//	limits:
+//	  text_bytes: 2 MiB     # largest file the read and write tools handle
+//	  file_bytes: 1 GiB     # largest file through the filesystem
+//	  scope_bytes: 5 GiB    # or "unlimited"
+//	  scope_files: 100000
+//
+// The search limits (list_entries, glob_results, grep_matches, grep_scan,
+// grep_line, regex_timeout, grep_budget, walk_entries) may be set too. An
+// entry of rules replaces the preset's entry for the same path; a limit
+// replaces the preset's value.
+
+// MaxFileBytes bounds the size of a policy file.
+const MaxFileBytes = 1 << 20
+
+// FileError is a policy file refused at start: the file, the line and the
+// reason.
+type FileError struct {
+	File   string
+	Line   int // 0 when the problem is the file as a whole
+	Reason string
+}
+
+func (e *FileError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("policy %s:%d: %s", e.File, e.Line, e.Reason)
+	}
+	return fmt.Sprintf("policy %s: %s", e.File, e.Reason)
+}
+
+// Load reads and parses the policy file at path.
+func Load(path string) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", errors.Unwrap(err))}
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", err)}
+	}
+	if len(b) > MaxFileBytes {
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("over %s; a policy file is a few lines", Bytes(MaxFileBytes))}
+	}
+	return Parse(path, b)
+}
+
+// Parse parses a policy file's content; name is used in errors.
+func Parse(name string, data []byte) (*Policy, error) {
+	fail := func(line int, format string, args ...any) error {
+		return &FileError{File: name, Line: line, Reason: fmt.Sprintf(format, args...)}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if err == io.EOF {
+			return nil, fail(0, "the file is empty; write at least \"preset: open\"")
+		}
+		return nil, yamlError(name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err != io.EOF {
+		if err != nil {
+			return nil, yamlError(name, err)
+		}
+		return nil, fail(extra.Line, "a second YAML document; a policy file holds one")
+	}
+	p := &parser{name: name}
+	pol, err := p.file(&doc)
+	if err != nil {
+		return nil, err
+	}
+	return pol, nil
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// yamlError turns a YAML syntax error into a FileError with its line.
+func yamlError(name string, err error) error {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		// The YAML parser names the line where the construct holding the
+		// error begins, which can be a line or two above it.
+		reason := "not valid YAML: " + m[2]
+		if line > 0 {
+			reason = "not valid YAML (at or below this line): " + m[2]
+		}
+		return &FileError{File: name, Line: line, Reason: reason}
+	}
+	return &FileError{File: name, Reason: "not valid YAML: " + msg}
+}
+
+type parser struct{ name string }
+
+func (p *parser) errf(n *yaml.Node, format string, args ...any) error {
+	return &FileError{File: p.name, Line: n.Line, Reason: fmt.Sprintf(format, args...)}
+}
+
+// mapping walks the keys of a mapping node in order, refusing duplicate
+// and unknown keys (with the list of known ones).
+func (p *parser) mapping(n *yaml.Node, what string, known []string, fn func(key string, k, v *yaml.Node) error) error {
+	n = deref(n)
+	if n.Kind != yaml.MappingNode {
+		return p.errf(n, "%s must be a mapping of keys to values", what)
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := deref(n.Content[i]), deref(n.Content[i+1])
+		key := k.Value
+		if k.Kind != yaml.ScalarNode {
+			return p.errf(k, "%s: keys must be plain names", what)
+		}
+		if !contains(known, key) {
+			return p.errf(k, "%s: unknown key %q (known: %s)", what, key, strings.Join(known, ", "))
+		}
+		if seen[key] {
+			return p.errf(k, "%s: key %q given twice", what, key)
+		}
+		seen[key] = true
+		if err := fn(key, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		return deref(n.Content[0])
+	}
+	return n
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// entry is one item of rules as written.
+type entry struct {
+	line    int
+	mode    Mode // "" when not given
+	subtree Subtree
+}
+
+func (p *parser) file(doc *yaml.Node) (*Policy, error) {
+	root := deref(doc)
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, p.errf(root, "the file is empty; write at least \"preset: open\"")
+	}
+	var (
+		preset     = "open"
+		presetNode *yaml.Node
+		entries    []entry
+		limitsNode *yaml.Node
+	)
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits"}, func(key string, k, v *yaml.Node) error {
+		switch key {
+		case "version":
+			if v.Kind != yaml.ScalarNode || v.Value != "1" {
+				return p.errf(v, "version %q is not supported; this loomfs reads version 1", v.Value)
+			}
+		case "preset":
+			s, err := p.str(v, "preset")
+			if err != nil {
+				return err
+			}
+			preset, presetNode = s, v
+		case "rules":
+			es, err := p.rules(v)
+			if err != nil {
+				return err
+			}
+			entries = es
+		case "limits":
+			limitsNode = v
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	pol, ok := Preset(preset)
+	if !ok {
+		return nil, p.errf(presetNode, "unknown preset %q (known: %s)", preset, strings.Join(PresetNames(), ", "))
+	}
+	if limitsNode != nil {
+		if err := p.limits(limitsNode, &pol.Limits); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.merge(pol, entries); err != nil {
+		return nil, err
+	}
+	return pol, nil
+}
+
+func (p *parser) str(n *yaml.Node, what string) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		return "", p.errf(n, "%s must be a single value", what)
+	}
+	return n.Value, nil
+}
+
+func (p *parser) rules(n *yaml.Node) ([]entry, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errf(n, "rules must be a list of entries like \"- path: data/\" with \"mode: ro\"")
+	}
+	var out []entry
+	seen := map[string]int{}
+	for _, item := range n.Content {
+		item = deref(item)
+		e := entry{line: item.Line}
+		var pathNode *yaml.Node
+		known := []string{"path", "mode", "max_bytes", "max_files", "confirm", "clear_at_run_end"}
+		err := p.mapping(item, "a rule", known, func(key string, k, v *yaml.Node) error {
+			var err error
+			switch key {
+			case "path":
+				pathNode = v
+				e.subtree.Prefix, err = p.str(v, "path")
+			case "mode":
+				var s string
+				if s, err = p.str(v, "mode"); err == nil {
+					e.mode = Mode(s)
+					switch e.mode {
+					case ModeRW, ModeRO, ModeWO, ModeHidden:
+					default:
+						err = p.errf(v, "mode %q is not one of rw, ro, wo, hidden", s)
+					}
+				}
+			case "max_bytes":
+				e.subtree.MaxBytes, err = p.size(v, "max_bytes", true)
+			case "max_files":
+				e.subtree.MaxFiles, err = p.count(v, "max_files", true)
+			case "confirm":
+				e.subtree.Confirm, err = p.confirm(v)
+			case "clear_at_run_end":
+				e.subtree.Temporary, err = p.boolean(v, "clear_at_run_end")
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if pathNode == nil {
+			return nil, p.errf(item, "a rule needs a path, e.g. \"path: data/\"")
+		}
+		prefix, err := CleanPath(e.subtree.Prefix, false)
+		if err != nil {
+			return nil, p.errf(pathNode, "path %q: %s", e.subtree.Prefix, AsError(err).Message)
+		}
+		if prefix == "." && (e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary) {
+			return nil, p.errf(pathNode, "the workspace root takes only a mode; its size is set by limits.scope_bytes and limits.scope_files")
+		}
+		if first, dup := seen[prefix]; dup {
+			return nil, p.errf(pathNode, "path %q has a rule already (line %d); give each subtree one entry", e.subtree.Prefix, first)
+		}
+		seen[prefix] = item.Line
+		e.subtree.Prefix = prefix
+		if e.mode == "" && !e.subtree.Capped() && len(e.subtree.Confirm) == 0 && !e.subtree.Temporary {
+			return nil, p.errf(item, "the rule for %q says nothing: give a mode, a cap, confirm or clear_at_run_end", prefix)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (p *parser) confirm(n *yaml.Node) ([]Op, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errf(n, "confirm must be a list, e.g. [delete, overwrite]")
+	}
+	var ops []Op
+	for _, c := range n.Content {
+		c = deref(c)
+		s, err := p.str(c, "confirm")
+		if err != nil {
+			return nil, err
+		}
+		op, ok := ConfirmOp(s)
+		if !ok {
+			return nil, p.errf(c, "confirm %q: want delete or overwrite", s)
+		}
+		for _, have := range ops {
+			if have == op {
+				return nil, p.errf(c, "confirm %q given twice", s)
+			}
+		}
+		ops = append(ops, op)
+	}
+	return ops, nil
+}
+
+func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!bool" {
+		var b bool
+		if err := n.Decode(&b); err == nil {
+			return b, nil
+		}
+	}
+	return false, p.errf(n, "%s must be true or false, not %q", what, n.Value)
+}
+
+// merge lays the file's rules over the preset's: an entry for a path the
+// preset also names replaces it whole.
+func (p *parser) merge(pol *Policy, entries []entry) error {
+	rules := map[string]Rule{}
+	subs := map[string]Subtree{}
+	var order []string
+	for _, r := range pol.Rules {
+		rules[r.Prefix] = r
+		order = append(order, r.Prefix)
+	}
+	for _, s := range pol.Subtrees {
+		subs[s.Prefix] = s
+		if _, ok := rules[s.Prefix]; !ok {
+			order = append(order, s.Prefix)
+		}
+	}
+	for _, e := range entries {
+		prefix := e.subtree.Prefix
+		if _, ok := rules[prefix]; !ok {
+			if _, ok := subs[prefix]; !ok {
+				order = append(order, prefix)
+			}
+		}
+		delete(rules, prefix)
+		delete(subs, prefix)
+		if e.mode != "" {
+			rules[prefix] = Rule{Prefix: prefix, Mode: e.mode}
+		}
+		if e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary {
+			subs[prefix] = e.subtree
+		}
+	}
+	var rs []Rule
+	var ss []Subtree
+	for _, prefix := range order {
+		if r, ok := rules[prefix]; ok {
+			rs = append(rs, r)
+		}
+		if s, ok := subs[prefix]; ok {
+			ss = append(ss, s)
+		}
+	}
+	if err := pol.SetRules(rs); err != nil {
+		return &FileError{File: p.name, Reason: err.Error()}
+	}
+	if err := pol.SetSubtrees(ss); err != nil {
+		return &FileError{File: p.name, Reason: err.Error()}
+	}
+	return nil
+}
+
+func (p *parser) limits(n *yaml.Node, l *Limits) error {
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries"}
+	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
+		var err error
+		switch key {
+		case "text_bytes":
+			l.TextBytes, err = p.size(v, key, false)
+		case "file_bytes":
+			l.FileBytes, err = p.size(v, key, true)
+		case "scope_bytes":
+			l.ScopeBytes, err = p.size(v, key, true)
+		case "scope_files":
+			l.ScopeFiles, err = p.count(v, key, true)
+		case "grep_scan":
+			l.GrepScan, err = p.size(v, key, false)
+		case "list_entries", "glob_results", "grep_matches", "walk_entries":
+			var c int64
+			c, err = p.count(v, key, false)
+			dst := map[string]*int{"list_entries": &l.ListEntries, "glob_results": &l.GlobResults, "grep_matches": &l.GrepMatches, "walk_entries": &l.WalkEntries}[key]
+			*dst = int(c)
+		case "grep_line":
+			var c int64
+			c, err = p.size(v, key, false)
+			l.GrepLine = int(c)
+		case "regex_timeout":
+			l.RegexTimeout, err = p.duration(v, key)
+		case "grep_budget":
+			l.GrepBudget, err = p.duration(v, key)
+		}
+		return err
+	})
+}
+
+// size reads a byte size: a number of bytes or "2MiB", "5 GiB", "1.5 GB";
+// with unlimited allowed, "unlimited" gives 0.
+func (p *parser) size(n *yaml.Node, what string, unlimited bool) (int64, error) {
+	s, err := p.str(n, what)
+	if err != nil {
+		return 0, err
+	}
+	if unlimited && s == "unlimited" {
+		return 0, nil
+	}
+	v, err := ParseBytes(s)
+	if err != nil {
+		return 0, p.errf(n, "%s: %v", what, err)
+	}
+	if v == 0 {
+		if unlimited {
+			return 0, p.errf(n, "%s: 0 would refuse everything; write \"unlimited\" for no limit", what)
+		}
+		return 0, p.errf(n, "%s must be more than 0", what)
+	}
+	return v, nil
+}
+
+func (p *parser) count(n *yaml.Node, what string, unlimited bool) (int64, error) {
+	s, err := p.str(n, what)
+	if err != nil {
+		return 0, err
+	}
+	if unlimited && s == "unlimited" {
+		return 0, nil
+	}
+	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	if err != nil || v < 0 || v > math.MaxInt32 {
+		return 0, p.errf(n, "%s: %q is not a whole number from 1 to %d", what, s, math.MaxInt32)
+	}
+	if v == 0 {
+		if unlimited {
+			return 0, p.errf(n, "%s: 0 would refuse everything; write \"unlimited\" for no limit", what)
+		}
+		return 0, p.errf(n, "%s must be more than 0", what)
+	}
+	return v, nil
+}
+
+func (p *parser) duration(n *yaml.Node, what string) (time.Duration, error) {
+	s, err := p.str(n, what)
+	if err != nil {
+		return 0, err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, p.errf(n, "%s: %q is not a positive duration like \"100ms\" or \"10s\"", what, s)
+	}
+	return d, nil
+}
+
+var sizeUnits = map[string]float64{
+	"": 1, "b": 1,
+	"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+	"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40,
+	"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+}
+
+var sizePattern = regexp.MustCompile(`^([0-9][0-9_]*(?:\.[0-9]+)?) ?([A-Za-z]*)$`)
+
+// ParseBytes reads a size: "2097152", "2MiB", "5 GiB", "1.5 GB". Binary
+// units are KiB, MiB, GiB, TiB (or Ki…); KB, MB, GB, TB are powers of 1000.
+// A bare K, M or G is refused as ambiguous.
+func ParseBytes(s string) (int64, error) {
+	m := sizePattern.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		return 0, fmt.Errorf("%q is not a size (write e.g. 2 MiB, 5 GiB or a number of bytes)", s)
+	}
+	unit, ok := sizeUnits[strings.ToLower(m[2])]
+	if !ok {
+		return 0, fmt.Errorf("%q: unknown unit %q (use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)", s, m[2])
+	}
+	num, err := strconv.ParseFloat(strings.ReplaceAll(m[1], "_", ""), 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size", s)
+	}
+	v := num * unit
+	if v >= math.MaxInt64/2 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return int64(v), nil
+}

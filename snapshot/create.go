@@ -1,0 +1,366 @@
+package snapshot
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// Options are the labels of a new snapshot and how it is taken.
+type Options struct {
+	Label string // free text shown by list, e.g. "before refactor"
+	Run   string // the run the snapshot belongs to (the end of a run)
+	// Locked says the caller already holds the scope lock; otherwise
+	// Create takes it, waiting as long as ctx allows.
+	Locked bool
+	// Time is the creation time to record; zero means now.
+	Time time.Time
+}
+
+// Create takes a snapshot of the scope ws opens, hidden subtrees included,
+// and returns its manifest. It holds the scope lock throughout, so no tool
+// write or command runs meanwhile. A file unchanged since the last
+// snapshot (same size, times and inode) is not read again, and content
+// already stored is not written again.
+func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, error) {
+	start := time.Now()
+	if opt.Run != "" {
+		if err := store.ValidateID("run", opt.Run); err != nil {
+			return nil, err
+		}
+	}
+	if len(opt.Label) > 256 {
+		return nil, policy.Errorf(policy.InvalidInput, "label is %d bytes; the limit is 256", len(opt.Label))
+	}
+	if !opt.Locked {
+		unlock, err := ws.Lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
+	repo, err := OpenRepo(ws.Volume(), ws.Scope(), true)
+	if err != nil {
+		return nil, err
+	}
+	defer repo.Close()
+	now, err := repo.fsNow()
+	if err != nil {
+		return nil, err
+	}
+	created := opt.Time
+	if created.IsZero() {
+		created = start
+	}
+	sc := ws.Scope()
+	m := &Manifest{Version: manifestVersion, ID: newID(created), Scope: sc.String(), ScopeHash: sc.Hash(), Label: opt.Label, Run: opt.Run, Created: created.UTC()}
+
+	// Walk: every entry's lstat, and the index's hash where the file is
+	// unchanged. Files to read are collected, then read in parallel.
+	view := ws.Unfiltered()
+	old, lines := repo.loadIndex()
+	found, err := scan(ctx, view, old)
+	if err != nil {
+		return nil, err
+	}
+	entries, stats := found.entries, found.stats
+	m.Skipped = found.skipped
+
+	// Read and store what changed.
+	gone, err := repo.storeFiles(ctx, view, entries, stats, found.todo, m)
+	if err != nil {
+		return nil, err
+	}
+
+	// Make the blobs durable before the manifest that names them: a few
+	// were fsynced one by one; many are flushed by one syncfs.
+	if m.NewBlobs > 0 && len(found.todo) > syncEachMax {
+		if err := unix.Syncfs(int(repo.dir.Fd())); err != nil {
+			return nil, fmt.Errorf("sync snapshot: %w", err)
+		}
+	}
+	idx := make(index, len(entries))
+	kept := entries[:0]
+	for i, e := range entries {
+		if gone[i] {
+			continue
+		}
+		kept = append(kept, e)
+		if e.Type == typeDir {
+			m.Dirs++
+			continue
+		}
+		m.Files++
+		m.Bytes += e.Size
+		if st := stats[i]; st.ctime < now {
+			st.sha = e.SHA256
+			idx[e.Path] = st
+		}
+	}
+	entries = kept
+	m.Duration = time.Since(start).Seconds()
+	// The manifest is the commit point: written last, after the contents
+	// it names are durable, it makes the snapshot exist.
+	if err := repo.writeSnapshot(m, entries); err != nil {
+		return nil, err
+	}
+	unix.Fsync(int(repo.mans.Fd()))
+	// The snapshot stands whatever happens to the index: without one,
+	// the next snapshot just reads every file again.
+	repo.saveIndex(idx, old, lines)
+	return m, nil
+}
+
+// storeFiles reads the files at todo (indexes into entries), stores their
+// content and fills in their hash, size and stat. Files removed since the
+// walk are marked gone; files that became unusable are skipped.
+func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []Entry, stats []indexEntry, todo []int, m *Manifest) (gone map[int]bool, err error) {
+	gone = map[int]bool{}
+	if len(todo) == 0 {
+		return gone, nil
+	}
+	var (
+		mu       sync.Mutex
+		firstErr error
+		next     = make(chan int)
+		wg       sync.WaitGroup
+	)
+	workers := min(runtime.GOMAXPROCS(0), 8, len(todo))
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				e := &entries[i]
+				f, info, err := view.Open(policy.OpRead, e.Path, unix.O_RDONLY)
+				if err == nil && info.Kind != policy.KindRegular {
+					f.Close()
+					err = policy.Errorf(policy.Conflict, "%s is no longer a regular file", e.Path)
+				}
+				if err != nil {
+					mu.Lock()
+					if policy.CodeOf(err) != policy.NotFound {
+						m.Skipped = append(m.Skipped, Skipped{e.Path, string(policy.CodeOf(err))})
+					}
+					gone[i] = true
+					mu.Unlock()
+					continue
+				}
+				sha, n, isNew, err := r.storeBlob(f, len(todo) <= syncEachMax)
+				f.Close()
+				mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = fmt.Errorf("store %s: %w", e.Path, err)
+					}
+				} else {
+					e.SHA256, e.Size, e.Perm, e.MTime = sha, n, info.Perm, info.Stat.Mtim.Nano()
+					stats[i] = entryOf(&info.Stat, "")
+					m.Hashed++
+					if isNew {
+						m.NewBlobs++
+						m.NewBytes += n
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, i := range todo {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if ctx.Err() != nil {
+		return nil, policy.Errorf(policy.Cancelled, "snapshot cancelled; nothing was recorded")
+	}
+	return gone, nil
+}
+
+// syncEachMax is the most files a snapshot reads for which it fsyncs each
+// new blob; above it one syncfs flushes them all.
+const syncEachMax = 256
+
+// storeBlob copies src into a blob named by its sha256, fsyncing it if
+// sync is set. isNew is false when that content was stored already (the
+// copy is then dropped).
+func (r *Repo) storeBlob(src *os.File, sync bool) (sha string, n int64, isNew bool, err error) {
+	bfd := int(r.blobs.Fd())
+	tmp := tmpName()
+	fd, err := unix.Openat(bfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
+	if err != nil {
+		return "", 0, false, err
+	}
+	dst := os.NewFile(uintptr(fd), tmp)
+	h := sha256.New()
+	buf := bufPool.Get().(*[]byte)
+	n, err = io.CopyBuffer(io.MultiWriter(dst, h), src, *buf)
+	bufPool.Put(buf)
+	if err == nil && sync {
+		err = dst.Sync()
+	}
+	dst.Close()
+	if err != nil {
+		unix.Unlinkat(bfd, tmp, 0)
+		return "", 0, false, err
+	}
+	sha = hex.EncodeToString(h.Sum(nil))
+	if err := unix.Mkdirat(bfd, sha[:2], policy.DirPerm); err != nil && err != unix.EEXIST {
+		unix.Unlinkat(bfd, tmp, 0)
+		return "", 0, false, err
+	}
+	err = unix.Renameat2(bfd, tmp, bfd, blobPath(sha), unix.RENAME_NOREPLACE)
+	if err == unix.EINVAL {
+		// No RENAME_NOREPLACE (older NFS); the scope lock serialises
+		// snapshots of a scope, so check and rename.
+		var st unix.Stat_t
+		if unix.Fstatat(bfd, blobPath(sha), &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			err = unix.EEXIST
+		} else {
+			err = unix.Renameat(bfd, tmp, bfd, blobPath(sha))
+		}
+	}
+	if err == unix.EEXIST {
+		unix.Unlinkat(bfd, tmp, 0)
+		return sha, n, false, nil
+	}
+	if err != nil {
+		unix.Unlinkat(bfd, tmp, 0)
+		return "", 0, false, err
+	}
+	return sha, n, true, nil
+}
+
+// blobPath names a blob relative to the blobs directory.
+func blobPath(sha string) string { return sha[:2] + "/" + sha }
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// writeEntries writes entries as a JSON array, one entry a line. It is the
+// hot path of an incremental snapshot, so it avoids reflection.
+func writeEntries(w *bufio.Writer, entries []Entry) error {
+	w.WriteString("[\n")
+	var b []byte
+	for i, e := range entries {
+		b = b[:0]
+		b = append(b, `{"path":`...)
+		b = appendJSONString(b, e.Path)
+		b = append(b, `,"type":"`...)
+		b = append(b, e.Type...)
+		b = append(b, '"')
+		if e.Size != 0 {
+			b = append(b, `,"size":`...)
+			b = strconv.AppendInt(b, e.Size, 10)
+		}
+		b = append(b, `,"perm":`...)
+		b = strconv.AppendUint(b, uint64(e.Perm), 10)
+		b = append(b, `,"mtime_ns":`...)
+		b = strconv.AppendInt(b, e.MTime, 10)
+		if e.SHA256 != "" {
+			b = append(b, `,"sha256":"`...)
+			b = append(b, e.SHA256...)
+			b = append(b, '"')
+		}
+		b = append(b, '}')
+		if i < len(entries)-1 {
+			b = append(b, ',')
+		}
+		b = append(b, '\n')
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	_, err := w.WriteString("]\n")
+	return err
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// scanned is a scope as a walk found it: its entries in walk order with
+// their lstat, the hash of each file the index knows unchanged, and the
+// files that must be read (indexes into entries).
+type scanned struct {
+	entries []Entry
+	stats   []indexEntry // what lstat said, for the next index
+	todo    []int
+	skipped []Skipped
+}
+
+// scan walks the whole scope (view is unfiltered) once, in walk order:
+// every directory before what it holds, names sorted. (Reading
+// directories in parallel was tried: on a local disk it was slower, each
+// directory then being resolved again from the scope root.)
+func scan(ctx context.Context, view *store.Workspace, old index) (*scanned, error) {
+	n := len(old) + len(old)/8 + 64
+	s := &scanned{entries: make([]Entry, 0, n), stats: make([]indexEntry, 0, n)}
+	root, err := view.Lstat(".")
+	if err != nil {
+		return nil, err
+	}
+	skip := func(rel, reason string) { s.skipped = append(s.skipped, Skipped{rel, reason}) }
+	err = view.Walk(ctx, ".", func(rel string, info store.Info) error {
+		switch {
+		case !utf8.ValidString(rel):
+			// Only someone writing to the backing store directly makes
+			// such a name; JSON could not carry it back exactly.
+			skip(strings.ToValidUTF8(rel, "?"), string(policy.InvalidPath))
+			if info.Kind == policy.KindDir {
+				return store.SkipDir
+			}
+			return nil
+		case info.Kind == policy.KindDir && info.Stat.Dev != root.Stat.Dev:
+			skip(rel, "other_filesystem")
+			return store.SkipDir
+		case info.Kind == policy.KindDir:
+			s.entries = append(s.entries, Entry{Path: rel, Type: typeDir, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()})
+			s.stats = append(s.stats, entryOf(&info.Stat, ""))
+			return nil
+		}
+		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
+			skip(rel, string(policy.CodeOf(err)))
+			return nil
+		}
+		e := Entry{Path: rel, Type: typeFile, Size: info.Size, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()}
+		if ie, ok := old[rel]; ok && ie.matches(&info.Stat) {
+			e.SHA256 = ie.sha
+		} else {
+			s.todo = append(s.todo, len(s.entries))
+		}
+		s.entries = append(s.entries, e)
+		s.stats = append(s.stats, entryOf(&info.Stat, ""))
+		return nil
+	})
+	return s, err
+}
