@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/audit"
 )
 
 // benchDirs runs fn against the mount and against the backing directory
@@ -96,4 +98,39 @@ func BenchmarkWriteLarge(b *testing.B) {
 			os.Remove(p)
 		}
 	})
+}
+
+// BenchmarkAudit: the small-file cycle with the audit log off (Discard)
+// and on (a real hash-chained log on the same disk), side by side.
+func BenchmarkAudit(b *testing.B) {
+	data := make([]byte, 100)
+	for _, on := range []bool{false, true} {
+		name := "off"
+		var sink audit.Sink = audit.Discard
+		if on {
+			name = "on"
+			log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { log.Close() })
+			sink = log
+		}
+		b.Run("audit="+name, func(b *testing.B) {
+			e := newEnv(b, withOptions(func(o *Options) { o.Audit = sink }))
+			var st unix.Stat_t
+			for i := 0; b.Loop(); i++ {
+				p := filepath.Join(e.mnt, fmt.Sprintf("f%d", i))
+				if err := os.WriteFile(p, data, 0o600); err != nil {
+					b.Fatal(err)
+				}
+				if err := unix.Stat(p, &st); err != nil {
+					b.Fatal(err)
+				}
+				if err := os.Remove(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -147,7 +147,9 @@ const DefaultMountDir = "/run/loomfs/mnt"
 
 // sweepStaleMounts detaches projections whose daemon died (the kernel
 // answers ENOTCONN) and removes their mountpoints. Live mounts of other
-// processes answer stat and are left alone.
+// processes answer and are left alone. statfs, not stat: stat can still be
+// answered from the kernel's attribute cache for a while after the daemon
+// died.
 func sweepStaleMounts(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -155,8 +157,8 @@ func sweepStaleMounts(dir string) {
 	}
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
-		var st unix.Stat_t
-		if err := unix.Stat(p, &st); err == unix.ENOTCONN {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err == unix.ENOTCONN {
 			unix.Unmount(p, unix.MNT_DETACH)
 			os.Remove(p)
 		}

@@ -246,8 +246,13 @@ func hashReader(r io.Reader) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// conflict builds the error a stale expected_sha256 gets.
-func conflict(rel, current string) error {
+// conflict builds the error a stale expected_sha256 gets. The current hash
+// of a file that can't be read back here (write-only) is not shown: it
+// would tell its content.
+func (w *Workspace) conflict(rel, current string) error {
+	if current != "" && w.pol.Check(policy.OpRead, rel) != nil {
+		return policy.Errorf(policy.Conflict, "%s does not match expected_sha256 (its hash is not shown: the file can't be read back here)", rel)
+	}
 	if current == "" {
 		e := policy.Errorf(policy.Conflict, "%s does not exist but expected_sha256 names a version; re-read the workspace and retry", rel)
 		return e

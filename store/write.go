@@ -45,12 +45,7 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 		return WriteResult{}, err
 	}
 	if expected != nil && (*expected == "" && exists || *expected != "" && *expected != cur) {
-		if w.pol.Check(policy.OpRead, rel) != nil {
-			// A write-only file's hash would tell its content: say only
-			// that it differs.
-			return WriteResult{}, policy.Errorf(policy.Conflict, "%s does not match expected_sha256 (its hash is not shown: the file can't be read back here)", rel)
-		}
-		return WriteResult{}, conflict(rel, cur)
+		return WriteResult{}, w.conflict(rel, cur)
 	}
 	if !exists {
 		if err := w.pol.Check(policy.OpCreate, rel); err != nil {
@@ -122,7 +117,7 @@ func (w *Workspace) replace(parent *os.File, name, rel string, data []byte, must
 		if err != nil {
 			cleanup()
 			if err == unix.EEXIST {
-				return conflict(rel, "")
+				return w.conflict(rel, "")
 			}
 			return policy.FromErrno(err, "rename", rel)
 		}
@@ -222,7 +217,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 			return err
 		}
 		if !exists || *expected != cur {
-			return conflict(rel, cur)
+			return w.conflict(rel, cur)
 		}
 	}
 	// Re-check on the fd we are about to remove: it must still be the file

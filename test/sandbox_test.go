@@ -184,16 +184,24 @@ func TestQuarantineAfterWorkerDies(t *testing.T) {
 	if r := c.run("", "run", "--scope", scope, "--", "true"); r.code != 0 {
 		t.Fatalf("run after clear: %d %s", r.code, r.stderr)
 	}
+	for _, dir := range staleProjections() {
+		t.Errorf("stale projection left mounted at %s", dir)
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+	}
+}
+
+// staleProjections lists loomfs mounts whose daemon is gone.
+func staleProjections() []string {
+	var out []string
 	mounts, _ := os.ReadFile("/proc/mounts")
 	for _, line := range strings.Split(string(mounts), "\n") {
-		if strings.Contains(line, "fuse.loomfs") {
-			f := strings.Fields(line)
-			if len(f) > 1 {
-				var st syscall.Stat_t
-				if err := syscall.Stat(f[1], &st); err == syscall.ENOTCONN {
-					t.Errorf("stale projection left mounted at %s", f[1])
-				}
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == "fuse.loomfs" {
+			var st syscall.Statfs_t
+			if err := syscall.Statfs(f[1], &st); err == syscall.ENOTCONN {
+				out = append(out, f[1])
 			}
 		}
 	}
+	return out
 }

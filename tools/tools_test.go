@@ -15,7 +15,7 @@ import (
 )
 
 // newBox opens a fresh main scope on a temporary local root.
-func newBox(t *testing.T, pol *policy.Policy) (*Toolbox, string) {
+func newBox(t testing.TB, pol *policy.Policy) (*Toolbox, string) {
 	t.Helper()
 	root := t.TempDir()
 	vol, err := store.OpenVolume(context.Background(), store.Config{Root: root})
