@@ -67,16 +67,19 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 		input = json.RawMessage("{}")
 	}
 	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
-	if p := pathOf(input); p != "" {
-		ev.Path = p
-	}
+	fields, ferr := topFields(name, input)
+	json.Unmarshal(fields["path"], &ev.Path)
 	started := ev
 	started.Result = "started"
 	if err := t.sink().Record(ctx, started); err != nil {
 		return nil, auditErr(err)
 	}
 
-	res, err := t.call(ctx, h, name, callID, input)
+	var res json.RawMessage
+	err := ferr
+	if err == nil {
+		res, err = t.call(ctx, h, name, callID, input)
+	}
 
 	ev.Duration = time.Since(start)
 	if err != nil {
@@ -89,12 +92,15 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 		return nil, pe
 	}
 	ev.Result = "ok"
-	var m struct {
-		Bytes  int64  `json:"bytes"`
-		SHA256 string `json:"sha256"`
+	if Mutating(name) {
+		// Results of changes are small; reads' would cost a second parse.
+		var m struct {
+			Bytes  int64  `json:"bytes"`
+			SHA256 string `json:"sha256"`
+		}
+		json.Unmarshal(res, &m)
+		ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
 	}
-	json.Unmarshal(res, &m)
-	ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
 	// The change is made by now: a failure to record its outcome is kept
 	// in the log's status, not turned into a false refusal.
 	t.sink().Record(ctx, ev)
@@ -129,9 +135,6 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 			return nil, t.finish(callID, name, input, nil, err)
 		}
 		defer unlock()
-	}
-	if err := checkRequired(name, input); err != nil {
-		return nil, t.finish(callID, name, input, nil, err)
 	}
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
 	if err != nil {
@@ -233,26 +236,18 @@ var required = func() map[string][]string {
 	return m
 }()
 
-// checkRequired refuses an input that lacks a required field, so a missing
-// field is never read as its zero value ("" for new_text would delete).
-func checkRequired(name string, input json.RawMessage) error {
+// topFields parses the input's top level once, refusing a non-object and
+// an input that lacks a required field (so a missing field is never read as
+// its zero value: "" for new_text would delete).
+func topFields(name string, input json.RawMessage) (map[string]json.RawMessage, error) {
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(input, &fields); err != nil {
-		return policy.Errorf(policy.InvalidInput, "input is not a JSON object: %v", err)
+	if err := json.Unmarshal(input, &fields); err != nil || fields == nil {
+		return nil, policy.Errorf(policy.InvalidInput, "input is not a JSON object; see the tool's input schema")
 	}
 	for _, f := range required[name] {
 		if _, ok := fields[f]; !ok {
-			return policy.Errorf(policy.InvalidInput, "input field %q is required; see the tool's input schema", f)
+			return fields, policy.Errorf(policy.InvalidInput, "input field %q is required; see the tool's input schema", f)
 		}
 	}
-	return nil
-}
-
-// pathOf pulls "path" out of an input for the audit record.
-func pathOf(input json.RawMessage) string {
-	var p struct {
-		Path string `json:"path"`
-	}
-	json.Unmarshal(input, &p)
-	return p.Path
+	return fields, nil
 }
