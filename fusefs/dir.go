@@ -111,6 +111,9 @@ func (d *dirHandle) load() syscall.Errno {
 			d.entries = append(d.entries, de)
 		}
 	}
+	if d.node == f.root && f.ready() {
+		d.entries = append(d.entries, fuse.DirEntry{Name: policy.ReadyFile, Mode: syscall.S_IFREG, Ino: readyIno, Off: uint64(len(d.entries) + 1)})
+	}
 	d.loaded = true
 	return 0
 }

@@ -30,6 +30,10 @@ type fsys struct {
 	root      *node
 	gate      quarantineGate
 
+	// readySince is when the last health probe passed (UnixNano), 0 while
+	// the mount is not known healthy: then policy.ReadyFile is absent.
+	readySince atomic.Int64
+
 	// daemonReads counts read requests the daemon served (not the
 	// kernel through passthrough); tests use it.
 	daemonReads atomic.Int64

@@ -158,15 +158,44 @@ func (m *Mounted) Probe(ctx context.Context) error {
 	path := filepath.Join(m.dir, ".loomfs-probe-"+hex.EncodeToString(b[:]))
 	want := []byte("loomfs probe " + hex.EncodeToString(b[:]) + "\n")
 	done := make(chan error, 1)
-	go func() { done <- probe(path, want) }()
+	if m.fsys.opts.ReadOnly {
+		// Nothing can be written: a read-only mount is checked by reading.
+		go func() { _, err := os.ReadDir(m.dir); done <- err }()
+	} else {
+		go func() { done <- probe(path, want) }()
+	}
 	select {
 	case err := <-done:
+		m.fsys.setReady(err == nil)
 		if err != nil {
 			return fmt.Errorf("probe through %s: %w", m.dir, err)
 		}
 		return nil
 	case <-ctx.Done():
+		m.fsys.setReady(false)
 		return fmt.Errorf("probe through %s: %w", m.dir, ctx.Err())
+	}
+}
+
+// SelfCheck probes the mount every interval until ctx is done (SPEC §6),
+// hiding policy.ReadyFile while it fails and handing every outcome to
+// report, which keeps it where operators look.
+func (m *Mounted) SelfCheck(ctx context.Context, every time.Duration, report func(error)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, every)
+		err := m.Probe(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		report(err)
 	}
 }
 

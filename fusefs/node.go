@@ -135,6 +135,9 @@ func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fus
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
+	if n == f.root && name == policy.ReadyFile {
+		return n.lookupReady(ctx, out)
+	}
 	rel, err := n.childRel(name)
 	if err != nil {
 		// Names the tools can't address, loomfs's own among them, are

@@ -20,6 +20,9 @@ const (
 	// InternalPrefix starts every name loomfs keeps for itself, including
 	// the temporary files of atomic writes; no door can name or create one.
 	InternalPrefix = ".agentloom-"
+	// ReadyFile appears at the top of a projection once its health probe
+	// passed (SPEC §6); nothing else may take the name.
+	ReadyFile = ".workspace_ready"
 )
 
 // CleanPath validates a model-supplied relative path and returns it in
@@ -53,14 +56,10 @@ func CleanPath(raw string, mainScope bool) (string, error) {
 	if len(parts) == 0 {
 		return ".", nil
 	}
-	// "~" is checked on the first cleaned component, not on raw: "./~"
-	// cleans to "~", which must be refused too, or the canonical form
-	// would not be accepted when passed back (CleanPath is idempotent).
-	if strings.HasPrefix(parts[0], "~") {
-		return "", pathErr(raw, "\"~\" is not expanded; give a path relative to the workspace root")
-	}
-	if mainScope && parts[0] == SubagentsDir {
-		return "", pathErr(raw, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
+	// The first cleaned component, not raw: "./~" cleans to "~", which
+	// must be refused too, or CleanPath would not be idempotent.
+	if err := checkTop(raw, parts[0], mainScope); err != nil {
+		return "", err
 	}
 	return strings.Join(parts, "/"), nil
 }
@@ -77,13 +76,10 @@ func CheckName(dir, name string, mainScope bool) error {
 	if strings.IndexByte(name, '/') >= 0 {
 		return pathErr("", "a name can't contain \"/\"")
 	}
-	// CleanPath refuses a first component starting with "~"; the
-	// filesystem must not create what the tools could not address.
-	if dir == "." && strings.HasPrefix(name, "~") {
-		return pathErr(name, "names starting with \"~\" are refused at the top of the workspace")
-	}
-	if dir == "." && mainScope && name == SubagentsDir {
-		return pathErr(name, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
+	if dir == "." {
+		if err := checkTop(name, name, mainScope); err != nil {
+			return err
+		}
 	}
 	if len(Join(dir, name)) > MaxPathBytes {
 		return pathErr(name, "path would be longer than %d bytes", MaxPathBytes)
@@ -103,6 +99,21 @@ func Join(dir, name string) string {
 		return name
 	}
 	return dir + "/" + name
+}
+
+// checkTop refuses what may not stand at the top of a workspace: "~"
+// (never expanded), "subagents" in a main scope (the artifact listing's),
+// and ReadyFile (served by the projection alone).
+func checkTop(raw, name string, mainScope bool) error {
+	switch {
+	case strings.HasPrefix(name, "~"):
+		return pathErr(raw, "\"~\" is not expanded, and names starting with it are refused at the top of the workspace")
+	case mainScope && name == SubagentsDir:
+		return pathErr(raw, "%q at the top of a main workspace is reserved for the artifact listing of child agents", SubagentsDir)
+	case name == ReadyFile:
+		return pathErr(raw, "%q is reserved: the projection shows it once it is healthy", ReadyFile)
+	}
+	return nil
 }
 
 func checkComponent(raw, c string) error {

@@ -105,6 +105,8 @@ var pathTestCases = []pathTestCase{
 	{name: "over-long path (4097 bytes) with trailing slash", raw: path4096 + "/"},
 
 	// Reserved names.
+	{name: "ready sentinel at the top", raw: ".workspace_ready"},
+	{name: "ready sentinel at the top after dot", raw: "./.workspace_ready/"},
 	{name: "subagents at the top of a main scope", raw: "subagents", want: "subagents", mainOnly: true},
 	{name: "subagents at the top of a main scope with trailing slash", raw: "subagents/", want: "subagents", mainOnly: true},
 	{name: "subagents at the top of a main scope under it", raw: "subagents/sub-1/out.txt", want: "subagents/sub-1/out.txt", mainOnly: true},
@@ -146,6 +148,7 @@ var pathTestCases = []pathTestCase{
 	{name: "dash first", raw: "-rf", want: "-rf"},
 	{name: "subagents below the top of a main scope", raw: "x/subagents", want: "x/subagents"},
 	{name: "subagents as part of a longer name", raw: "subagents2", want: "subagents2"},
+	{name: "ready sentinel below the top", raw: "a/.workspace_ready", want: "a/.workspace_ready"},
 	{name: "component of 255 bytes", raw: name255, want: name255},
 	{name: "path of 4096 bytes", raw: path4096, want: path4096},
 }

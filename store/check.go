@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -143,10 +145,33 @@ func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 		r.Warnings = append(r.Warnings, "checked as root, who may write anywhere; run check as the service user to know what it may do")
 	}
 
+	selfChecks(r, root)
 	if opts.Probe {
 		r.AdvisoryLockLocal = probe(ctx, r, root)
 	}
 	return r
+}
+
+// selfChecks reports the projections whose last periodic self-check
+// (SPEC §6) failed, as their mounts recorded it. Nothing is written.
+func selfChecks(r *CheckReport, root string) {
+	files, _ := filepath.Glob(filepath.Join(root, LocksDir, "*", SelfCheckFile))
+	failed := 0
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var sc SelfCheck
+		if json.Unmarshal(b, &sc) != nil || sc.OK {
+			continue
+		}
+		failed++
+		r.add("self_check", false, "projection of %s on node %s (pid %d) failed its self-check at %s: %s", sc.Scope, sc.Node, sc.PID, sc.Time.Format(time.RFC3339), sc.Error)
+	}
+	if failed == 0 && len(files) > 0 {
+		r.add("self_check", true, "%d projection(s) passed their last self-check", len(files))
+	}
 }
 
 // filesystemOf names the root's filesystem type and warns when a shared

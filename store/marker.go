@@ -137,3 +137,27 @@ func syncDir(d *os.File) {
 	unix.Fsync(fd)
 	unix.Close(fd)
 }
+
+// SelfCheckFile records the last periodic self-check of a projection of
+// the scope (SPEC §6), for loomfs check.
+const SelfCheckFile = "selfcheck.json"
+
+// SelfCheck is one self-check outcome.
+type SelfCheck struct {
+	Scope string    `json:"scope"`
+	Node  string    `json:"node"`
+	PID   int       `json:"pid"`
+	Time  time.Time `json:"time"`
+	OK    bool      `json:"ok"`
+	Error string    `json:"error,omitempty"`
+}
+
+// RecordSelfCheck keeps the outcome of a self-check (err nil: passed).
+func (w *Workspace) RecordSelfCheck(err error) error {
+	node, _ := os.Hostname()
+	sc := SelfCheck{Scope: w.scope.String(), Node: node, PID: os.Getpid(), Time: time.Now().UTC(), OK: err == nil}
+	if err != nil {
+		sc.Error = err.Error()
+	}
+	return writeJSONAt(int(w.state.Fd()), SelfCheckFile, sc, false)
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -19,8 +20,9 @@ func init() { addCommand(newMountCmd) }
 
 func newMountCmd(g *globals) *cobra.Command {
 	var (
-		scope string
-		opts  fusefs.Options
+		scope     string
+		opts      fusefs.Options
+		selfCheck time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -38,7 +40,7 @@ printed on stderr once the mount is ready.`,
 			if opts.UID == 0 || opts.GID == 0 {
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
-			return runMount(cmd.Context(), g, scope, args[0], opts)
+			return runMount(cmd.Context(), g, scope, args[0], opts, selfCheck)
 		},
 	}
 	f := cmd.Flags()
@@ -50,10 +52,11 @@ printed on stderr once the mount is ready.`,
 	f.BoolVar(&opts.UserXattrs, "user-xattrs", false, `serve extended attributes in the "user." namespace (every other is refused)`)
 	f.BoolVar(&opts.Passthrough, "passthrough", false, "let the kernel read files opened read-only from the backing store (Linux 6.9+); writes always come to the daemon")
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
+	f.DurationVar(&selfCheck, "self-check", 30*time.Second, "probe the mount (write, read back, delete) this often; failures are logged and shown by loomfs check; 0 turns it off")
 	return cmd
 }
 
-func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options) error {
+func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, selfCheck time.Duration) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -94,7 +97,29 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	if err != nil {
 		return fail("%v", err)
 	}
+	// The first probe makes policy.ReadyFile appear; a mount that fails
+	// it is not served.
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = m.Probe(pctx)
+	cancel()
+	if err != nil {
+		m.Unmount()
+		return fail("health probe failed, unmounted: %v", err)
+	}
+	ws.RecordSelfCheck(nil)
 	fmt.Fprintf(os.Stderr, "mounted %s at %s\n", ws.Scope(), m.Dir())
+	if selfCheck > 0 {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go m.SelfCheck(sctx, selfCheck, func(err error) {
+			if err != nil {
+				g.log.Error("self-check through the mount failed; .workspace_ready is hidden until it passes", zap.String("mountpoint", m.Dir()), zap.Error(err))
+			}
+			if rerr := ws.RecordSelfCheck(err); rerr != nil {
+				g.log.Warn("record self-check", zap.Error(rerr))
+			}
+		})
+	}
 
 	ended := make(chan struct{})
 	go func() { m.Wait(); close(ended) }()

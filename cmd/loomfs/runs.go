@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/retention"
+	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -30,7 +33,7 @@ they fail, nothing else is consulted and nothing is created.`
 
 func newRunsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "runs create|show",
+		Use:   "runs create|show|finish",
 		Short: "Record and inspect run bindings",
 		Long:  runsHelp,
 		Args:  exactArgs(0),
@@ -98,8 +101,68 @@ func newRunsCmd(g *globals) *cobra.Command {
 		},
 	}
 	show.Flags().StringVar(&runID, "run", "", "run id (required)")
-	cmd.AddCommand(create, show)
+	var instances []string
+	finish := &cobra.Command{
+		Use:   "finish --run RUN [--instance I]...",
+		Short: "End a run: clear its temporary areas and snapshot its workspaces",
+		Long: `End a run (SPEC §6): in its main workspace and each --instance, empty the
+subtrees the policy marks clear_at_run_end (tmp/ in the standard preset), then
+take a snapshot labelled with the run, which gives an immutable per-run artifact
+view ("loomfs snapshot list"). Refused while a command runs or the scope is
+quarantined. Prints the snapshots as JSON.`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runID == "" {
+				return usagef("--run is required")
+			}
+			ctx := cmd.Context()
+			pol, err := g.loadPolicy()
+			if err != nil {
+				return err
+			}
+			r, err := store.ResumeRun(ctx, g.storeConfig(), runID)
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			defer r.Close()
+			open := []func() (*store.Workspace, error){func() (*store.Workspace, error) { return r.Main(ctx, pol) }}
+			for _, inst := range instances {
+				open = append(open, func() (*store.Workspace, error) { return r.Instance(ctx, inst, pol) })
+			}
+			var out []*snapshot.Manifest
+			for _, o := range open {
+				m, err := finishScope(ctx, o, runID)
+				if err != nil {
+					return refuse(cmd, g, err)
+				}
+				out = append(out, m)
+			}
+			return printJSON(cmd, out)
+		},
+	}
+	finish.Flags().StringVar(&runID, "run", "", "run id (required)")
+	finish.Flags().StringArrayVar(&instances, "instance", nil, "a child instance of the run to finish too (repeatable)")
+	cmd.AddCommand(create, show, finish)
 	return cmd
+}
+
+// finishScope clears one scope's temporary areas and snapshots it, under
+// one hold of the scope lock.
+func finishScope(ctx context.Context, open func() (*store.Workspace, error), runID string) (*snapshot.Manifest, error) {
+	ws, err := open()
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	unlock, err := ws.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := retention.ClearTemporary(ctx, ws, retention.ClearOptions{Locked: true}); err != nil {
+		return nil, err
+	}
+	return snapshot.Create(ctx, ws, snapshot.Options{Run: runID, Label: "end of run " + runID, Locked: true})
 }
 
 // runShow is what "runs show" prints.
