@@ -191,8 +191,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		presetNode *yaml.Node
 		entries    []entry
 		limitsNode *yaml.Node
+		readme     *bool
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits"}, func(key string, k, v *yaml.Node) error {
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme"}, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -212,6 +213,12 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			entries = es
 		case "limits":
 			limitsNode = v
+		case "readme":
+			var b bool
+			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+				return p.errf(v, "readme must be true or false")
+			}
+			readme = &b
 		}
 		return nil
 	})
@@ -229,6 +236,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if err := p.merge(pol, entries); err != nil {
 		return nil, err
+	}
+	if readme != nil {
+		pol.Readme = *readme
 	}
 	return pol, nil
 }

@@ -317,3 +317,22 @@ func TestReadmeNamesEveryRule(t *testing.T) {
 }
 
 func fmtInt(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestReadmeKey(t *testing.T) {
+	pol, err := policy.Parse("p.yaml", []byte("preset: standard\nreadme: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pol.Readme || pol.ModeOf(policy.ReadmeFile) != policy.ModeRO || pol.ModeOf("docs/README.md") != policy.ModeRW {
+		t.Fatalf("readme: %v, mode %s", pol.Readme, pol.ModeOf(policy.ReadmeFile))
+	}
+	if err := pol.Check(policy.OpWrite, policy.ReadmeFile); policy.CodeOf(err) != policy.ReadOnly {
+		t.Fatalf("writing the generated README: %v", err)
+	}
+	if !strings.Contains(policy.WorkspaceReadme(pol), "read-only") {
+		t.Fatal("the README does not say it is read-only")
+	}
+	if _, err := policy.Parse("p.yaml", []byte("readme: maybe\n")); err == nil || !strings.Contains(err.Error(), "p.yaml:1") {
+		t.Fatalf("bad readme value: %v", err)
+	}
+}

@@ -51,6 +51,10 @@ type Policy struct {
 	MainScope bool
 	Rules     []Rule
 	Limits    Limits
+	// Readme keeps ReadmeFile at the top of every workspace, generated from
+	// this policy (WorkspaceReadme) and read-only, so an agent learns its
+	// limits by reading one file (SPEC §6).
+	Readme bool
 	// Subtrees holds what the policy file says of a subtree besides its
 	// mode: caps, confirmation, clearing at run end (subtree.go).
 	Subtrees []Subtree
@@ -103,8 +107,15 @@ func (p *Policy) SetRules(rules []Rule) error {
 	return nil
 }
 
+// ReadmeFile is where the generated workspace README lives when the
+// policy asks for one.
+const ReadmeFile = "README.md"
+
 // ModeOf returns the mode in force at the cleaned path rel.
 func (p *Policy) ModeOf(rel string) Mode {
+	if p.Readme && rel == ReadmeFile {
+		return ModeRO
+	}
 	for _, r := range p.Rules {
 		if r.Prefix == "." || rel == r.Prefix || strings.HasPrefix(rel, r.Prefix+"/") {
 			return r.Mode
@@ -158,6 +169,9 @@ func (p *Policy) Listed(rel string) bool {
 }
 
 func (p *Policy) ruleFor(rel string) string {
+	if p.Readme && rel == ReadmeFile {
+		return ReadmeFile + " ro, generated from the policy"
+	}
 	for _, r := range p.Rules {
 		if r.Prefix == "." || rel == r.Prefix || strings.HasPrefix(rel, r.Prefix+"/") {
 			return r.Prefix + "/ " + string(r.Mode)

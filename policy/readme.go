@@ -182,6 +182,9 @@ func WorkspaceReadme(pol *Policy) string {
 	b.WriteString("# About this workspace\n\n")
 	b.WriteString("This file is generated from the policy loomfs enforces here; it describes exactly the rules in force.\n\n")
 	b.WriteString("Give paths relative to the workspace root (in commands, the root is /workspace).\n\n")
+	if pol.Readme {
+		fmt.Fprintf(&b, "This %s is read-only; loomfs keeps it up to date. In a command, /workspace/%s appears once the workspace passed its health check.\n\n", ReadmeFile, ReadyFile)
+	}
 
 	b.WriteString("## Layout and modes\n\n")
 	areas := pol.areas()

@@ -193,5 +193,33 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 		state: os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
 		dev:   st.Dev,
 	}
+	if w.pol.Readme {
+		if err := w.keepReadme(); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
 	return w, nil
+}
+
+// keepReadme writes the workspace README generated from the policy, if the
+// one there differs. It is read-only to both doors (policy.ModeOf), so
+// loomfs is its only writer.
+func (w *Workspace) keepReadme() error {
+	want := []byte(policy.WorkspaceReadme(w.pol))
+	rel := policy.ReadmeFile
+	if got, _, err := w.ReadFile(context.Background(), rel); err == nil && bytes.Equal(got, want) {
+		return nil
+	}
+	parent, name, err := w.Parent(rel)
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	// The rename replaces whatever has the name (never following it);
+	// usage is not known yet at open, so nothing to adjust.
+	if err := w.replace(parent, name, rel, want, false); err != nil {
+		return fmt.Errorf("workspace README: %w", err)
+	}
+	return nil
 }
