@@ -94,19 +94,26 @@ func (w *Workspace) FinishCall(id, tool string, input []byte, result json.RawMes
 	return nil
 }
 
-func callFile(id string) string {
-	s := sha256.Sum256([]byte(id))
+// recordFile names the record of key (a call id, a token) by its hash, so
+// no key reaches the filesystem as a name.
+func recordFile(key string) string {
+	s := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(s[:16]) + ".json"
 }
 
-func (w *Workspace) callsDir() (int, error) {
+func callFile(id string) string { return recordFile(id) }
+
+func (w *Workspace) callsDir() (int, error) { return w.stateSubdir(CallsDir) }
+
+// stateSubdir opens (creating) a directory of the scope's state directory.
+func (w *Workspace) stateSubdir(name string) (int, error) {
 	sfd := int(w.state.Fd())
-	if err := unix.Mkdirat(sfd, CallsDir, policy.DirPerm); err != nil && err != unix.EEXIST {
-		return -1, fmt.Errorf("calls dir: %w", err)
+	if err := unix.Mkdirat(sfd, name, policy.DirPerm); err != nil && err != unix.EEXIST {
+		return -1, fmt.Errorf("%s dir: %w", name, err)
 	}
-	fd, err := unix.Openat(sfd, CallsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("calls dir: %w", err)
+		return -1, fmt.Errorf("%s dir: %w", name, err)
 	}
 	return fd, nil
 }
@@ -132,14 +139,33 @@ func readCall(dfd int, name string) (*CallRecord, error) {
 // writeJSONAt writes v as name in directory dfd via a temporary file, fsync
 // and rename; with noReplace an existing name answers EEXIST.
 func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
-	b, err := json.Marshal(v)
+	tmp, err := writeTempJSON(dfd, v)
 	if err != nil {
 		return err
+	}
+	var flags uint
+	if noReplace {
+		flags = unix.RENAME_NOREPLACE
+	}
+	if err := unix.Renameat2(dfd, tmp, dfd, name, flags); err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return err
+	}
+	unix.Fsync(dfd)
+	return nil
+}
+
+// writeTempJSON writes v, fsynced, to a new reserved temporary name in dfd
+// and returns the name.
+func writeTempJSON(dfd int, v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
 	}
 	tmp := tempName()
 	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
-		return err
+		return "", err
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	_, err = f.Write(b)
@@ -147,17 +173,9 @@ func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
 		err = f.Sync()
 	}
 	f.Close()
-	if err == nil {
-		var flags uint
-		if noReplace {
-			flags = unix.RENAME_NOREPLACE
-		}
-		err = unix.Renameat2(dfd, tmp, dfd, name, flags)
-	}
 	if err != nil {
 		unix.Unlinkat(dfd, tmp, 0)
-		return err
+		return "", err
 	}
-	unix.Fsync(dfd)
-	return nil
+	return tmp, nil
 }

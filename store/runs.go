@@ -497,24 +497,13 @@ func createJSONAt(dfd int, name string, v any) error {
 	if err != unix.EINVAL {
 		return err
 	}
-	b, err := json.Marshal(v)
+	// No RENAME_NOREPLACE here (older NFS): link(2) refuses an existing
+	// name just as well.
+	tmp, err := writeTempJSON(dfd, v)
 	if err != nil {
 		return err
 	}
-	tmp := tempName()
-	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
-	if err != nil {
-		return err
-	}
-	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	f.Close()
-	if err == nil {
-		err = unix.Linkat(dfd, tmp, dfd, name, 0)
-	}
+	err = unix.Linkat(dfd, tmp, dfd, name, 0)
 	unix.Unlinkat(dfd, tmp, 0)
 	if err == nil {
 		unix.Fsync(dfd)

@@ -2,7 +2,6 @@ package store
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -95,22 +94,9 @@ func (w *Workspace) RedeemToken(token string) (*Confirmation, error) {
 	return &c, nil
 }
 
-func tokenFile(token string) string {
-	s := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(s[:16]) + ".json"
-}
+func tokenFile(token string) string { return recordFile(token) }
 
-func (w *Workspace) tokensDir() (int, error) {
-	sfd := int(w.state.Fd())
-	if err := unix.Mkdirat(sfd, TokensDir, policy.DirPerm); err != nil && err != unix.EEXIST {
-		return -1, fmt.Errorf("tokens dir: %w", err)
-	}
-	fd, err := unix.Openat(sfd, TokensDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("tokens dir: %w", err)
-	}
-	return fd, nil
-}
+func (w *Workspace) tokensDir() (int, error) { return w.stateSubdir(TokensDir) }
 
 // sweepTokens removes token records older than their lifetime.
 func sweepTokens(dfd int, now time.Time) {
