@@ -10,6 +10,8 @@ FILES=${FILES:-5000}
 FIO_SIZE=${FIO_SIZE:-1G}
 PINS=${PINS:-"unpinned pinned"}
 LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
+WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior"}
+has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
 
 work=$(mktemp -d /var/tmp/loomfs-bench.XXXXXX)
@@ -93,23 +95,23 @@ for pin in $PINS; do
 		for round in $(seq "$ROUNDS"); do
 			pre=(); [ "$pin" = pinned ] && pre=(taskset -c 0)
 			mount_layer "$layer" "$pin"
-			R[$pin,$layer,meta]+="$(w_meta "$dir") "
-			R[$pin,$layer,untar]+="$(w_untar "$dir") "
+			has meta && R[$pin,$layer,meta]+="$(w_meta "$dir") "
+			has untar && R[$pin,$layer,untar]+="$(w_untar "$dir") "
 			sync; echo 3 >/proc/sys/vm/drop_caches
-			R[$pin,$layer,rg]+="$(w_rg "$dir") "
-			R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
+			has rg && R[$pin,$layer,rg]+="$(w_rg "$dir") "
+			has fiow && R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
 			echo 3 >/proc/sys/vm/drop_caches
-			R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
+			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
 			unmount_layer
-			echo "  $pin $layer round $round done" >&2
+			echo "  $pin $layer round $round: $(for w in $WORKLOADS; do printf '%s=%s ' $w "$(echo ${R[$pin,$layer,$w]} | awk '{print $NF}')"; done)" >&2
 		done
 	done
 done
 
 printf '\n%-9s %-24s' "pin" "workload"; for l in $LAYERS; do printf '%12s' "$l"; done; printf '   (ratios to native)\n'
 for pin in $PINS; do
-	for w in meta untar rg fiow fior; do
+	for w in $WORKLOADS; do
 		case $w in meta) label="create/stat/rm $FILES (s)";; untar) label="tar -x GOROOT/src (s)";; rg) label="rg cold (s)";; fiow) label="fio seq write (MB/s)";; fior) label="fio seq read (MB/s)";; esac
 		printf '%-9s %-24s' "$pin" "$label"
 		base=$(echo ${R[$pin,native,$w]:-0} | tr ' ' '\n' | median)

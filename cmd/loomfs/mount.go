@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		scope     string
 		opts      fusefs.Options
 		selfCheck time.Duration
+		profile   string
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -40,6 +42,17 @@ printed on stderr once the mount is ready.`,
 			if opts.UID == 0 || opts.GID == 0 {
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
+			if profile != "" {
+				f, err := os.Create(profile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return runMount(cmd.Context(), g, scope, args[0], opts, selfCheck)
 		},
 	}
@@ -52,6 +65,7 @@ printed on stderr once the mount is ready.`,
 	f.BoolVar(&opts.UserXattrs, "user-xattrs", false, `serve extended attributes in the "user." namespace (every other is refused)`)
 	f.BoolVar(&opts.Passthrough, "passthrough", false, "let the kernel read files opened read-only from the backing store (Linux 6.9+); writes always come to the daemon")
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
+	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for performance work)")
 	f.DurationVar(&selfCheck, "self-check", 30*time.Second, "probe the mount (write, read back, delete) this often; failures are logged and shown by loomfs check; 0 turns it off")
 	return cmd
 }
