@@ -10,6 +10,7 @@ FILES=${FILES:-5000}
 FIO_SIZE=${FIO_SIZE:-1G}
 PINS=${PINS:-"unpinned pinned"}
 LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
+# LOOMFS_MOUNT_FLAGS adds flags to loomfs mount, e.g. --passthrough
 WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
@@ -43,7 +44,7 @@ mount_layer() {
 	loomfs)
 		rm -rf "$root"
 		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
-		"${pre[@]}" "$bin/loomfs" --root "$root" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
+		"${pre[@]}" "$bin/loomfs" --root "$root" mount --scope $SCOPE ${LOOMFS_MOUNT_FLAGS:-} "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$!
 		;;
 	loopback)
