@@ -145,11 +145,33 @@ func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 		r.Warnings = append(r.Warnings, "checked as root, who may write anywhere; run check as the service user to know what it may do")
 	}
 
+	auditWritable(r, root)
 	selfChecks(r, root)
 	if opts.Probe {
 		r.AdvisoryLockLocal = probe(ctx, r, root)
 	}
 	return r
+}
+
+// auditWritable reports whether the audit log directory can be written:
+// without it every operation is refused (audit_unavailable).
+func auditWritable(r *CheckReport, root string) {
+	dir := filepath.Join(root, AuditDir)
+	st, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		r.add("audit", true, "%s does not exist yet; it is created on first use", AuditDir)
+	case err != nil:
+		r.add("audit", false, "%s: %v: operations would be refused (audit_unavailable)", dir, err)
+	case !st.IsDir():
+		r.add("audit", false, "%s is not a directory: every operation is refused (audit_unavailable)", dir)
+	default:
+		if err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS); err != nil {
+			r.add("audit", false, "%s is not writable (%v): every operation is refused (audit_unavailable)", dir, err)
+			return
+		}
+		r.add("audit", true, "%s is writable", dir)
+	}
 }
 
 // selfChecks reports the projections whose last periodic self-check

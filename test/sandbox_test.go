@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,18 +26,36 @@ func (c *cli) stateDir(scope string) string {
 	return filepath.Join(c.root, store.LocksDir, sc.Hash())
 }
 
+// syncBuffer is a bytes.Buffer a running process writes while a test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // start runs loomfs in the background.
-func (c *cli) start(args ...string) (*exec.Cmd, *bytes.Buffer) {
+func (c *cli) start(args ...string) (*exec.Cmd, *syncBuffer) {
 	c.t.Helper()
 	cmd := exec.Command(loomfsBin, append([]string{"--root", c.root}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd, &out
+	return cmd, out
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

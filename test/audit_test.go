@@ -1,0 +1,187 @@
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// record is what the audit log holds of one event, as audit query --json
+// prints it.
+type record struct {
+	Kind   string `json:"kind"`
+	Node   string `json:"node"`
+	PID    int    `json:"pid"`
+	Seq    uint64 `json:"seq"`
+	CallID string `json:"call_id"`
+	Actor  struct {
+		Space, Agent, Session, Container string
+	} `json:"actor"`
+	Scope  string         `json:"scope"`
+	Source string         `json:"source"`
+	Op     string         `json:"op"`
+	Path   string         `json:"path"`
+	Bytes  int64          `json:"bytes"`
+	SHA256 string         `json:"sha256"`
+	Result string         `json:"result"`
+	Code   string         `json:"code"`
+	Detail map[string]any `json:"detail"`
+}
+
+func (c *cli) auditRecords(scope string) []record {
+	c.t.Helper()
+	r := c.run("", "--json", "audit", "query", "--scope", scope)
+	if r.code != 0 {
+		c.t.Fatalf("audit query: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	var out []record
+	sc := bufio.NewScanner(bytes.NewReader(r.stdout))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var rec record
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			c.t.Fatalf("audit query line %q: %v", sc.Text(), err)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+func find(recs []record, match func(record) bool) *record {
+	for i := range recs {
+		if match(recs[i]) {
+			return &recs[i]
+		}
+	}
+	return nil
+}
+
+// TestAuditEveryDoor: a tool write, a write through a real mount, a
+// sandbox command writing a file and a symlink refused inside its
+// container each leave their records, with the right fields, and the log
+// verifies.
+func TestAuditEveryDoor(t *testing.T) {
+	c := newCLI(t)
+	const scope = "sp/ag/audit"
+	hash := filepath.Base(c.stateDir(scope))
+
+	// 1. The tool door.
+	if m, code := c.tool(scope, "workspace_write", `{"path":"tool.txt","content":"from the tool"}`, "--call-id", "audit-call-1"); code != 0 {
+		t.Fatalf("write: %v", m)
+	}
+
+	// 2. A real mount, written by a process on the host.
+	base := t.TempDir()
+	os.Chmod(base, 0o700)
+	mnt := filepath.Join(base, "mnt")
+	os.Mkdir(mnt, 0o755)
+	mount, out := c.start("mount", "--scope", scope, mnt)
+	waitFor(t, "the mount", func() bool { return strings.Contains(out.String(), "mounted ") })
+	if err := os.WriteFile(filepath.Join(mnt, "fuse.txt"), []byte("through the mount"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mount.Process.Signal(syscall.SIGTERM)
+	if err := mount.Wait(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+
+	// 3. A sandbox command writing a file, and a refused symlink in it.
+	r := c.run("", "run", "--scope", scope, "--call-id", "audit-call-2", "--", "sh", "-c", "echo hi > cmd.txt; ln -s /etc/passwd escape; true")
+	if r.code != 0 {
+		t.Fatalf("run: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+
+	recs := c.auditRecords(scope)
+	checks := []struct {
+		name  string
+		match func(record) bool
+	}{
+		{"tool call started", func(r record) bool {
+			return r.Source == "tool" && r.Op == "workspace_write" && r.Result == "started" && r.CallID == "audit-call-1"
+		}},
+		{"tool write with bytes and sha256", func(r record) bool {
+			return r.Source == "tool" && r.Op == "workspace_write" && r.Result == "ok" && r.CallID == "audit-call-1" &&
+				r.Path == "tool.txt" && r.Bytes == 13 && len(r.SHA256) == 64 && r.Scope == hash &&
+				r.Actor.Space == "sp" && r.Actor.Agent == "ag" && r.Actor.Session == "audit"
+		}},
+		{"create through the mount", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "create" && r.Path == "fuse.txt" && r.Result == "ok" && r.Actor.Container == ""
+		}},
+		{"bytes written through the mount at release", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "release" && r.Path == "fuse.txt" && r.Bytes > 0
+		}},
+		{"container created", func(r record) bool {
+			return r.Source == "sandbox" && r.Op == "container_create" && r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
+		}},
+		{"container removal confirmed", func(r record) bool {
+			return r.Source == "sandbox" && r.Op == "container_removed" && r.CallID == "audit-call-2"
+		}},
+		{"file the command wrote, with its call id and container", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "create" && r.Path == "cmd.txt" && r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
+		}},
+		{"symlink refused inside the container", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "symlink" && r.Path == "escape" && r.Result == "refused" && r.Code == "symlink_refused" &&
+				r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
+		}},
+		{"command outcome", func(r record) bool {
+			return r.Source == "tool" && r.Op == "workspace_command" && r.Result == "ok" && r.CallID == "audit-call-2"
+		}},
+	}
+	for _, ch := range checks {
+		if find(recs, ch.match) == nil {
+			t.Errorf("no audit record: %s", ch.name)
+		}
+	}
+	for _, rec := range recs {
+		if rec.Node == "" || rec.PID == 0 || rec.Seq == 0 {
+			t.Errorf("record without node, pid or seq: %+v", rec)
+		}
+	}
+	if t.Failed() {
+		b, _ := json.MarshalIndent(recs, "", " ")
+		t.Logf("records:\n%s", b)
+	}
+	if v := c.run("", "audit", "verify"); v.code != 0 {
+		t.Fatalf("audit verify: %d %s %s", v.code, v.stdout, v.stderr)
+	}
+}
+
+// TestAuditUnavailableRefuses: when the log can't be written the tool
+// refuses with audit_unavailable and the workspace is unchanged.
+func TestAuditUnavailableRefuses(t *testing.T) {
+	c := newCLI(t)
+	const scope = "sp/ag/noaudit"
+	c.tool(scope, "workspace_write", `{"path":"keep","content":"k"}`)
+	dir := filepath.Join(c.root, ".agentloom-audit")
+	// A file where the log directory should be: even root can't write there.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, code := c.tool(scope, "workspace_write", `{"path":"new","content":"x"}`)
+	if code != 1 || errCode(m) != "audit_unavailable" {
+		t.Fatalf("write without an audit log: %v", m)
+	}
+	os.Remove(dir)
+	if m, _ := c.tool(scope, "workspace_stat", `{"path":"new"}`); errCode(m) != "not_found" {
+		t.Fatalf("the refused write changed the workspace: %v", m)
+	}
+	// And loomfs check says so while it lasts.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := c.run("", "--json", "check")
+	if r.code != 1 || !strings.Contains(string(r.stdout), "audit") {
+		t.Fatalf("check with an unwritable audit log: exit %d %s", r.code, r.stdout)
+	}
+}
