@@ -2,7 +2,7 @@
 GO        ?= go
 BIN       ?= bin/loomfs
 FUZZTIME  ?= 15s
-STATICCHECK_VERSION ?= 2025.1.1
+STATICCHECK_VERSION ?= v0.8.2
 
 .PHONY: all build test unit fuzz lint bench demo setup clean
 

@@ -1,8 +1,6 @@
 package store
 
 import (
-	"errors"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -139,9 +137,4 @@ func infoOf(name string, st *unix.Stat_t) Info {
 		ModTime: time.Unix(st.Mtim.Unix()),
 		Stat:    *st,
 	}
-}
-
-// errNotExist reports whether err says a path does not exist.
-func errNotExist(err error) bool {
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist)
 }
