@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // node is one object of the scope as the kernel knows it. It holds no fd
@@ -85,7 +86,7 @@ func (n *node) childRel(name string) (string, error) {
 }
 
 // parentOf opens the directory holding rel, for one *at call.
-func (n *node) parentOf(rel string) (*os.File, string, error) {
+func (n *node) parentOf(rel string) (*store.Dir, string, error) {
 	return n.fsys.ws.Parent(rel)
 }
 
@@ -301,7 +302,7 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 
 // openExisting opens the entry base of parent that a create found already
 // there.
-func (n *node) openExisting(ctx context.Context, rel string, parent *os.File, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
+func (n *node) openExisting(ctx context.Context, rel string, parent *store.Dir, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, nil, 0, policy.Errno(err)

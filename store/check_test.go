@@ -37,7 +37,7 @@ func failed(r *store.CheckReport) []string {
 // single_node is always claimed and advisory_lock_local only when the probe
 // showed it.
 func TestCheck(t *testing.T) {
-	probeChecks := []string{"root", "marker", "writable", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}
+	probeChecks := []string{"root", "marker", "writable", "audit", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}
 	tests := []struct {
 		name       string
 		setup      func(t *testing.T, root string) // nil: root missing
@@ -50,7 +50,7 @@ func TestCheck(t *testing.T) {
 		mentioning string
 	}{
 		{name: "good shared root", setup: goodShared, opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID},
-			ok: true, shared: true, checks: []string{"root", "marker", "writable"}},
+			ok: true, shared: true, checks: []string{"root", "marker", "writable", "audit"}},
 		{name: "good shared root with probe", setup: goodShared, opts: store.CheckOptions{Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true},
 			ok: true, shared: true, lock: true, checks: probeChecks},
 		{name: "probe where .agentloom-locks exists", setup: func(t *testing.T, root string) {
@@ -71,7 +71,7 @@ func TestCheck(t *testing.T) {
 			opts: store.CheckOptions{Backend: store.BackendSharedPOSIX}, checks: []string{"root", "marker"}, failing: "marker"},
 		{name: "local root, not claimed shared", setup: func(t *testing.T, root string) { mkdir(t, root) },
 			opts: store.CheckOptions{Backend: store.BackendLocal, Probe: true}, ok: true, lock: true,
-			checks: []string{"root", "writable", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}},
+			checks: []string{"root", "writable", "audit", "probe_namespace", "probe_file_ops", "probe_atomic_replace", "probe_lock", "probe_cleanup"}},
 		{name: "local root missing", opts: store.CheckOptions{Backend: store.BackendLocal}, checks: []string{"root"}, failing: "root"},
 		{name: "unknown backend", setup: goodShared, opts: store.CheckOptions{Backend: "nfs"}, checks: []string{"backend"}, failing: "backend"},
 	}

@@ -74,7 +74,7 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 // replace writes data to a temporary file in parent and renames it to name.
 // With mustCreate the rename refuses to replace an object that appeared
 // meanwhile (RENAME_NOREPLACE).
-func (w *Workspace) replace(parent *os.File, name, rel string, data []byte, mustCreate bool) error {
+func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCreate bool) error {
 	pfd := int(parent.Fd())
 	tmp, tmpName, err := createTemp(pfd)
 	if err != nil {
