@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Benchmarks, side by side in one run. Prints figures; BENCHMARKS.md
 # records them with this command. Usage: bash bench/run.sh [section...]
-# Sections: go (Go benchmarks of the store and tools), grep (loomfs grep vs
-# rg on a 10k-file tree). Later sections are added by the packages that
-# need them.
+# Sections (all by default): go (Go benchmarks of the store, the tools and
+# the FUSE audit overhead), grep (loomfs grep vs rg on a 10k-file tree),
+# fuse (bench/fuse.sh: native vs loomfs vs go-fuse loopback vs bindfs),
+# snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(go grep)
+[ ${#sections[@]} -gt 0 ] || sections=(go grep fuse snapshot)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 go build -o "$work/loomfs" ./cmd/loomfs
@@ -22,7 +23,8 @@ for s in "${sections[@]}"; do
 	case $s in
 	go)
 		echo "## Go benchmarks (store, tools)"
-		go test -run='^$' -bench=. -benchmem -count=1 ./store/ ./tools/ | grep -E '^(Benchmark|ok)'
+		go test -run='^$' -bench=. -benchmem -count=3 ./store/ ./tools/ | grep -E '^(Benchmark|ok)'
+		go test -run='^$' -bench=BenchmarkAudit -count=5 ./fusefs/ | grep -E '^(Benchmark|ok)'
 		;;
 	grep)
 		echo "## grep: 10,000 files, ~80 MB; loomfs workspace_grep vs rg, $ROUNDS rounds, medians"
