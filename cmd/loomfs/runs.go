@@ -34,7 +34,7 @@ they fail, nothing else is consulted and nothing is created.`
 func newRunsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "runs create|show|finish",
-		Short: "Record and inspect run bindings",
+		Short: "Record, inspect and finish runs (bindings, end-of-run snapshot)",
 		Long:  runsHelp,
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
