@@ -75,8 +75,9 @@ func newToolbox(t *testing.T, pol *policy.Policy) *tools.Toolbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ws.Close() })
-	return &tools.Toolbox{WS: ws, Audit: newRecorder()}
+	tb := &tools.Toolbox{WS: ws, Audit: newRecorder()}
+	t.Cleanup(func() { tb.Wait(); ws.Close() })
+	return tb
 }
 
 func recorderOf(tb *tools.Toolbox) *recorder { return tb.Audit.(*recorder) }

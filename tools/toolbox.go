@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/agentloom/loomfs/audit"
@@ -53,6 +54,8 @@ type Toolbox struct {
 	// TraceID and Actor are copied into every audit record.
 	TraceID string
 	Actor   audit.Actor
+
+	inflight sync.WaitGroup
 }
 
 // Call runs the named tool with JSON input. callID, if set, makes the call
@@ -78,7 +81,7 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 	var res json.RawMessage
 	err := ferr
 	if err == nil {
-		res, err = t.call(ctx, h, name, callID, input)
+		res, err = t.callWithin(ctx, h, name, callID, input)
 	}
 
 	ev.Duration = time.Since(start)
@@ -106,6 +109,54 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 	t.sink().Record(ctx, ev)
 	return res, nil
 }
+
+// callWithin runs the call in its own goroutine and waits at most until
+// ctx is done. A handler blocked in a system call that can't be interrupted
+// (a hung NFS server) then keeps its goroutine, but the caller gets its
+// answer within its budget: a timeout for a read, unknown_outcome for a
+// change that may yet complete. The call record tells a replay which.
+func (t *Toolbox) callWithin(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+	type outcome struct {
+		res json.RawMessage
+		err error
+	}
+	done := make(chan outcome, 1)
+	t.inflight.Add(1)
+	go func() {
+		defer t.inflight.Done()
+		res, err := t.call(ctx, h, name, callID, input)
+		done <- outcome{res, err}
+	}()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-ctx.Done():
+	}
+	// A handler that honours ctx (a lock wait, a search) stops at once:
+	// give it a moment to say how it ended.
+	grace := time.NewTimer(cancelGrace)
+	defer grace.Stop()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-grace.C:
+	}
+	if Mutating(name) {
+		return nil, policy.Errorf(policy.UnknownOutcome, "%s was still running when the call's budget ran out (%v); it may yet complete: re-read the files concerned before retrying", name, ctx.Err())
+	}
+	if ctx.Err() == context.Canceled {
+		return nil, policy.Errorf(policy.Cancelled, "%s was cancelled", name)
+	}
+	return nil, policy.Errorf(policy.Timeout, "%s did not finish within the call's budget; the storage may be slow or hung", name)
+}
+
+// cancelGrace is how long a call whose budget ran out may take to report
+// its real outcome before the caller is answered without it.
+const cancelGrace = 250 * time.Millisecond
+
+// Wait waits for calls that outlived their caller's budget. Call it before
+// closing the workspace when the process goes on.
+func (t *Toolbox) Wait() { t.inflight.Wait() }
 
 func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
 	rec, err := t.WS.BeginCall(callID, name, input)

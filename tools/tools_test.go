@@ -455,3 +455,30 @@ func TestRefusesPlantedObjects(t *testing.T) {
 		t.Fatal("canary changed")
 	}
 }
+
+// stuckRunner ignores its context, as a system call blocked on a hung
+// server would.
+type stuckRunner struct{ release chan struct{} }
+
+func (s stuckRunner) RunCommand(ctx context.Context, ws *store.Workspace, req CommandRequest) (CommandResult, error) {
+	<-s.release
+	return CommandResult{}, nil
+}
+
+// TestBudgetBoundsABlockedHandler: a handler that can't be interrupted
+// still answers the caller within its budget, as unknown_outcome for a
+// change.
+func TestBudgetBoundsABlockedHandler(t *testing.T) {
+	tb, _ := newBox(t, nil)
+	stuck := stuckRunner{release: make(chan struct{})}
+	t.Cleanup(func() { close(stuck.release); tb.Wait() })
+	tb.Commands = stuck
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := tb.Call(ctx, Command, "", json.RawMessage(`{"command":"sleep 1000"}`))
+	wantCode(t, err, policy.UnknownOutcome)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the caller waited %v for a blocked handler", d)
+	}
+}
