@@ -41,3 +41,37 @@ func TestRunFinish(t *testing.T) {
 		t.Fatalf("snapshot list: %s %s", l.stdout, l.stderr)
 	}
 }
+
+// TestScopeByRun: --scope run:RUN[/INSTANCE] resumes through the run's
+// binding; a run from before bindings uses data/runs/RUN.
+func TestScopeByRun(t *testing.T) {
+	c := newCLI(t)
+	if r := c.run("", "runs", "create", "--scope", "sp/ag/se", "--run", "r1", "--user", "alice"); r.code != 0 {
+		t.Fatalf("runs create: %s %s", r.stdout, r.stderr)
+	}
+	c.tool("run:r1", "workspace_write", `{"path":"main.txt","content":"m"}`)
+	c.tool("run:r1/sub-1", "workspace_write", `{"path":"child.txt","content":"c"}`)
+	if m, _ := c.tool("sp/ag/se", "workspace_read", `{"path":"main.txt"}`); m["content"] != "m" {
+		t.Fatalf("run:r1 is not the session's main scope: %v", m)
+	}
+	if m, _ := c.tool("sp/ag/se/r1/sub-1", "workspace_read", `{"path":"child.txt"}`); m["content"] != "c" {
+		t.Fatalf("run:r1/sub-1 is not the run's child instance: %v", m)
+	}
+	// A legacy run: its directory under data/runs, no binding.
+	data := t.TempDir()
+	legacy := filepath.Join(data, "runs", "old-run")
+	if err := os.MkdirAll(legacy, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(legacy, "notes.txt"), []byte("from before bindings"), 0o600)
+	r := c.run("", "--root", data, "--data", data, "tool", "workspace_read", "--scope", "run:old-run", "--input", `{"path":"notes.txt"}`)
+	if r.code != 0 || !strings.Contains(string(r.stdout), "from before bindings") {
+		t.Fatalf("legacy run: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if m, code := c.tool("run:nope", "workspace_read", `{"path":"x"}`); code != 1 || errCode(m) != "not_found" {
+		t.Fatalf("unknown run: %v", m)
+	}
+	if r := c.run("", "tool", "workspace_list", "--scope", "run:../x"); r.code != 2 {
+		t.Fatalf("bad run id: exit %d", r.code)
+	}
+}

@@ -55,7 +55,7 @@ printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE (required)")
+	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] through the run's binding (required)")
 	f.StringVar(&httpAddr, "http", "", "serve streamable HTTP on ADDR instead of stdio (loopback unless a token is given)")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token HTTP requests must carry (required beyond loopback)")
 	return cmd

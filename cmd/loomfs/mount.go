@@ -57,7 +57,7 @@ printed on stderr once the mount is ready.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE")
+	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] (through the run's binding)")
 	f.Uint32Var(&opts.UID, "uid", fusefs.DefaultUID, "uid shown as the owner of every object (the sandbox user)")
 	f.Uint32Var(&opts.GID, "gid", fusefs.DefaultGID, "gid shown as the group of every object")
 	f.BoolVar(&opts.AllowOther, "allow-other", false, "let other users (the sandbox container's) use the mount; MOUNTPOINT's parent must be root's, mode 0700")

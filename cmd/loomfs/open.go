@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -25,19 +26,25 @@ func (g *globals) loadPolicy() (*policy.Policy, error) {
 	return pol, nil
 }
 
-// openWorkspace opens the volume and the scope named by scopeArg. The
-// caller closes both through the returned func.
+// openWorkspace opens the volume and the scope named by scopeArg: either
+// SPACE/AGENT/SESSION[/RUN/INSTANCE], or run:RUN[/INSTANCE] to resume a run
+// through its recorded binding (SPEC §2.3) — its volume, layout and scope
+// as they were when it was created, or <data>/runs/RUN for a run from
+// before bindings. The caller closes everything through the returned func.
 func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Workspace, func(), error) {
 	if scopeArg == "" {
-		return nil, nil, usagef("--scope is required (SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE)")
-	}
-	sc, err := store.ParseScope(scopeArg)
-	if err != nil {
-		return nil, nil, usageError{err}
+		return nil, nil, usagef("--scope is required (SPACE/AGENT/SESSION, SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE])")
 	}
 	pol, err := g.loadPolicy()
 	if err != nil {
 		return nil, nil, err
+	}
+	if run, ok := strings.CutPrefix(scopeArg, "run:"); ok {
+		return g.resumeRun(ctx, run, pol)
+	}
+	sc, err := store.ParseScope(scopeArg)
+	if err != nil {
+		return nil, nil, usageError{err}
 	}
 	vol, err := store.OpenVolume(ctx, g.storeConfig())
 	if err != nil {
@@ -49,4 +56,32 @@ func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Wo
 		return nil, nil, err
 	}
 	return ws, func() { ws.Close(); vol.Close() }, nil
+}
+
+// resumeRun opens run:RUN[/INSTANCE] through the run's binding.
+func (g *globals) resumeRun(ctx context.Context, arg string, pol *policy.Policy) (*store.Workspace, func(), error) {
+	runID, instance, child := strings.Cut(arg, "/")
+	if err := store.ValidateID("run", runID); err != nil {
+		return nil, nil, usageError{err}
+	}
+	if child {
+		if err := store.ValidateID("instance", instance); err != nil {
+			return nil, nil, usageError{err}
+		}
+	}
+	r, err := store.ResumeRun(ctx, g.storeConfig(), runID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ws *store.Workspace
+	if child {
+		ws, err = r.Instance(ctx, instance, pol)
+	} else {
+		ws, err = r.Main(ctx, pol)
+	}
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return ws, func() { ws.Close(); r.Close() }, nil
 }

@@ -82,7 +82,7 @@ timed out, and 1 if it was refused.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE (required)")
+	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().IntVar(&timeout, "timeout", 60, "seconds before the container is killed (1–120)")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
 	return cmd

@@ -68,7 +68,7 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE (required)")
+	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().StringVar(&input, "input", "{}", "tool arguments as JSON, or - to read them from stdin")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
 	return cmd
