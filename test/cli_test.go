@@ -65,6 +65,12 @@ func (c *cli) run(stdin string, args ...string) result {
 	cmd := exec.Command(loomfsBin, append([]string{"--root", c.root}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	cmd.Stdin = strings.NewReader(stdin)
+	return runCmd(c.t, cmd)
+}
+
+// runCmd runs a prepared loomfs command and collects what it did.
+func runCmd(t testing.TB, cmd *exec.Cmd) result {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -72,7 +78,7 @@ func (c *cli) run(stdin string, args ...string) result {
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		c.t.Fatalf("run loomfs: %v", err)
+		t.Fatalf("run loomfs: %v", err)
 	}
 	return result{code, out.Bytes(), errb.String()}
 }

@@ -132,17 +132,7 @@ func (n *node) command(args ...string) *exec.Cmd {
 
 func (n *node) run(args ...string) result {
 	n.t.Helper()
-	cmd := n.command(args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		n.t.Fatalf("run loomfs: %v", err)
-	}
-	return result{code, out.Bytes(), errb.String()}
+	return runCmd(n.t, n.command(args...))
 }
 
 // tool runs one tool; m is its JSON output, result or error.

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,29 +14,12 @@ import (
 	"github.com/agentloom/loomfs/audit"
 )
 
-// runLoomfs runs the command line in-process and returns its output and
-// exit code, as main would.
+// runLoomfs runs the command line in-process through run, as main does,
+// and returns its output and exit code.
 func runLoomfs(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	root := newRootCmd()
 	var out, errb bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errb)
-	root.SetArgs(args)
-	err := root.Execute()
-	var ee exitError
-	var ue usageError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.code
-	case errors.As(err, &ue) || isCobraUsage(err):
-		code = exitUsage
-		fmt.Fprintln(&errb, err)
-	default:
-		code = exitRefused
-		fmt.Fprintln(&errb, err)
-	}
+	code = run(args, &out, &errb)
 	return out.String(), errb.String(), code
 }
 

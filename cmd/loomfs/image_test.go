@@ -1,36 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 )
-
-// execImage runs the command line in-process and returns its output and the
-// exit code main would return.
-func execImage(t *testing.T, args ...string) (stdout, stderr string, code int) {
-	t.Helper()
-	root := newRootCmd()
-	var out, errb bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errb)
-	root.SetArgs(args)
-	err := root.Execute()
-	var ee exitError
-	var ue usageError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.code
-	case errors.As(err, &ue) || isCobraUsage(err):
-		code, errb = exitUsage, *bytes.NewBufferString(errb.String() + err.Error())
-	default:
-		code, errb = exitRefused, *bytes.NewBufferString(errb.String() + err.Error())
-	}
-	return out.String(), errb.String(), code
-}
 
 func TestImageCommandUsage(t *testing.T) {
 	for _, tc := range []struct {
@@ -47,7 +21,7 @@ func TestImageCommandUsage(t *testing.T) {
 		{"unknown flag", []string{"image", "build", "--pull"}, exitUsage, "unknown flag"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, errs, code := execImage(t, tc.args...)
+			out, errs, code := runLoomfs(t, tc.args...)
 			if code != tc.code || !strings.Contains(out+errs, tc.want) {
 				t.Fatalf("exit %d (want %d); output %q %q lacks %q", code, tc.code, out, errs, tc.want)
 			}
@@ -57,7 +31,7 @@ func TestImageCommandUsage(t *testing.T) {
 
 func TestImageBuildRefusesRemoteEngine(t *testing.T) {
 	t.Setenv("AGENT_LOOM_DOCKER_HOST", "tcp://127.0.0.1:2375")
-	_, errs, code := execImage(t, "image", "build", "--minimal")
+	_, errs, code := runLoomfs(t, "image", "build", "--minimal")
 	if code != exitRefused || !strings.Contains(errs, "local unix:// socket") {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
@@ -66,10 +40,10 @@ func TestImageBuildRefusesRemoteEngine(t *testing.T) {
 // TestImageBuildKeepsExisting needs the local engine; building the minimal
 // image takes seconds when it is missing.
 func TestImageBuildKeepsExisting(t *testing.T) {
-	if _, errs, code := execImage(t, "image", "build", "--minimal"); code != exitOK {
+	if _, errs, code := runLoomfs(t, "image", "build", "--minimal"); code != exitOK {
 		t.Fatalf("first build: exit %d, %s", code, errs)
 	}
-	out, errs, code := execImage(t, "--json", "image", "build", "--minimal")
+	out, errs, code := runLoomfs(t, "--json", "image", "build", "--minimal")
 	if code != exitOK || !strings.Contains(errs, "already exists") {
 		t.Fatalf("second build: exit %d, stderr %q", code, errs)
 	}

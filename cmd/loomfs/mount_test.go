@@ -30,7 +30,7 @@ func TestMountHelperProcess(t *testing.T) {
 	if os.Getenv("LOOMFS_TEST_MAIN") != "1" {
 		return
 	}
-	os.Exit(run(flag.Args()))
+	os.Exit(run(flag.Args(), os.Stdout, os.Stderr))
 }
 
 // mountProc is a `loomfs mount` child process.
