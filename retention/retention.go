@@ -64,6 +64,9 @@ type Report struct {
 const (
 	KindSession  = "session"
 	KindSnapshot = "snapshot"
+	// KindTemporary counts the leftover temporary files of atomic writes
+	// removed from one session (store.Volume.SweepTemporaries).
+	KindTemporary = "temporary"
 )
 
 // Collect reclaims the sessions with no change for opt.MaxAge (their whole
@@ -128,7 +131,17 @@ func (g *collector) sessions(ctx context.Context) error {
 	return nil
 }
 
+// tempAge is how old a leftover temporary file must be to be removed: an
+// atomic write holds its temporary file for the time of one write.
+const tempAge = time.Hour
+
 func (g *collector) session(ctx context.Context, s store.Session) error {
+	if n, b, err := g.vol.SweepTemporaries(ctx, s, g.opt.Clock.Now().Add(-tempAge), g.opt.DryRun); err != nil {
+		g.fail("session %s: leftover temporary files: %v", s.Main, err)
+	} else if n > 0 {
+		g.rep.Removed = append(g.rep.Removed, Item{Kind: KindTemporary, Scope: s.Main.String(), Bytes: b, Reason: fmt.Sprintf("%d leftover temporary files of interrupted writes", n)})
+		g.rep.Freed += b
+	}
 	last, err := g.vol.LastChange(ctx, s, func(n int) { g.progress(false, "session %s: %d entries walked", s.Main, n) })
 	if err != nil {
 		return err

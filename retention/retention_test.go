@@ -337,3 +337,57 @@ func TestClearTemporary(t *testing.T) {
 		t.Errorf("usage %+v after clearing, want %+v less 10 bytes and 3 entries", after, before)
 	}
 }
+
+// TestSweepTemporaries: gc removes the hidden temporary files an
+// interrupted atomic write left behind once they are an hour old, and
+// nothing else; a dry run only counts them.
+func TestSweepTemporaries(t *testing.T) {
+	ctx := context.Background()
+	v := newVolume(t)
+	v.open(t, "sp/ag/s")
+	sc, _ := store.ParseScope("sp/ag/s")
+	dir := filepath.Join(v.root, sc.Dir(), "src")
+	leftover := filepath.Join(dir, policy.InternalPrefix+"tmp-0123456789abcdef")
+	other := filepath.Join(dir, policy.InternalPrefix+"other")
+	link := filepath.Join(dir, policy.InternalPrefix+"tmp-link")
+	if err := os.WriteFile(leftover, []byte("half a write"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(other, []byte("x"), 0o600)
+	os.Symlink("/etc/passwd", link)
+	temps := func(rep *retention.Report) int {
+		n := 0
+		for _, it := range rep.Removed {
+			if it.Kind == retention.KindTemporary {
+				n++
+			}
+		}
+		return n
+	}
+
+	// Young: left alone.
+	rep, err := retention.Collect(ctx, v.vol, retention.Options{Clock: fakeClock{time.Now()}})
+	if err != nil || temps(rep) != 0 {
+		t.Fatalf("a fresh temporary file was swept: %+v %v", rep, err)
+	}
+	later := fakeClock{time.Now().Add(2 * time.Hour)}
+	rep, err = retention.Collect(ctx, v.vol, retention.Options{Clock: later, DryRun: true})
+	if err != nil || temps(rep) != 1 {
+		t.Fatalf("dry run: %+v %v", rep, err)
+	}
+	if _, err := os.Stat(leftover); err != nil {
+		t.Fatal("the dry run removed it")
+	}
+	rep, err = retention.Collect(ctx, v.vol, retention.Options{Clock: later})
+	if err != nil || temps(rep) != 1 || rep.Freed < int64(len("half a write")) {
+		t.Fatalf("sweep: %+v %v", rep, err)
+	}
+	if _, err := os.Stat(leftover); !os.IsNotExist(err) {
+		t.Fatalf("leftover still there: %v", err)
+	}
+	for _, keep := range []string{other, link, filepath.Join(dir, "a.txt")} {
+		if _, err := os.Lstat(keep); err != nil {
+			t.Errorf("%s was removed: %v", filepath.Base(keep), err)
+		}
+	}
+}

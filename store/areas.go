@@ -185,7 +185,7 @@ func (v *Volume) subdirs(rel string) ([]string, error) {
 func (v *Volume) LastChange(ctx context.Context, s Session, visit func(n int)) (time.Time, error) {
 	var newest int64
 	n := 0
-	note := func(st *unix.Stat_t) {
+	note := func(_ int, _ string, st *unix.Stat_t) {
 		if t := st.Ctim.Nano(); t > newest {
 			newest = t
 		}
@@ -200,7 +200,7 @@ func (v *Volume) LastChange(ctx context.Context, s Session, visit func(n int)) (
 	}
 	var root unix.Stat_t
 	unix.Fstat(fd, &root)
-	note(&root)
+	note(fd, ".", &root)
 	err = walkStat(ctx, fd, root.Dev, note)
 	unix.Close(fd)
 	if err != nil {
@@ -213,7 +213,7 @@ func (v *Volume) LastChange(ctx context.Context, s Session, visit func(n int)) (
 		}
 		var st unix.Stat_t
 		unix.Fstat(cfd, &st)
-		note(&st)
+		note(cfd, ".", &st)
 		err = walkStat(ctx, cfd, st.Dev, note)
 		unix.Close(cfd)
 		if err != nil {
@@ -223,9 +223,10 @@ func (v *Volume) LastChange(ctx context.Context, s Session, visit func(n int)) (
 	return time.Unix(0, newest), nil
 }
 
-// walkStat calls note with the lstat of every entry under dirfd, never
-// following a symlink or leaving the filesystem dev.
-func walkStat(ctx context.Context, dirfd int, dev uint64, note func(*unix.Stat_t)) error {
+// walkStat calls note with the lstat of every entry under dirfd (and the
+// fd of the directory holding it, valid during the call), never following
+// a symlink or leaving the filesystem dev.
+func walkStat(ctx context.Context, dirfd int, dev uint64, note func(dirfd int, name string, st *unix.Stat_t)) error {
 	dup, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -244,7 +245,7 @@ func walkStat(ctx context.Context, dirfd int, dev uint64, note func(*unix.Stat_t
 		if unix.Fstatat(dup, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 			continue
 		}
-		note(&st)
+		note(dup, name, &st)
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Dev != dev {
 			continue
 		}
@@ -259,6 +260,36 @@ func walkStat(ctx context.Context, dirfd int, dev uint64, note func(*unix.Stat_t
 		}
 	}
 	return nil
+}
+
+// SweepTemporaries removes, from the session's directory tree, the
+// temporary files of atomic writes (policy.InternalPrefix + "tmp-") last
+// changed before cutoff: leftovers of a writer that died between creating
+// and renaming one (on filesystems without O_TMPFILE, such as NFS, for
+// the whole write). They are hidden and uncounted, so nothing else would
+// ever remove them. With dryRun it only counts them.
+func (v *Volume) SweepTemporaries(ctx context.Context, s Session, cutoff time.Time, dryRun bool) (n int, bytes int64, err error) {
+	fd, err := openBeneath(int(v.root.Fd()), s.Dir(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("open %s: %w", s.Dir(), err)
+	}
+	defer unix.Close(fd)
+	var root unix.Stat_t
+	if err := unix.Fstat(fd, &root); err != nil {
+		return 0, 0, err
+	}
+	prefix := policy.InternalPrefix + "tmp-"
+	err = walkStat(ctx, fd, root.Dev, func(dirfd int, name string, st *unix.Stat_t) {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || !strings.HasPrefix(name, prefix) || st.Ctim.Nano() >= cutoff.UnixNano() {
+			return
+		}
+		if !dryRun && unix.Unlinkat(dirfd, name, 0) != nil {
+			return
+		}
+		n++
+		bytes += st.Size
+	})
+	return n, bytes, err
 }
 
 // RemoveSession removes the session's directory tree and its scopes' call
