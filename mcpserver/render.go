@@ -47,16 +47,7 @@ func plural(n int, one, many string) string {
 
 // renderRead numbers the lines like cat -n: "    12\tline".
 func renderRead(res json.RawMessage) (string, error) {
-	var r struct {
-		Path       string `json:"path"`
-		Content    string `json:"content"`
-		SHA256     string `json:"sha256"`
-		TotalLines int    `json:"total_lines"`
-		Offset     int    `json:"offset"`
-		Lines      int    `json:"lines"`
-		Truncated  bool   `json:"truncated"`
-		Binary     bool   `json:"binary"`
-	}
+	var r tools.ReadResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -87,15 +78,7 @@ func renderRead(res json.RawMessage) (string, error) {
 // renderGrep lists matches as "path:line: text", context lines as
 // "path-line- text", groups apart by "--" as grep does.
 func renderGrep(res json.RawMessage) (string, error) {
-	var r struct {
-		Matches        []tools.GrepMatch `json:"matches"`
-		FilesSearched  int               `json:"files_searched"`
-		FilesMatched   int               `json:"files_matched"`
-		SkippedBinary  int               `json:"skipped_binary"`
-		SkippedLarge   int               `json:"skipped_large"`
-		SkippedRefused int               `json:"skipped_refused"`
-		Truncated      bool              `json:"truncated"`
-	}
+	var r tools.GrepResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -139,12 +122,7 @@ func renderGrep(res json.RawMessage) (string, error) {
 
 // renderList shows one entry a line, directories with a trailing "/".
 func renderList(res json.RawMessage) (string, error) {
-	var r struct {
-		Path      string        `json:"path"`
-		Entries   []tools.Entry `json:"entries"`
-		Total     int           `json:"total"`
-		Truncated bool          `json:"truncated"`
-	}
+	var r tools.ListResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -188,11 +166,7 @@ func renderStat(res json.RawMessage) (string, error) {
 }
 
 func renderGlob(res json.RawMessage) (string, error) {
-	var r struct {
-		Matches   []string `json:"matches"`
-		Total     int      `json:"total"`
-		Truncated bool     `json:"truncated"`
-	}
+	var r tools.GlobResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -207,12 +181,7 @@ func renderGlob(res json.RawMessage) (string, error) {
 }
 
 func renderWrite(res json.RawMessage) (string, error) {
-	var r struct {
-		Path    string `json:"path"`
-		Bytes   int64  `json:"bytes"`
-		SHA256  string `json:"sha256"`
-		Created bool   `json:"created"`
-	}
+	var r tools.WriteResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -224,11 +193,7 @@ func renderWrite(res json.RawMessage) (string, error) {
 }
 
 func renderEdit(res json.RawMessage) (string, error) {
-	var r struct {
-		Path         string `json:"path"`
-		Replacements int    `json:"replacements"`
-		SHA256       string `json:"sha256"`
-	}
+	var r tools.EditResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -236,10 +201,7 @@ func renderEdit(res json.RawMessage) (string, error) {
 }
 
 func renderMkdir(res json.RawMessage) (string, error) {
-	var r struct {
-		Path    string `json:"path"`
-		Created bool   `json:"created"`
-	}
+	var r tools.MkdirResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
@@ -250,9 +212,7 @@ func renderMkdir(res json.RawMessage) (string, error) {
 }
 
 func renderDelete(res json.RawMessage) (string, error) {
-	var r struct {
-		Path string `json:"path"`
-	}
+	var r tools.DeleteResult
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}

@@ -63,12 +63,7 @@ func handleList(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	out := struct {
-		Path      string  `json:"path"`
-		Entries   []Entry `json:"entries"`
-		Total     int     `json:"total"`
-		Truncated bool    `json:"truncated"`
-	}{Path: rel, Entries: []Entry{}, Total: len(infos)}
+	out := ListResult{Path: rel, Entries: []Entry{}, Total: len(infos)}
 	for _, info := range infos {
 		if len(out.Entries) == limit {
 			out.Truncated = true
@@ -135,16 +130,7 @@ func handleRead(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if limit == 0 {
 		limit = defaultReadLines
 	}
-	out := struct {
-		Path       string `json:"path"`
-		Content    string `json:"content"`
-		SHA256     string `json:"sha256"`
-		TotalLines int    `json:"total_lines"`
-		Offset     int    `json:"offset"`
-		Lines      int    `json:"lines"`
-		Truncated  bool   `json:"truncated"`
-		Binary     bool   `json:"binary,omitempty"`
-	}{Path: rel, SHA256: sum, TotalLines: len(lines), Offset: first}
+	out := ReadResult{Path: rel, SHA256: sum, TotalLines: len(lines), Offset: first}
 	if first > len(lines) && len(lines) > 0 {
 		return nil, policy.Errorf(policy.InvalidInput, "offset %d is past the end: %s has %d lines", first, rel, len(lines))
 	}
@@ -205,10 +191,7 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 		return nil, err
 	}
 	t.changed(rel)
-	return struct {
-		Path string `json:"path"`
-		store.WriteResult
-	}{rel, res}, nil
+	return WriteResult{Path: rel, Bytes: res.Bytes, SHA256: res.SHA256, Created: res.Created}, nil
 }
 
 func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
@@ -274,12 +257,7 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, err
 	}
 	t.changed(rel)
-	return struct {
-		Path         string `json:"path"`
-		Replacements int    `json:"replacements"`
-		SHA256       string `json:"sha256"`
-		Bytes        int64  `json:"bytes"`
-	}{rel, n, res.SHA256, res.Bytes}, nil
+	return EditResult{Path: rel, Replacements: n, SHA256: res.SHA256, Bytes: res.Bytes}, nil
 }
 
 func handleMkdir(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
@@ -299,10 +277,7 @@ func handleMkdir(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 		return nil, err
 	}
 	t.changed(rel)
-	return struct {
-		Path    string `json:"path"`
-		Created bool   `json:"created"`
-	}{rel, created}, nil
+	return MkdirResult{Path: rel, Created: created}, nil
 }
 
 func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
@@ -330,10 +305,7 @@ func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, 
 		return nil, err
 	}
 	t.changed(rel)
-	return struct {
-		Path    string `json:"path"`
-		Deleted bool   `json:"deleted"`
-	}{rel, true}, nil
+	return DeleteResult{Path: rel, Deleted: true}, nil
 }
 
 func handleCommand(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {

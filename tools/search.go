@@ -121,13 +121,7 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, err
 	}
 	sort.Strings(matches)
-	out := struct {
-		Pattern   string   `json:"pattern"`
-		Path      string   `json:"path"`
-		Matches   []string `json:"matches"`
-		Total     int      `json:"total"`
-		Truncated bool     `json:"truncated"`
-	}{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut}
+	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut}
 	if len(matches) > limit {
 		matches, out.Truncated = matches[:limit], true
 	}
@@ -270,7 +264,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		size int64
 	}
 	var files []file
-	var out grepResult
+	var out GrepResult
 	info, err := t.WS.Lstat(base)
 	if err != nil {
 		return nil, err
@@ -298,7 +292,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				out.SkippedRefused++
 				return nil
 			}
-			if info.Size > l.TextBytes {
+			if l.CheckText(rel, info.Size) != nil {
 				out.SkippedLarge++
 				return nil
 			}
@@ -339,7 +333,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				next++
 				scanned += files[i].size
 				mu.Unlock()
-				ms, flag, err := grepFile(ctx, t.WS, files[i].rel, m, in.Context, limit, &buf, l.TextBytes)
+				ms, flag, err := grepFile(ctx, t.WS, files[i].rel, m, in.Context, limit, &buf, l)
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -387,19 +381,6 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	return out, nil
 }
 
-type grepResult struct {
-	Pattern        string      `json:"pattern"`
-	Path           string      `json:"path"`
-	Matches        []GrepMatch `json:"matches"`
-	FilesSearched  int         `json:"files_searched"`
-	FilesMatched   int         `json:"files_matched"`
-	SkippedBinary  int         `json:"skipped_binary"`
-	SkippedLarge   int         `json:"skipped_large"`
-	SkippedRefused int         `json:"skipped_refused"`
-	BytesScanned   int64       `json:"bytes_scanned"`
-	Truncated      bool        `json:"truncated"`
-}
-
 func timeoutErr(budget time.Duration) error {
 	return policy.Errorf(policy.Timeout, "search stopped: it exceeded its time budget of %s (a backtracking pattern can take exponential time); simplify the pattern or narrow path/glob", budget)
 }
@@ -417,7 +398,7 @@ func grepGlob(glob, rel string) bool {
 
 // grepFile searches one file. It opens the file with the same checks as
 // every read and reads at most the text limit.
-func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, nctx, limit int, buf *[]byte, maxBytes int64) ([]GrepMatch, byte, error) {
+func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, nctx, limit int, buf *[]byte, l policy.Limits) ([]GrepMatch, byte, error) {
 	if ctx.Err() != nil {
 		return nil, 0, errRegexTimeout
 	}
@@ -432,19 +413,20 @@ func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, n
 		return nil, 0, err
 	}
 	defer f.Close()
-	if info.Size > maxBytes {
+	if l.CheckText(rel, info.Size) != nil {
 		return nil, 2, nil
 	}
 	b := (*buf)[:0]
 	if int64(cap(b)) < info.Size+1 {
 		b = make([]byte, 0, info.Size+1)
 	}
-	b, err = readAll(f, b, maxBytes+1)
+	// One byte past the limit, so growth since the fstat is caught.
+	b, err = readAll(f, b, l.TextBytes+1)
 	*buf = b
 	if err != nil {
 		return nil, 0, policy.FromErrno(err, "read", rel)
 	}
-	if int64(len(b)) > maxBytes {
+	if l.CheckText(rel, int64(len(b))) != nil {
 		return nil, 2, nil
 	}
 	head := b
