@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"strings"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -51,21 +50,18 @@ func (n *node) usesXattrs() bool {
 }
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if !strings.HasPrefix(attr, policy.UserXattrPrefix) || !n.usesXattrs() {
+	if !n.usesXattrs() {
 		return 0, syscall.ENODATA
 	}
-	rel, ok := n.relPath()
-	if !ok {
-		return 0, syscall.ENOENT
-	}
-	if err := n.fsys.admit(policy.OpStat, rel); err != nil {
-		return 0, policy.Errno(err)
-	}
-	file, err := n.xattrFile(rel)
-	if err != nil {
-		return 0, policy.Errno(err)
+	file, e := n.readXattrs()
+	if e != 0 {
+		return 0, e
 	}
 	defer file.Close()
+	// Outside the one namespace served, nothing is there to read.
+	if policy.CheckXattr(".", attr) != nil {
+		return 0, syscall.ENODATA
+	}
 	sz, err := unix.Fgetxattr(int(file.Fd()), attr, dest)
 	if err != nil {
 		return uint32(max(sz, 0)), policy.Errno(err)
@@ -73,20 +69,30 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	return uint32(sz), 0
 }
 
+// readXattrs opens the node's object for reading its extended attributes,
+// once the policy lets its path be looked at.
+func (n *node) readXattrs() (*os.File, syscall.Errno) {
+	rel, ok := n.relPath()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	if err := n.fsys.admit(policy.OpStat, rel); err != nil {
+		return nil, policy.Errno(err)
+	}
+	file, err := n.xattrFile(rel)
+	if err != nil {
+		return nil, policy.Errno(err)
+	}
+	return file, 0
+}
+
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	if !n.usesXattrs() {
 		return 0, 0
 	}
-	rel, ok := n.relPath()
-	if !ok {
-		return 0, syscall.ENOENT
-	}
-	if err := n.fsys.admit(policy.OpStat, rel); err != nil {
-		return 0, policy.Errno(err)
-	}
-	file, err := n.xattrFile(rel)
-	if err != nil {
-		return 0, policy.Errno(err)
+	file, e := n.readXattrs()
+	if e != 0 {
+		return 0, e
 	}
 	defer file.Close()
 	fd := int(file.Fd())
@@ -100,7 +106,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	}
 	var list []byte
 	for _, name := range bytes.Split(all[:sz], []byte{0}) {
-		if bytes.HasPrefix(name, []byte(policy.UserXattrPrefix)) {
+		if len(name) > 0 && policy.CheckXattr(".", string(name)) == nil {
 			list = append(append(list, name...), 0)
 		}
 	}
