@@ -190,17 +190,18 @@ type chainFile struct {
 	n    int
 }
 
-// scanDir groups the chain files in dir by writer, ordered by start time.
-func scanDir(dir string) ([]*chainReader, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("read audit directory: %w", err)
-	}
+// groupChains groups the audit log files among ents by writer. bad, if
+// set, is told of every other entry: isLog says whether its name is a log
+// file's (then it is not a regular file).
+func groupChains(ents []os.DirEntry, bad func(e os.DirEntry, isLog bool)) []*chainReader {
 	byID := map[string]*chainReader{}
 	var chains []*chainReader
 	for _, e := range ents {
 		w, n, ok := parseFileName(e.Name())
 		if !ok || !e.Type().IsRegular() {
+			if bad != nil {
+				bad(e, ok)
+			}
 			continue
 		}
 		c := byID[w.id]
@@ -211,6 +212,16 @@ func scanDir(dir string) ([]*chainReader, error) {
 		}
 		c.files = append(c.files, chainFile{name: e.Name(), n: n})
 	}
+	return chains
+}
+
+// scanDir groups the chain files in dir by writer, ordered by start time.
+func scanDir(dir string) ([]*chainReader, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read audit directory: %w", err)
+	}
+	chains := groupChains(ents, nil)
 	for _, c := range chains {
 		slices.SortFunc(c.files, func(a, b chainFile) int { return a.n - b.n })
 	}

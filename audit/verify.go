@@ -99,26 +99,13 @@ func Verify(dir string) (Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("read audit directory: %w", err)
 	}
-	byID := map[string]*chainReader{}
-	var chains []*chainReader
-	for _, e := range ents {
-		w, n, ok := parseFileName(e.Name())
-		switch {
-		case !ok:
+	chains := groupChains(ents, func(e os.DirEntry, isLog bool) {
+		if !isLog {
 			rep.warn(Problem{File: e.Name(), Message: "not an audit log file"})
-			continue
-		case !e.Type().IsRegular():
-			rep.problem(Problem{File: e.Name(), Message: fmt.Sprintf("not a regular file (%v)", e.Type())})
-			continue
+			return
 		}
-		c := byID[w.id]
-		if c == nil {
-			c = &chainReader{w: w}
-			byID[w.id] = c
-			chains = append(chains, c)
-		}
-		c.files = append(c.files, chainFile{name: e.Name(), n: n})
-	}
+		rep.problem(Problem{File: e.Name(), Message: fmt.Sprintf("not a regular file (%v)", e.Type())})
+	})
 	slices.SortFunc(chains, func(a, b *chainReader) int { return strings.Compare(a.w.id, b.w.id) })
 	for _, c := range chains {
 		slices.SortFunc(c.files, func(a, b chainFile) int { return a.n - b.n })
