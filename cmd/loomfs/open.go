@@ -42,9 +42,9 @@ func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Wo
 	if run, ok := strings.CutPrefix(scopeArg, "run:"); ok {
 		return g.resumeRun(ctx, run, pol)
 	}
-	sc, err := store.ParseScope(scopeArg)
+	sc, err := parseScopeFlag(scopeArg)
 	if err != nil {
-		return nil, nil, usageError{err}
+		return nil, nil, err
 	}
 	vol, err := store.OpenVolume(ctx, g.storeConfig())
 	if err != nil {
@@ -84,4 +84,17 @@ func (g *globals) resumeRun(ctx context.Context, arg string, pol *policy.Policy)
 		return nil, nil, err
 	}
 	return ws, func() { ws.Close(); r.Close() }, nil
+}
+
+// parseScopeFlag parses --scope SPACE/AGENT/SESSION[/RUN/INSTANCE]; a
+// missing or malformed one is a usage error.
+func parseScopeFlag(s string) (store.Scope, error) {
+	if s == "" {
+		return store.Scope{}, usagef("--scope is required (SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE)")
+	}
+	sc, err := store.ParseScope(s)
+	if err != nil {
+		return store.Scope{}, usageError{err}
+	}
+	return sc, nil
 }

@@ -82,9 +82,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 		Short: "Show one scope's quarantine record",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sc, err := store.ParseScope(scope)
+			sc, err := parseScopeFlag(scope)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
 			if err != nil {
@@ -112,9 +112,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 		Long:  "Clear one scope's quarantine record.\n\n" + quarantineProcedure,
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sc, err := store.ParseScope(scope)
+			sc, err := parseScopeFlag(scope)
 			if err != nil {
-				return usageError{err}
+				return err
 			}
 			if container == "" {
 				return usagef("--container is required: name the exact container from \"loomfs quarantine show\"")

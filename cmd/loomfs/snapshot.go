@@ -195,17 +195,6 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func parseScopeFlag(s string) (store.Scope, error) {
-	if s == "" {
-		return store.Scope{}, usagef("--scope is required (SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE)")
-	}
-	sc, err := store.ParseScope(s)
-	if err != nil {
-		return store.Scope{}, usageError{err}
-	}
-	return sc, nil
-}
-
 func printSkipped(w io.Writer, m *snapshot.Manifest) {
 	if len(m.Skipped) == 0 {
 		return
