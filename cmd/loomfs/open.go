@@ -98,3 +98,17 @@ func parseScopeFlag(s string) (store.Scope, error) {
 	}
 	return sc, nil
 }
+
+// scopeVolume parses --scope and opens the configured volume, for the
+// commands that work on a scope's records rather than its files.
+func (g *globals) scopeVolume(ctx context.Context, scope string) (store.Scope, *store.Volume, error) {
+	sc, err := parseScopeFlag(scope)
+	if err != nil {
+		return store.Scope{}, nil, err
+	}
+	vol, err := store.OpenVolume(ctx, g.storeConfig())
+	if err != nil {
+		return store.Scope{}, nil, err
+	}
+	return sc, vol, nil
+}

@@ -92,11 +92,7 @@ func newUnpinCmd(g *globals) *cobra.Command {
 		Long:  pinHelp,
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sc, err := parseScopeFlag(scope)
-			if err != nil {
-				return err
-			}
-			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			sc, vol, err := g.scopeVolume(cmd.Context(), scope)
 			if err != nil {
 				return err
 			}

@@ -82,11 +82,7 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 		Short: "Show one scope's quarantine record",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sc, err := parseScopeFlag(scope)
-			if err != nil {
-				return err
-			}
-			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			sc, vol, err := g.scopeVolume(cmd.Context(), scope)
 			if err != nil {
 				return err
 			}

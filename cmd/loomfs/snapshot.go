@@ -12,7 +12,6 @@ import (
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/snapshot"
-	"github.com/agentloom/loomfs/store"
 )
 
 func init() { addCommand(newSnapshotCmd) }
@@ -84,11 +83,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 		Short: "List the workspace's snapshots, oldest first",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sc, err := parseScopeFlag(scope)
-			if err != nil {
-				return err
-			}
-			vol, err := store.OpenVolume(cmd.Context(), g.storeConfig())
+			sc, vol, err := g.scopeVolume(cmd.Context(), scope)
 			if err != nil {
 				return err
 			}
