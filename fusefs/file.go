@@ -89,6 +89,7 @@ func newHandle(n *node, file *os.File, rel string, flags uint32) (*handle, uint3
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
 		opened:   time.Now(),
 	}
+	n.fsys.open.Store(h, struct{}{})
 	var fuseFlags uint32
 	if n.fsys.opts.Passthrough {
 		if h.writable {
@@ -111,7 +112,12 @@ func (h *handle) fileHandle() fs.FileHandle {
 	return directHandle{h}
 }
 
-func (h *handle) close() { h.file.Close() }
+// close closes the backing file; a handle closed here is no longer open
+// for the unmount's summary either.
+func (h *handle) close() {
+	h.node.fsys.open.Delete(h)
+	h.file.Close()
+}
 
 // path is where the file is now, or where it was opened if it was removed.
 func (h *handle) path() string {
@@ -348,10 +354,20 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 // Release closes the backing file and records what was read and written
 // through it.
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	if _, ok := h.node.fsys.open.LoadAndDelete(h); ok {
+		h.release(ctx, "")
+	}
+	return 0
+}
+
+// release closes the backing file and records what was read and written
+// through this open. why says what ended it when the kernel did not (an
+// unmount with the file still open).
+func (h *handle) release(ctx context.Context, why string) {
 	h.close()
 	read, written := h.read.Load(), h.written.Load()
 	if !h.writable && read == 0 && !h.passthrough {
-		return 0
+		return
 	}
 	f := h.node.fsys
 	ev := f.event(ctx, "release", h.path())
@@ -363,8 +379,10 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.passthrough {
 		detail(&ev, "passthrough", true)
 	}
+	if why != "" {
+		detail(&ev, "ended_by", why)
+	}
 	_ = f.sink.Record(ctx, ev)
-	return 0
 }
 
 // Fallocate modes loomfs serves. Space reserved past the end of a file

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,6 +30,11 @@ type fsys struct {
 	scopeHash string
 	root      *node
 	gate      quarantineGate
+
+	// open holds the file handles the kernel has not released yet, so an
+	// unmount can still summarise them (the kernel sends RELEASE
+	// asynchronously, and drops what is pending when the mount goes).
+	open sync.Map // *handle → struct{}
 
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.

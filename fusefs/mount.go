@@ -94,6 +94,7 @@ func (m *Mounted) Dir() string { return m.dir }
 // aborted and detached, and ErrDetached returned.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
+		defer m.releaseOpen()
 		if err := m.server.Unmount(); err == nil {
 			return
 		}
@@ -115,6 +116,17 @@ func (m *Mounted) Unmount() error {
 		}
 	})
 	return m.err
+}
+
+// releaseOpen closes and records the opens the kernel never released: a
+// file closed just before the unmount still gets its summary record.
+func (m *Mounted) releaseOpen() {
+	m.fsys.open.Range(func(k, _ any) bool {
+		if _, ok := m.fsys.open.LoadAndDelete(k); ok {
+			k.(*handle).release(context.Background(), "unmount")
+		}
+		return true
+	})
 }
 
 // Wait returns when the mount has ended: unmounted here, or by someone else.
