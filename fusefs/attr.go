@@ -121,6 +121,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	} else if e := f.begin(ctx, ev); e != 0 {
 		return e
 	}
+	defer f.ws.NoteChange(rel, false)
 	if setMode {
 		if err := unix.Fchmod(fd, mode&0o777); err != nil {
 			return f.failed(ctx, ev, err)

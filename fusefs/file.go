@@ -365,6 +365,11 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // unmount with the file still open).
 func (h *handle) release(ctx context.Context, why string) {
 	h.close()
+	if h.writable {
+		// Written or not, the file may have been created or truncated
+		// through this open.
+		h.node.fsys.ws.NoteChange(h.path(), false)
+	}
 	read, written := h.read.Load(), h.written.Load()
 	if !h.writable && read == 0 && !h.passthrough {
 		return

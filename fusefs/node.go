@@ -281,6 +281,14 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	file := os.NewFile(uintptr(fd), rel)
+	// The new file is in the change journal when a writable handle is
+	// released; otherwise (a read-only create, a failure below) now.
+	noted := false
+	defer func() {
+		if !noted {
+			f.ws.NoteChange(rel, false)
+		}
+	}()
 	// The umask may have narrowed the mode; 0600 it is.
 	if err := unix.Fchmod(fd, policy.FilePerm); err != nil {
 		file.Close()
@@ -297,6 +305,7 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		return nil, nil, 0, e
 	}
 	h, fuseFlags := newHandle(child.Operations().(*node), file, rel, flags)
+	noted = h.writable
 	return child, h, fuseFlags, 0
 }
 
@@ -351,7 +360,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	defer unix.Close(fd)
 	// The umask may have narrowed the mode; 0700 it is.
-	if err := unix.Fchmod(fd, policy.DirPerm); err != nil {
+	err = unix.Fchmod(fd, policy.DirPerm)
+	f.ws.NoteChange(rel, false)
+	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
 	sx, err := statAt(fd, "")
@@ -416,6 +427,7 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	if err := unix.Unlinkat(pfd, base, flags); err != nil {
 		return f.failed(ctx, ev, err)
 	}
+	f.ws.NoteChange(rel, false)
 	if dir {
 		f.ws.AdjustAt(rel, 0, -1)
 	} else {
@@ -522,6 +534,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		undo()
 		return f.failed(ctx, ev, err)
 	}
+	// A directory moves with everything in it.
+	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
+	f.ws.NoteChange(oldRel, subtree)
+	f.ws.NoteChange(newRel, subtree)
 	if replaced && !exchange && dst.Ino != src.Ino {
 		obj := objectOf(&dst)
 		if obj.Kind == policy.KindRegular {

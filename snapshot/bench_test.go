@@ -20,7 +20,7 @@ func BenchmarkIncremental(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := range b.N {
-		s.write(b, "src/d00/e0/f00000.txt", []byte(fmt.Sprint("change ", i)))
+		s.change(b, "src/d00/e0/f00000.txt", []byte(fmt.Sprint("change ", i)))
 		m, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
 		if err != nil {
 			b.Fatal(err)

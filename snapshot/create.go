@@ -10,8 +10,8 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -31,6 +31,10 @@ type Options struct {
 	Locked bool
 	// Time is the creation time to record; zero means now.
 	Time time.Time
+	// Full walks the whole scope instead of trusting the change
+	// journals, to take in changes made to the backing store by
+	// something other than loomfs.
+	Full bool
 }
 
 // Create takes a snapshot of the scope ws opens, hidden subtrees included,
@@ -71,18 +75,32 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	sc := ws.Scope()
 	m := &Manifest{Version: manifestVersion, ID: newID(created), Scope: sc.String(), ScopeHash: sc.Hash(), Label: opt.Label, Run: opt.Run, Created: created.UTC()}
 
-	// Walk: every entry's lstat, and the index's hash where the file is
-	// unchanged. Files to read are collected, then read in parallel.
+	// Find what changed: from the change journals when they can be
+	// trusted, otherwise by walking the whole scope.
 	view := ws.Unfiltered()
-	old, lines := repo.loadIndex()
-	found, err := scan(ctx, view, old)
-	if err != nil {
-		return nil, err
+	old := repo.loadState()
+	journals, walk := changes(view, old, opt.Full, created)
+	var found *scanned
+	if walk == "" {
+		found, walk = replay(ctx, view, old, journals)
+		if walk != "" {
+			journals, _ = view.JournalFiles()
+		}
 	}
-	entries, stats := found.entries, found.stats
-	m.Skipped = found.skipped
+	next := &state{base: m.ID, full: old.full, cursor: cursorOf(journals)}
+	if walk != "" {
+		next.full = created.UnixNano()
+		if found, err = scan(ctx, view, old); err != nil {
+			return nil, err
+		}
+		m.Walk, m.WalkReason = walkFull, walk
+	} else {
+		m.Walk = walkJournal
+	}
 
 	// Read and store what changed.
+	entries, stats := found.entries, found.stats
+	m.Skipped = found.skipped
 	gone, err := repo.storeFiles(ctx, view, entries, stats, found.todo, m)
 	if err != nil {
 		return nil, err
@@ -95,23 +113,36 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 			return nil, fmt.Errorf("sync snapshot: %w", err)
 		}
 	}
-	idx := make(index, len(entries))
+	// The next index: the entries and the skipped objects, both in walk
+	// order, merged.
+	slices.SortFunc(m.Skipped, func(a, b Skipped) int { return walkOrder(a.Path, b.Path) })
+	next.list = make([]named, 0, len(entries)+len(m.Skipped))
+	skipped := m.Skipped
 	kept := entries[:0]
 	for i, e := range entries {
+		for len(skipped) > 0 && walkOrder(skipped[0].Path, e.Path) < 0 {
+			next.list = append(next.list, named{skipped[0].Path, indexEntry{kind: kindSkipped, sha: skipped[0].Reason}})
+			skipped = skipped[1:]
+		}
 		if gone[i] {
 			continue
 		}
 		kept = append(kept, e)
+		st := stats[i]
 		if e.Type == typeDir {
 			m.Dirs++
-			continue
-		}
-		m.Files++
-		m.Bytes += e.Size
-		if st := stats[i]; st.ctime < now {
+		} else {
+			m.Files++
+			m.Bytes += e.Size
 			st.sha = e.SHA256
-			idx[e.Path] = st
+			if st.ctime >= now {
+				st.kind = kindRacy
+			}
 		}
+		next.list = append(next.list, named{e.Path, st})
+	}
+	for _, sk := range skipped {
+		next.list = append(next.list, named{sk.Path, indexEntry{kind: kindSkipped, sha: sk.Reason}})
 	}
 	entries = kept
 	m.Duration = time.Since(start).Seconds()
@@ -122,9 +153,74 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	}
 	unix.Fsync(int(repo.mans.Fd()))
 	// The snapshot stands whatever happens to the index: without one,
-	// the next snapshot just reads every file again.
-	repo.saveIndex(idx, old, lines)
+	// the next snapshot walks and reads every file again.
+	var done []string
+	for _, f := range journals {
+		if !f.Live {
+			done = append(done, f.Name)
+			delete(next.cursor, f.Name)
+		}
+	}
+	if repo.saveState(next) == nil {
+		for _, name := range done {
+			view.RemoveJournal(name)
+		}
+	}
 	return m, nil
+}
+
+// How a snapshot found what changed (Manifest.Walk).
+const (
+	walkJournal = "journal" // the paths the change journals name
+	walkFull    = "full"    // a walk of the whole scope
+)
+
+// FullEvery is how old the last full walk may be before a snapshot walks
+// the whole scope again although the change journals are trusted: it
+// bounds how long a change made to the backing store by something other
+// than loomfs can stay unseen.
+const FullEvery = time.Hour
+
+// changes returns the journal files to read the changes from and, when
+// they can't be trusted, why the scope must be walked instead.
+func changes(view *store.Workspace, old *state, full bool, now time.Time) (journals []store.JournalFile, walk string) {
+	switch {
+	case full:
+		walk = "asked for"
+	case old.base == "":
+		walk = "no previous snapshot to start from"
+	case now.Sub(time.Unix(0, old.full)) >= FullEvery:
+		walk = fmt.Sprintf("the last full walk is more than %v old", FullEvery)
+	}
+	if walk == "" {
+		files, err := view.ReadJournal(old.cursor)
+		switch {
+		case err != nil:
+			walk = "change journal: " + err.Error()
+		default:
+			for _, f := range files {
+				if !f.Trusted() {
+					walk = "a process that changed the scope ended without closing its change journal (" + f.Name + ")"
+					break
+				}
+			}
+		}
+		if walk == "" {
+			return files, ""
+		}
+	}
+	// The journals' ends before the walk starts: a change made during it
+	// is looked at again by the next snapshot.
+	files, _ := view.JournalFiles()
+	return files, walk
+}
+
+func cursorOf(files []store.JournalFile) map[string]int64 {
+	c := make(map[string]int64, len(files))
+	for _, f := range files {
+		c[f.Name] = f.Size
+	}
+	return c
 }
 
 // storeFiles reads the files at todo (indexes into entries), stores their
@@ -171,7 +267,7 @@ func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []
 					}
 				} else {
 					e.SHA256, e.Size, e.Perm, e.MTime = sha, n, info.Perm, info.Stat.Mtim.Nano()
-					stats[i] = entryOf(&info.Stat, "")
+					stats[i] = entryOf(kindFile, info, "")
 					m.Hashed++
 					if isNew {
 						m.NewBlobs++
@@ -308,9 +404,9 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// scanned is a scope as a walk found it: its entries in walk order with
-// their lstat, the hash of each file the index knows unchanged, and the
-// files that must be read (indexes into entries).
+// scanned is a scope as a walk or a replay found it: its entries in walk
+// order with their lstat, the hash of each file the index knows
+// unchanged, and the files that must be read (indexes into entries).
 type scanned struct {
 	entries []Entry
 	stats   []indexEntry // what lstat said, for the next index
@@ -318,49 +414,56 @@ type scanned struct {
 	skipped []Skipped
 }
 
+// add appends the object at rel, as lstat found it, or its reason to be
+// skipped. It returns store.SkipDir for a directory whose contents must
+// not be walked.
+func (s *scanned) add(rel string, info store.Info, dev uint64, old *state) error {
+	skip := func(reason string) { s.skipped = append(s.skipped, Skipped{rel, reason}) }
+	switch {
+	case !utf8.ValidString(rel):
+		// Only someone writing to the backing store directly makes
+		// such a name; JSON could not carry it back exactly.
+		skip(string(policy.InvalidPath))
+		if info.Kind == policy.KindDir {
+			return store.SkipDir
+		}
+		return nil
+	case info.Kind == policy.KindDir && info.Stat.Dev != dev:
+		skip("other_filesystem")
+		return store.SkipDir
+	case info.Kind == policy.KindDir:
+		s.entries = append(s.entries, Entry{Path: rel, Type: typeDir, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()})
+		s.stats = append(s.stats, entryOf(kindDir, info, ""))
+		return nil
+	}
+	if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
+		skip(string(policy.CodeOf(err)))
+		return nil
+	}
+	e := Entry{Path: rel, Type: typeFile, Size: info.Size, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()}
+	if ie, ok := old.lookup(rel); ok && ie.matches(&info.Stat) {
+		e.SHA256 = ie.sha
+	} else {
+		s.todo = append(s.todo, len(s.entries))
+	}
+	s.entries = append(s.entries, e)
+	s.stats = append(s.stats, entryOf(kindFile, info, ""))
+	return nil
+}
+
 // scan walks the whole scope (view is unfiltered) once, in walk order:
 // every directory before what it holds, names sorted. (Reading
 // directories in parallel was tried: on a local disk it was slower, each
 // directory then being resolved again from the scope root.)
-func scan(ctx context.Context, view *store.Workspace, old index) (*scanned, error) {
-	n := len(old) + len(old)/8 + 64
+func scan(ctx context.Context, view *store.Workspace, old *state) (*scanned, error) {
+	n := len(old.list) + len(old.list)/8 + 64
 	s := &scanned{entries: make([]Entry, 0, n), stats: make([]indexEntry, 0, n)}
 	root, err := view.Lstat(".")
 	if err != nil {
 		return nil, err
 	}
-	skip := func(rel, reason string) { s.skipped = append(s.skipped, Skipped{rel, reason}) }
 	err = view.Walk(ctx, ".", func(rel string, info store.Info) error {
-		switch {
-		case !utf8.ValidString(rel):
-			// Only someone writing to the backing store directly makes
-			// such a name; JSON could not carry it back exactly.
-			skip(strings.ToValidUTF8(rel, "?"), string(policy.InvalidPath))
-			if info.Kind == policy.KindDir {
-				return store.SkipDir
-			}
-			return nil
-		case info.Kind == policy.KindDir && info.Stat.Dev != root.Stat.Dev:
-			skip(rel, "other_filesystem")
-			return store.SkipDir
-		case info.Kind == policy.KindDir:
-			s.entries = append(s.entries, Entry{Path: rel, Type: typeDir, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()})
-			s.stats = append(s.stats, entryOf(&info.Stat, ""))
-			return nil
-		}
-		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
-			skip(rel, string(policy.CodeOf(err)))
-			return nil
-		}
-		e := Entry{Path: rel, Type: typeFile, Size: info.Size, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()}
-		if ie, ok := old[rel]; ok && ie.matches(&info.Stat) {
-			e.SHA256 = ie.sha
-		} else {
-			s.todo = append(s.todo, len(s.entries))
-		}
-		s.entries = append(s.entries, e)
-		s.stats = append(s.stats, entryOf(&info.Stat, ""))
-		return nil
+		return s.add(rel, info, root.Stat.Dev, old)
 	})
 	return s, err
 }

@@ -84,8 +84,7 @@ func compare(from, to string, a, b []Entry) *Changes {
 // stores nothing.
 func (r *Repo) live(ctx context.Context, ws *store.Workspace) ([]Entry, error) {
 	view := ws.Unfiltered()
-	idx, _ := r.loadIndex()
-	s, err := scan(ctx, view, idx)
+	s, err := scan(ctx, view, r.loadState())
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,11 @@ type Manifest struct {
 	NewBlobs  int       `json:"new_blobs"` // contents stored for the first time
 	NewBytes  int64     `json:"new_bytes"` // bytes of those contents: what this snapshot wrote
 	Skipped   []Skipped `json:"skipped,omitempty"`
+	// Walk says how changes were found: "journal" (the paths loomfs
+	// recorded changing since the last snapshot) or "full" (a walk of
+	// the whole scope), and WalkReason why a walk was needed.
+	Walk       string `json:"walk"`
+	WalkReason string `json:"walk_reason,omitempty"`
 	Duration  float64   `json:"duration_s"`
 }
 
@@ -254,7 +259,18 @@ func (r *Repo) Sweep(ctx context.Context) (blobs int, bytes int64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	// Create trusts the index without looking for each blob: what it
+	// names stays, unless no snapshot is left to build on.
 	live := map[string]bool{}
+	if len(ms) == 0 {
+		unix.Unlinkat(int(r.dir.Fd()), indexFile, 0)
+	} else {
+		for _, e := range r.loadState().list {
+			if e.kind == kindFile || e.kind == kindRacy {
+				live[e.sha] = true
+			}
+		}
+	}
 	for _, m := range ms {
 		es, err := r.Entries(m.ID)
 		if err != nil {
@@ -303,19 +319,6 @@ func (r *Repo) Sweep(ctx context.Context) (blobs int, bytes int64, err error) {
 		d.Close()
 		if left == 0 {
 			unix.Unlinkat(int(r.blobs.Fd()), fan, unix.AT_REMOVEDIR)
-		}
-	}
-	// Create trusts the index without looking for each blob: drop what
-	// the index says of contents just swept.
-	if blobs > 0 {
-		idx, _ := r.loadIndex()
-		for path, e := range idx {
-			if !live[e.sha] {
-				delete(idx, path)
-			}
-		}
-		if err := r.saveIndex(idx, nil, 0); err != nil {
-			unix.Unlinkat(int(r.dir.Fd()), indexFile, 0)
 		}
 	}
 	return blobs, bytes, nil

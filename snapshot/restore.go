@@ -70,22 +70,23 @@ func Restore(ctx context.Context, ws *store.Workspace, id string, opt RestoreOpt
 			}
 		}
 	}
-	idx := index{}
+	var files []named
 	err = ws.ReplaceTree(ctx, func(dir *os.File) error {
-		return repo.fill(ctx, dir, entries, idx)
+		return repo.fill(ctx, dir, entries, &files)
 	})
 	if err != nil {
 		return nil, err
 	}
-	// The files just written are known: the next snapshot need not read
-	// them again (those changed in the probe's clock tick excepted).
+	// The files just written are known: the next snapshot, a walk (the
+	// index has no base), need not read them again (those changed in the
+	// probe's clock tick excepted).
 	if now, err := repo.fsNow(); err == nil {
-		for path, e := range idx {
-			if e.ctime >= now {
-				delete(idx, path)
+		for i := range files {
+			if files[i].ctime >= now {
+				files[i].kind = kindRacy
 			}
 		}
-		repo.saveIndex(idx, nil, 0)
+		repo.saveState(&state{list: files})
 	}
 	return m, nil
 }
@@ -112,7 +113,7 @@ type openDir struct {
 
 // fill builds entries in dir. Entries come in walk order, every directory
 // before its contents, so the directories open at any time are one chain.
-func (r *Repo) fill(ctx context.Context, dir *os.File, entries []Entry, idx index) error {
+func (r *Repo) fill(ctx context.Context, dir *os.File, entries []Entry, files *[]named) error {
 	stack := []openDir{{".", int(dir.Fd())}}
 	defer func() {
 		for _, d := range stack[1:] {
@@ -148,7 +149,7 @@ func (r *Repo) fill(ctx context.Context, dir *os.File, entries []Entry, idx inde
 			if err != nil {
 				return err
 			}
-			idx[e.Path] = entryOf(&st, e.SHA256)
+			*files = append(*files, named{e.Path, indexEntry{kind: kindFile, perm: st.Mode & 0o7777, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino, sha: e.SHA256}})
 		default:
 			return fmt.Errorf("snapshot entry %s has unknown type %q", e.Path, e.Type)
 		}

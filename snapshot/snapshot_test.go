@@ -69,6 +69,25 @@ func (s *scope) tree(t testing.TB, n int) map[string]string {
 	return want
 }
 
+// change writes rel through the store, as the tools do, so the change
+// journal records it.
+func (s *scope) change(t testing.TB, rel string, b []byte) {
+	t.Helper()
+	if _, err := s.ws.WriteFile(context.Background(), rel, b, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// remove removes rel through the store.
+func (s *scope) remove(t testing.TB, rel string) {
+	t.Helper()
+	if err := s.ws.Remove(context.Background(), rel, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// write writes rel straight into the backing store, as something other
+// than loomfs would: no change journal records it.
 func (s *scope) write(t testing.TB, rel string, b []byte) {
 	t.Helper()
 	p := filepath.Join(s.dir, rel)
@@ -189,7 +208,7 @@ func TestIncremental10000Files(t *testing.T) {
 	for i := range 10 {
 		rel := fmt.Sprintf("src/d%02d/e%d/f%05d.txt", (i*997)%100, ((i*997)/100)%10, i*997)
 		b := []byte(strings.Repeat(fmt.Sprintf("changed %d\n", i), 10+i*30))
-		s.write(t, rel, b)
+		s.change(t, rel, b)
 		changed = append(changed, rel)
 		changedBytes += int64(len(b))
 	}
@@ -199,6 +218,9 @@ func TestIncremental10000Files(t *testing.T) {
 	m2, err := snapshot.Create(ctx, s.ws, snapshot.Options{Label: "second"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m2.Walk != "journal" {
+		t.Errorf("second snapshot walked the scope (%s: %s); the journal should have served", m2.Walk, m2.WalkReason)
 	}
 	if m2.Hashed != 10 || m2.NewBlobs != 10 || m2.NewBytes != changedBytes {
 		t.Fatalf("second snapshot read %d files and wrote %d blobs, %d bytes; want exactly the 10 changed files, %d bytes", m2.Hashed, m2.NewBlobs, m2.NewBytes, changedBytes)
@@ -417,6 +439,11 @@ func TestListGetDeleteSweep(t *testing.T) {
 	}
 }
 
+func exists(dir, rel string) bool {
+	_, err := os.Lstat(filepath.Join(dir, rel))
+	return err == nil
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -428,8 +455,22 @@ func must(t *testing.T, err error) {
 // and additions, each manifest names exactly the content on disk, and each
 // snapshot reads only the files that changed since the last.
 func TestIndexOverManyRounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		full bool // changes made behind loomfs's back, seen by walks
+	}{{"journal", false}, {"walk", true}} {
+		t.Run(tc.name, func(t *testing.T) { indexOverManyRounds(t, tc.full) })
+	}
+}
+
+func indexOverManyRounds(t *testing.T, full bool) {
 	ctx := context.Background()
 	s := newScope(t)
+	change, remove, walk := s.change, s.remove, "journal"
+	if full {
+		change, walk = s.write, "full"
+		remove = func(t testing.TB, rel string) { os.Remove(filepath.Join(s.dir, rel)) }
+	}
 	for i := range 200 {
 		s.write(t, fmt.Sprintf("src/f%03d", i), []byte(fmt.Sprint("initial ", i)))
 	}
@@ -444,14 +485,19 @@ func TestIndexOverManyRounds(t *testing.T) {
 	defer repo.Close()
 	for round := range 40 {
 		for k := range 3 {
-			s.write(t, fmt.Sprintf("src/f%03d", (round*7+k*13)%200), []byte(fmt.Sprint("round ", round, " change ", k)))
+			change(t, fmt.Sprintf("src/f%03d", (round*7+k*13)%200), []byte(fmt.Sprint("round ", round, " change ", k)))
 		}
-		os.Remove(filepath.Join(s.dir, fmt.Sprintf("src/f%03d", (round*11+5)%200)))
-		s.write(t, fmt.Sprintf("src/new%03d", round), []byte(fmt.Sprint("new in round ", round)))
+		if rel := fmt.Sprintf("src/f%03d", (round*11+5)%200); exists(s.dir, rel) {
+			remove(t, rel)
+		}
+		change(t, fmt.Sprintf("src/new%03d", round), []byte(fmt.Sprint("new in round ", round)))
 		s.waitTick(t)
-		m, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+		m, err := snapshot.Create(ctx, s.ws, snapshot.Options{Full: full})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if m.Walk != walk {
+			t.Errorf("round %d: walk %q (%s), want %q", round, m.Walk, m.WalkReason, walk)
 		}
 		want := s.contents(t)
 		// 3 changed and 1 new; a changed file may be the one deleted.

@@ -481,10 +481,11 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		scope: s,
 		// Not a main scope: a legacy run never reserved "subagents", and
 		// its files must all stay reachable.
-		pol:   pol.WithScope(false),
-		dir:   os.NewFile(uintptr(fd), rel),
-		state: os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
-		dev:   st.Dev,
+		pol:     pol.WithScope(false),
+		dir:     os.NewFile(uintptr(fd), rel),
+		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
+		dev:     st.Dev,
+		journal: &journal{},
 	}, nil
 }
 

@@ -22,12 +22,13 @@ import (
 // The view shares w's fds: never Close it, nor use it after w is closed.
 func (w *Workspace) Unfiltered() *Workspace {
 	return &Workspace{
-		vol:   w.vol,
-		scope: w.scope,
-		pol:   policy.Default().WithScope(w.scope.Main()),
-		dir:   w.dir,
-		state: w.state,
-		dev:   w.dev,
+		vol:     w.vol,
+		scope:   w.scope,
+		pol:     policy.Default().WithScope(w.scope.Main()),
+		dir:     w.dir,
+		state:   w.state,
+		dev:     w.dev,
+		journal: w.journal,
 	}
 }
 
@@ -98,6 +99,7 @@ func (w *Workspace) ClearDir(ctx context.Context, rel string) (policy.Usage, err
 	defer f.Close()
 	var u policy.Usage
 	err = removeContents(ctx, int(f.Fd()), w.dev, rel, &u)
+	w.NoteChange(rel, true)
 	w.RefreshUsage()
 	return u, err
 }
@@ -277,6 +279,7 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		}
 		staging = old
 	}
+	w.NoteChange(".", true)
 	unix.Fsync(pfd)
 	// sdir followed its inode: it is the scope directory now. The old tree
 	// is at the staging name.

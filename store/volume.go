@@ -186,12 +186,13 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 		return nil, fmt.Errorf("scope state dir: %w", err)
 	}
 	w := &Workspace{
-		vol:   v,
-		scope: s,
-		pol:   pol.WithScope(s.Main()),
-		dir:   os.NewFile(uintptr(fd), s.Dir()),
-		state: os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
-		dev:   st.Dev,
+		vol:     v,
+		scope:   s,
+		pol:     pol.WithScope(s.Main()),
+		dir:     os.NewFile(uintptr(fd), s.Dir()),
+		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
+		dev:     st.Dev,
+		journal: &journal{},
 	}
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {

@@ -30,6 +30,8 @@ type Workspace struct {
 	usage      policy.Usage
 	usageKnown bool
 	caps       capUsage // usage of each capped subtree (subtree.go)
+
+	journal *journal // changes for snapshots (journal.go); nil on read-only views
 }
 
 // Scope returns the workspace's scope.
@@ -46,6 +48,7 @@ func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 
 // Close releases the pinned fds.
 func (w *Workspace) Close() error {
+	w.closeJournal()
 	w.state.Close()
 	return w.dir.Close()
 }

@@ -123,6 +123,7 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCrea
 		}
 	}
 	tmp.Close()
+	w.NoteChange(rel, false)
 	if err := unix.Fsync(pfd); err != nil && err != unix.EBADF && err != unix.EINVAL {
 		return policy.FromErrno(err, "fsync dir", rel)
 	}
@@ -209,6 +210,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 			return policy.FromErrno(err, "delete", rel)
 		}
 		w.AdjustAt(rel, 0, -1)
+		w.NoteChange(rel, false)
 		return nil
 	}
 	if expected != nil {
@@ -233,6 +235,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 		return policy.FromErrno(err, "delete", rel)
 	}
 	w.AdjustAt(rel, -st.Size, -1)
+	w.NoteChange(rel, false)
 	return nil
 }
 
@@ -291,5 +294,6 @@ func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (create
 		unix.Fchmod(fd, policy.DirPerm)
 		unix.Close(fd)
 	}
+	w.NoteChange(rel, false)
 	return true, nil
 }

@@ -1,0 +1,383 @@
+package store
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// The change journal lists the paths of a scope that loomfs changed, so a
+// snapshot can look at those instead of walking the whole tree.
+//
+// Each process that changes a scope appends to its own file in the scope's
+// state directory (JournalDir), one line per change, written after the
+// change is made:
+//
+//	c PATH   the object at PATH was created, changed or removed
+//	t PATH   the whole subtree at PATH may differ (a directory renamed,
+//	         cleared or restored)
+//	end      the writer closed the file cleanly; nothing follows
+//
+// A writer holds an OFD write lock on its file for as long as it may
+// append (NFSv4 carries such locks between nodes). A reader that finds a
+// file unlocked and without its "end" line knows its writer died, possibly
+// between a change and its line, and must not trust the journal for the
+// changes it covers: a snapshot then walks the whole scope.
+//
+// Changes made to the backing store by anything other than loomfs are not
+// in the journal; a full snapshot sees them.
+
+// JournalDir holds the change journals in the scope's state directory.
+const JournalDir = "journal"
+
+// journalRotate is the size at which a writer closes its file and starts
+// another, so a long-lived mount never grows one file without bound.
+const journalRotate = 8 << 20
+
+const (
+	journalSuffix = ".log"
+	journalEnd    = "end\n"
+)
+
+// journal is one process's change journal for one scope.
+type journal struct {
+	mu     sync.Mutex
+	f      *os.File // nil until the first change, and after a failure
+	size   int64
+	closed bool
+	buf    []byte
+}
+
+// NoteChange records that the object at rel (cleaned, relative to the
+// scope) was changed; with subtree, that anything beneath it may have.
+// It is called after the change. A journal that can't be written is
+// abandoned without its end line, which makes the next snapshot walk the
+// scope instead of trusting the journal, so a failure here loses nothing
+// and is not returned.
+func (w *Workspace) NoteChange(rel string, subtree bool) {
+	j := w.journal
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return
+	}
+	if j.f == nil || j.size >= journalRotate {
+		if j.f != nil {
+			j.finish()
+		}
+		if err := j.open(w); err != nil {
+			return
+		}
+	}
+	b := j.buf[:0]
+	if subtree {
+		b = append(b, "t "...)
+	} else {
+		b = append(b, "c "...)
+	}
+	b = appendJournalPath(b, rel)
+	b = append(b, '\n')
+	j.buf = b
+	n, err := unix.Write(int(j.f.Fd()), b)
+	if err != nil || n != len(b) {
+		// Leave the file unlocked and unfinished: readers take it as
+		// the trace of a writer that may have missed a line.
+		j.f.Close()
+		j.f = nil
+		return
+	}
+	j.size += int64(n)
+}
+
+// open starts a new journal file. It is created under a temporary name
+// and locked before it is given its real name, so a reader never sees an
+// unlocked file of a live writer.
+func (j *journal) open(w *Workspace) error {
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	node, _ := os.Hostname()
+	var r [6]byte
+	rand.Read(r[:])
+	name := fmt.Sprintf("%s.%d.%s%s", safeNode(node), os.Getpid(), hex.EncodeToString(r[:]), journalSuffix)
+	tmp := ".tmp-" + name
+	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		f.Close()
+		unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("journal lock: %w", err)
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+		f.Close()
+		unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("journal: %w", err)
+	}
+	j.f, j.size = f, 0
+	return nil
+}
+
+// finish ends the current file with its end line and closes it.
+func (j *journal) finish() {
+	if j.f == nil {
+		return
+	}
+	if _, err := unix.Write(int(j.f.Fd()), []byte(journalEnd)); err != nil {
+		// Unfinished: readers will not trust it.
+		j.f.Close()
+		j.f = nil
+		return
+	}
+	j.f.Close()
+	j.f = nil
+}
+
+// closeJournal ends the journal at Workspace.Close.
+func (w *Workspace) closeJournal() {
+	j := w.journal
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.finish()
+	j.closed = true
+}
+
+func safeNode(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, s)
+	if s == "" || len(s) > 64 {
+		s = "node"
+	}
+	return s
+}
+
+// appendJournalPath writes a path as is, or quoted when it starts with a
+// quote or holds a byte a line can't carry.
+func appendJournalPath(b []byte, path string) []byte {
+	for i := 0; i < len(path); i++ {
+		if c := path[i]; c < 0x20 || c == 0x7f || (i == 0 && c == '"') {
+			return strconv.AppendQuote(b, path)
+		}
+	}
+	return append(b, path...)
+}
+
+// JournalChange is one line of a journal.
+type JournalChange struct {
+	Path    string
+	Subtree bool
+}
+
+// JournalFile is what a reader found in one journal file past an offset.
+type JournalFile struct {
+	Name    string
+	Size    int64 // offset after the last complete line read
+	Changes []JournalChange
+	Ended   bool // the writer closed it cleanly
+	Live    bool // a writer holds it
+}
+
+// Trusted reports whether every change the file's writer made is in it:
+// its writer is alive or closed it cleanly.
+func (f *JournalFile) Trusted() bool { return f.Live || f.Ended }
+
+// ErrJournalGone says a journal file a cursor names no longer holds what
+// the cursor had read (removed, or shorter).
+var ErrJournalGone = errors.New("journal file removed or truncated")
+
+// ReadJournal reads every journal file of the scope past the offsets in
+// from (file name → offset; files it does not name are read from the
+// start). A file named in from that is gone or shorter is reported with
+// ErrJournalGone: the changes it held are lost to the reader.
+func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	names, err := journalNames(dfd)
+	if err != nil {
+		return nil, err
+	}
+	present := make(map[string]bool, len(names))
+	var out []JournalFile
+	for _, name := range names {
+		present[name] = true
+		jf, err := readJournalFile(dfd, name, from[name])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, jf)
+	}
+	for name := range from {
+		if !present[name] {
+			return out, fmt.Errorf("%s: %w", name, ErrJournalGone)
+		}
+	}
+	return out, nil
+}
+
+// RemoveJournal removes journal file name, which no writer holds any
+// more, once a reader has no further use for it.
+func (w *Workspace) RemoveJournal(name string) error {
+	if !strings.HasSuffix(name, journalSuffix) || strings.ContainsRune(name, '/') || strings.HasPrefix(name, ".") {
+		return fmt.Errorf("%q is not a journal file", name)
+	}
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	if err := unix.Unlinkat(dfd, name, 0); err != nil && err != unix.ENOENT {
+		return fmt.Errorf("remove journal %s: %w", name, err)
+	}
+	return nil
+}
+
+func journalNames(dfd int) ([]string, error) {
+	dup, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("journal dir: %w", err)
+	}
+	d := os.NewFile(uintptr(dup), JournalDir)
+	defer d.Close()
+	all, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("journal dir: %w", err)
+	}
+	names := all[:0]
+	for _, n := range all {
+		if strings.HasSuffix(n, journalSuffix) && !strings.HasPrefix(n, ".") {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// readJournalFile reads name past offset. Whether its writer is alive is
+// asked before reading, so a writer that ends it meanwhile is seen as
+// alive (and its end line, if read, as ended): never the reverse.
+func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
+	jf := JournalFile{Name: name, Size: offset}
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		// Removed between listing and opening: only a reader removes
+		// files, and only those it has finished with.
+		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
+	}
+	if err != nil {
+		return jf, fmt.Errorf("journal %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	if jf.Live, err = lockHeld(fd); err != nil {
+		return jf, fmt.Errorf("journal %s lock: %w", name, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return jf, fmt.Errorf("journal %s: %w", name, err)
+	}
+	if st.Size < offset {
+		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
+	}
+	if st.Size == offset {
+		return jf, nil
+	}
+	buf := make([]byte, st.Size-offset)
+	n, err := f.ReadAt(buf, offset)
+	if n < len(buf) && err != nil {
+		buf = buf[:n]
+	}
+	// Only whole lines: a line being appended is read next time.
+	end := bytes.LastIndexByte(buf, '\n') + 1
+	buf = buf[:end]
+	jf.Size = offset + int64(end)
+	for len(buf) > 0 {
+		i := bytes.IndexByte(buf, '\n')
+		line := string(buf[:i])
+		buf = buf[i+1:]
+		if line+"\n" == journalEnd {
+			jf.Ended = true
+			continue
+		}
+		kind, p, ok := strings.Cut(line, " ")
+		if !ok || (kind != "c" && kind != "t") {
+			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
+		}
+		if strings.HasPrefix(p, `"`) {
+			if p, err = strconv.Unquote(p); err != nil {
+				return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
+			}
+		}
+		jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
+	}
+	return jf, nil
+}
+
+// JournalFiles describes every journal file of the scope as it is now:
+// its size and whether a writer holds it, without reading it.
+func (w *Workspace) JournalFiles() ([]JournalFile, error) {
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	names, err := journalNames(dfd)
+	if err != nil {
+		return nil, err
+	}
+	var out []JournalFile
+	for _, name := range names {
+		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		jf := JournalFile{Name: name}
+		jf.Live, err = lockHeld(fd)
+		var st unix.Stat_t
+		if err == nil {
+			err = unix.Fstat(fd, &st)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return nil, fmt.Errorf("journal %s: %w", name, err)
+		}
+		jf.Size = st.Size
+		out = append(out, jf)
+	}
+	return out, nil
+}
+
+// lockHeld reports whether some writer holds a lock on the open file fd.
+func lockHeld(fd int) (bool, error) {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: 0, Len: 0}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk); err != nil {
+		return false, err
+	}
+	return lk.Type != unix.F_UNLCK, nil
+}
