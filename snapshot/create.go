@@ -76,97 +76,152 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	m := &Manifest{Version: manifestVersion, ID: newID(created), Scope: sc.String(), ScopeHash: sc.Hash(), Label: opt.Label, Run: opt.Run, Created: created.UTC()}
 
 	// Find what changed: from the change journals when they can be
-	// trusted, otherwise by walking the whole scope.
+	// trusted, otherwise by walking the whole scope. Then read and store
+	// it.
 	view := ws.Unfiltered()
 	old := repo.loadState()
 	journals, walk := changes(view, old, opt.Full, created)
-	var found *scanned
+	var d *delta
 	if walk == "" {
-		found, walk = replay(ctx, view, old, journals)
-		if walk != "" {
+		if d, walk = replay(ctx, view, old, journals); walk != "" {
 			journals, _ = view.JournalFiles()
 		}
 	}
-	next := &state{base: m.ID, full: old.full, cursor: cursorOf(journals)}
+	c := commit{id: m.ID, full: old.full, cursor: cursorOf(journals)}
+	var list, upserts []named // the whole scope (a full manifest), or what changed
+	var read int
 	if walk != "" {
-		next.full = created.UnixNano()
-		if found, err = scan(ctx, view, old); err != nil {
+		m.Walk, m.WalkReason = walkFull, walk
+		c.full = created.UnixNano()
+		found, err := scan(ctx, view, old)
+		if err != nil {
 			return nil, err
 		}
-		m.Walk, m.WalkReason = walkFull, walk
+		m.Skipped = found.skipped
+		gone, err := repo.storeFiles(ctx, view, found.entries, found.stats, found.todo, m)
+		if err != nil {
+			return nil, err
+		}
+		list, read = namedOf(found.entries, found.stats, gone, now), len(found.todo)
 	} else {
 		m.Walk = walkJournal
+		entries, stats := make([]Entry, len(d.upserts)), make([]indexEntry, len(d.upserts))
+		for i, u := range d.upserts {
+			entries[i], stats[i] = u.entry(u.path), u.indexEntry
+		}
+		m.Skipped = d.skipped
+		gone, err := repo.storeFiles(ctx, view, entries, stats, d.read, m)
+		if err != nil {
+			return nil, err
+		}
+		upserts, read = namedOf(entries, stats, gone, now), len(d.read)
+		if old.deltaEntries+len(d.removed)+len(upserts) > max(256, len(old.starts)/4) || old.depth+1 > maxDepth || !repo.exists(old.id) {
+			// Start a new base: a full manifest, and the index anew.
+			list = applyDelta(old.all(), d.removed, upserts, func(n named) string { return n.path })
+		} else {
+			m.Base, m.Depth = old.id, old.depth+1
+			c.files, c.dirs, c.bytes = d.files, d.dirs, d.bytes
+			count(upserts, &c)
+			c.depth = m.Depth
+		}
 	}
-
-	// Read and store what changed.
-	entries, stats := found.entries, found.stats
-	m.Skipped = found.skipped
-	gone, err := repo.storeFiles(ctx, view, entries, stats, found.todo, m)
-	if err != nil {
-		return nil, err
+	if list != nil {
+		count(list, &c)
 	}
+	m.Files, m.Dirs, m.Bytes = c.files, c.dirs, c.bytes
+	slices.SortFunc(m.Skipped, func(a, b Skipped) int { return walkOrder(a.Path, b.Path) })
+	c.skipped = m.Skipped
 
 	// Make the blobs durable before the manifest that names them: a few
 	// were fsynced one by one; many are flushed by one syncfs.
-	if m.NewBlobs > 0 && len(found.todo) > syncEachMax {
+	if m.NewBlobs > 0 && read > syncEachMax {
 		if err := unix.Syncfs(int(repo.dir.Fd())); err != nil {
 			return nil, fmt.Errorf("sync snapshot: %w", err)
 		}
 	}
-	// The next index: the entries and the skipped objects, both in walk
-	// order, merged.
-	slices.SortFunc(m.Skipped, func(a, b Skipped) int { return walkOrder(a.Path, b.Path) })
-	next.list = make([]named, 0, len(entries)+len(m.Skipped))
-	skipped := m.Skipped
-	kept := entries[:0]
-	for i, e := range entries {
-		for len(skipped) > 0 && walkOrder(skipped[0].Path, e.Path) < 0 {
-			next.list = append(next.list, named{skipped[0].Path, indexEntry{kind: kindSkipped, sha: skipped[0].Reason}})
-			skipped = skipped[1:]
-		}
-		if gone[i] {
-			continue
-		}
-		kept = append(kept, e)
-		st := stats[i]
-		if e.Type == typeDir {
-			m.Dirs++
-		} else {
-			m.Files++
-			m.Bytes += e.Size
-			st.sha = e.SHA256
-			if st.ctime >= now {
-				st.kind = kindRacy
-			}
-		}
-		next.list = append(next.list, named{e.Path, st})
-	}
-	for _, sk := range skipped {
-		next.list = append(next.list, named{sk.Path, indexEntry{kind: kindSkipped, sha: sk.Reason}})
-	}
-	entries = kept
 	m.Duration = time.Since(start).Seconds()
 	// The manifest is the commit point: written last, after the contents
 	// it names are durable, it makes the snapshot exist.
-	if err := repo.writeSnapshot(m, entries); err != nil {
+	var removed []string
+	if m.Base != "" {
+		removed = d.removed
+	} else {
+		upserts = list
+	}
+	if err := repo.writeSnapshot(m, entriesOf(upserts), removed); err != nil {
 		return nil, err
 	}
 	unix.Fsync(int(repo.mans.Fd()))
+
 	// The snapshot stands whatever happens to the index: without one,
-	// the next snapshot walks and reads every file again.
+	// the next snapshot walks and reads every file again. Journal files
+	// whose writer is gone are read to their end: the index covers them.
 	var done []string
 	for _, f := range journals {
 		if !f.Live {
 			done = append(done, f.Name)
-			delete(next.cursor, f.Name)
+			delete(c.cursor, f.Name)
 		}
 	}
-	if repo.saveState(next) == nil {
+	var err2 error
+	if m.Base != "" {
+		if err2 = repo.appendState(old, removed, upserts, c); err2 != nil {
+			c.depth = m.Depth
+			err2 = repo.saveState(applyDelta(old.all(), removed, upserts, func(n named) string { return n.path }), c)
+		}
+	} else {
+		err2 = repo.saveState(list, c)
+	}
+	if err2 == nil {
 		for _, name := range done {
 			view.RemoveJournal(name)
 		}
 	}
 	return m, nil
+}
+
+// maxDepth is the most deltas a manifest may stand on; the next snapshot
+// is written in full.
+const maxDepth = 64
+
+// namedOf returns entries with their stat, less those gone, as index
+// entries: a file with its hash, racy when changed at or after now.
+func namedOf(entries []Entry, stats []indexEntry, gone map[int]bool, now int64) []named {
+	out := make([]named, 0, len(entries))
+	for i, e := range entries {
+		if gone[i] {
+			continue
+		}
+		st := stats[i]
+		if e.Type == typeFile {
+			st.sha, st.size = e.SHA256, e.Size
+			if st.ctime >= now {
+				st.kind = kindRacy
+			}
+		}
+		out = append(out, named{e.Path, st})
+	}
+	return out
+}
+
+func entriesOf(list []named) []Entry {
+	out := make([]Entry, len(list))
+	for i, n := range list {
+		out[i] = n.entry(n.path)
+	}
+	return out
+}
+
+// count adds the entries of list to the totals of c.
+func count(list []named, c *commit) {
+	for _, n := range list {
+		if n.kind == kindDir {
+			c.dirs++
+		} else {
+			c.files++
+			c.bytes += n.size
+		}
+	}
 }
 
 // How a snapshot found what changed (Manifest.Walk).
@@ -456,7 +511,7 @@ func (s *scanned) add(rel string, info store.Info, dev uint64, old *state) error
 // directories in parallel was tried: on a local disk it was slower, each
 // directory then being resolved again from the scope root.)
 func scan(ctx context.Context, view *store.Workspace, old *state) (*scanned, error) {
-	n := len(old.list) + len(old.list)/8 + 64
+	n := len(old.starts) + len(old.over) + len(old.starts)/8 + 64
 	s := &scanned{entries: make([]Entry, 0, n), stats: make([]indexEntry, 0, n)}
 	root, err := view.Lstat(".")
 	if err != nil {

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +17,8 @@ import (
 
 // The index is the scope as the last snapshot saw it: every entry with
 // what lstat said of it and, for files, its sha256; the objects it skipped;
-// and where it stopped reading the change journals (store/journal.go).
+// its totals; and where it stopped reading the change journals
+// (store/journal.go).
 //
 // A walk reads only files whose size, modification time, change time or
 // inode differ from the index. A file changed in the same clock tick as it
@@ -24,31 +26,33 @@ import (
 // than the snapshot's start (as the volume's own clock tells it: a probe
 // file's ctime) is marked racy and read again by the next walk.
 //
-// A snapshot that trusts the journals does not walk: it takes the index,
-// looks again at the paths the journals name since its cursor, and is
-// done. The index is then the previous snapshot's entries, so it must
-// describe exactly what that snapshot recorded.
+// A snapshot that trusts the journals does not walk: it looks up in the
+// index only the paths the journals name and their directories, and
+// appends what changed. So that costs what changed, not the size of the
+// scope, the index is a base, in walk order, looked up by binary search
+// without being parsed, followed by the changes of later snapshots:
 //
-// On disk it is a text file in walk order, written anew (not fsynced) by
-// each snapshot, so it is read back in order with no sorting or map:
+//	loomfs-snapshot-index 3 BASELEN
+//	PATH<TAB>K SHA SIZE MTIME CTIME INO PERM   BASELEN bytes of entries
+//	- PATH                                    the entry and all beneath it go
+//	+ PATH<TAB>K SHA SIZE MTIME CTIME INO PERM an entry is added or replaced
+//	X JSON                                    the skipped objects (an array)
+//	S ID FULL FILES DIRS BYTES DEPTH NAME=OFFSET…
 //
-//	loomfs-snapshot-index 2
-//	K SHA SIZE MTIME CTIME INO PERM PATH   one entry per line, K below
-//	S ID FULL NAME=OFFSET…                 last: the snapshot it describes,
-//	                                       when its last full walk began
-//	                                       (unix ns), the journal offsets
-//
-// K is f (a file), r (a racy file), d (a directory, SHA "-") or x (an
-// object skipped, SHA its reason). A lost or damaged index only makes the
-// next snapshot walk and read every file.
+// An S line commits what precedes it: the state after snapshot ID (DEPTH
+// deltas above a full manifest), whose last full walk began at FULL (unix
+// ns), with these totals and journal offsets. Lines after the last S line
+// are what a snapshot that died was appending, and are ignored. K is f (a
+// file), r (a racy file) or d (a directory, SHA "-"). When the changes have
+// grown, the index is written anew as a base alone. It is not fsynced: a
+// lost or damaged index only makes the next snapshot walk.
 
-const indexHeader = "loomfs-snapshot-index 2"
+const indexMagic = "loomfs-snapshot-index 3 "
 
 const (
-	kindFile    = 'f'
-	kindRacy    = 'r'
-	kindDir     = 'd'
-	kindSkipped = 'x'
+	kindFile = 'f'
+	kindRacy = 'r'
+	kindDir  = 'd'
 )
 
 type indexEntry struct {
@@ -56,7 +60,7 @@ type indexEntry struct {
 	perm               uint32
 	size, mtime, ctime int64
 	ino                uint64
-	sha                string // or the reason of a skipped entry
+	sha                string
 }
 
 // named is an index entry and its path.
@@ -65,21 +69,27 @@ type named struct {
 	indexEntry
 }
 
-// state is the index: entries in walk order, and its commit line.
-type state struct {
-	list   []named
-	base   string           // the snapshot it describes; "" when none (walk)
-	full   int64            // when the last full walk began, unix ns
-	cursor map[string]int64 // journal file → offset read
+// commit is what an S line says.
+type commit struct {
+	id           string // "" when the index describes no snapshot (walk)
+	full         int64  // when the last full walk began, unix ns
+	files, dirs  int
+	bytes        int64
+	depth        int              // deltas between snapshot id and a full manifest
+	cursor       map[string]int64 // journal file → offset read
+	skipped      []Skipped
+	deltaEntries int // lines after the base, for the decision to rewrite
 }
 
-// lookup finds path's entry.
-func (s *state) lookup(path string) (indexEntry, bool) {
-	i, ok := slices.BinarySearchFunc(s.list, path, func(n named, p string) int { return walkOrder(n.path, p) })
-	if !ok {
-		return indexEntry{}, false
-	}
-	return s.list[i].indexEntry, true
+// state is a loaded index.
+type state struct {
+	commit
+	base   string           // the base section
+	starts []int            // where each base line starts
+	over   map[string]named // entries added or replaced after the base
+	gone   map[string]bool  // base subtrees removed after the base
+	size   int64            // bytes up to the last S line
+	torn   bool             // something follows the last S line
 }
 
 func entryOf(kind byte, info store.Info, sha string) indexEntry {
@@ -87,7 +97,7 @@ func entryOf(kind byte, info store.Info, sha string) indexEntry {
 	return indexEntry{kind: kind, perm: info.Perm, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino, sha: sha}
 }
 
-// entry is the snapshot entry e describes at path (a file or directory).
+// entry is the snapshot entry e describes at path.
 func (e indexEntry) entry(path string) Entry {
 	if e.kind == kindDir {
 		return Entry{Path: path, Type: typeDir, Perm: e.perm, MTime: e.mtime}
@@ -100,8 +110,90 @@ func (e indexEntry) matches(st *unix.Stat_t) bool {
 	return e.kind == kindFile && e.size == st.Size && e.mtime == st.Mtim.Nano() && e.ctime == st.Ctim.Nano() && e.ino == st.Ino
 }
 
-// loadState reads the index; a missing or unreadable one is empty, with
-// no base, so the next snapshot walks and reads every file.
+// lookup finds path's entry.
+func (s *state) lookup(path string) (indexEntry, bool) {
+	if n, ok := s.over[path]; ok {
+		return n.indexEntry, true
+	}
+	if s.removed(path) {
+		return indexEntry{}, false
+	}
+	i, ok := s.search(path)
+	if !ok {
+		return indexEntry{}, false
+	}
+	n, _ := parseBaseLine(s.baseLine(i))
+	return n.indexEntry, true
+}
+
+// removed reports whether a later change removed path from the base.
+func (s *state) removed(path string) bool {
+	return len(s.gone) > 0 && (s.gone[path] || underAny(path, s.gone))
+}
+
+// search finds path in the base: its line, or where it would be.
+func (s *state) search(path string) (int, bool) {
+	return slices.BinarySearchFunc(s.starts, path, func(start int, p string) int {
+		return walkOrder(basePath(s.base[start:]), p)
+	})
+}
+
+func (s *state) baseLine(i int) string {
+	line := s.base[s.starts[i]:]
+	return line[:strings.IndexByte(line, '\n')]
+}
+
+// under calls fn for every entry beneath dir (not dir itself).
+func (s *state) under(dir string, fn func(n named)) {
+	prefix := dir + "/"
+	i, _ := s.search(dir)
+	for ; i < len(s.starts); i++ {
+		p := basePath(s.base[s.starts[i]:])
+		if p == dir {
+			continue
+		}
+		if !strings.HasPrefix(p, prefix) {
+			break
+		}
+		if _, ok := s.over[p]; ok || s.removed(p) {
+			continue
+		}
+		if n, ok := parseBaseLine(s.baseLine(i)); ok {
+			fn(n)
+		}
+	}
+	for p, n := range s.over {
+		if strings.HasPrefix(p, prefix) {
+			fn(n)
+		}
+	}
+}
+
+// all returns every entry, in walk order.
+func (s *state) all() []named {
+	out := make([]named, 0, len(s.starts)+len(s.over))
+	for i := range s.starts {
+		n, ok := parseBaseLine(s.baseLine(i))
+		if !ok {
+			continue
+		}
+		if _, ok := s.over[n.path]; ok || s.removed(n.path) {
+			continue
+		}
+		out = append(out, n)
+	}
+	if len(s.over) == 0 {
+		return out
+	}
+	for _, n := range s.over {
+		out = append(out, n)
+	}
+	slices.SortFunc(out, func(a, b named) int { return walkOrder(a.path, b.path) })
+	return out
+}
+
+// loadState reads the index; a missing or unreadable one is empty,
+// describing no snapshot, so the next snapshot walks and reads every file.
 func (r *Repo) loadState() *state {
 	empty := &state{}
 	fd, err := unix.Openat(int(r.dir.Fd()), indexFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -118,174 +210,247 @@ func (r *Repo) loadState() *state {
 	if _, err := io.ReadFull(f, b); err != nil {
 		return empty
 	}
-	s, err := parseState(b)
+	s, err := parseState(string(b))
 	if err != nil {
 		return empty
 	}
 	return s
 }
 
-// parseState reads an index. Paths and hashes are cut from one string
-// holding the whole file, so an entry costs no allocation of its own.
-func parseState(b []byte) (*state, error) {
-	text := string(b)
-	head, text, ok := strings.Cut(text, "\n")
-	if !ok || head != indexHeader {
+// parseState reads an index: the base only as far as finding its lines,
+// the changes after it in full.
+func parseState(text string) (*state, error) {
+	head, rest, ok := strings.Cut(text, "\n")
+	n, err := strconv.Atoi(strings.TrimPrefix(head, indexMagic))
+	if !ok || !strings.HasPrefix(head, indexMagic) || err != nil || n < 0 || n > len(rest) {
 		return nil, fmt.Errorf("not an index")
 	}
-	s := &state{list: make([]named, 0, len(text)/110)}
-	for text != "" {
-		i := strings.IndexByte(text, '\n')
-		if i < 0 {
-			return nil, fmt.Errorf("torn index")
+	s := &state{base: rest[:n], over: map[string]named{}, gone: map[string]bool{}}
+	for i := 0; i < len(s.base); {
+		j := strings.IndexByte(s.base[i:], '\n')
+		if j < 0 {
+			return nil, fmt.Errorf("torn index base")
 		}
-		line := text[:i]
-		text = text[i+1:]
-		if strings.HasPrefix(line, "S ") {
-			if text != "" {
-				return nil, fmt.Errorf("index goes on after its commit line")
-			}
-			return s, s.commit(line[2:])
-		}
-		n, err := parseEntry(line)
-		if err != nil {
+		s.starts = append(s.starts, i)
+		i += j + 1
+	}
+	changes := rest[n:]
+	last := strings.LastIndex(changes, "\nS ") + 1
+	if last == 0 && !strings.HasPrefix(changes, "S ") {
+		return nil, fmt.Errorf("index has no commit line")
+	}
+	end := strings.IndexByte(changes[last:], '\n')
+	if end < 0 {
+		return nil, fmt.Errorf("torn index commit")
+	}
+	end += last + 1
+	s.size = int64(len(head) + 1 + n + end)
+	s.torn = end < len(changes)
+	for _, line := range strings.Split(changes[:end-1], "\n") {
+		if err := s.apply(line); err != nil {
 			return nil, err
 		}
-		if k := len(s.list); k > 0 && walkOrder(s.list[k-1].path, n.path) >= 0 {
-			return nil, fmt.Errorf("index out of order at %q", n.path)
-		}
-		s.list = append(s.list, n)
 	}
-	return nil, fmt.Errorf("index has no commit line")
+	return s, nil
 }
 
-func (s *state) commit(rest string) error {
-	f := strings.Fields(rest)
-	if len(f) < 2 {
-		return fmt.Errorf("malformed index commit %q", rest)
+// apply reads one line of the changes after the base.
+func (s *state) apply(line string) error {
+	bad := func() error { return fmt.Errorf("malformed index line %q", line) }
+	if len(line) < 3 || line[1] != ' ' {
+		return bad()
 	}
-	if s.base = f[0]; s.base == "-" {
-		s.base = ""
-	}
-	full, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		return fmt.Errorf("malformed index commit %q", rest)
-	}
-	s.full = full
-	s.cursor = make(map[string]int64, len(f)-2)
-	for _, c := range f[2:] {
-		name, off, ok := strings.Cut(c, "=")
-		n, err := strconv.ParseInt(off, 10, 64)
-		if !ok || err != nil || n < 0 {
-			return fmt.Errorf("malformed index commit %q", rest)
+	rest := line[2:]
+	switch line[0] {
+	case '+':
+		n, ok := parseBaseLine(rest)
+		if !ok {
+			return bad()
 		}
-		s.cursor[name] = n
+		s.over[n.path] = n
+		s.deltaEntries++
+	case '-':
+		p, err := unquotePath(rest)
+		if err != nil {
+			return bad()
+		}
+		for k := range s.over {
+			if k == p || strings.HasPrefix(k, p+"/") {
+				delete(s.over, k)
+			}
+		}
+		s.gone[p] = true
+		s.deltaEntries++
+	case 'X':
+		s.skipped = nil
+		if err := json.Unmarshal([]byte(rest), &s.skipped); err != nil {
+			return bad()
+		}
+	case 'S':
+		skipped, entries := s.skipped, s.deltaEntries
+		c, err := parseCommit(rest)
+		if err != nil {
+			return bad()
+		}
+		s.commit = c
+		s.skipped, s.deltaEntries = skipped, entries
+	default:
+		return bad()
 	}
 	return nil
 }
 
-func parseEntry(line string) (named, error) {
-	n, ok := parseEntryLine(line)
-	if !ok {
-		return named{}, fmt.Errorf("malformed index line %q", line)
+func parseCommit(rest string) (commit, error) {
+	var c commit
+	f := strings.Fields(rest)
+	if len(f) < 6 {
+		return c, fmt.Errorf("short commit")
 	}
-	return n, nil
+	if c.id = f[0]; c.id == "-" {
+		c.id = ""
+	}
+	var err [5]error
+	c.full, err[0] = strconv.ParseInt(f[1], 10, 64)
+	c.files, err[1] = strconv.Atoi(f[2])
+	c.dirs, err[2] = strconv.Atoi(f[3])
+	c.bytes, err[3] = strconv.ParseInt(f[4], 10, 64)
+	c.depth, err[4] = strconv.Atoi(f[5])
+	for _, e := range err {
+		if e != nil {
+			return c, e
+		}
+	}
+	c.cursor = make(map[string]int64, len(f)-6)
+	for _, kv := range f[6:] {
+		name, off, ok := strings.Cut(kv, "=")
+		n, err := strconv.ParseInt(off, 10, 64)
+		if !ok || err != nil || n < 0 {
+			return c, fmt.Errorf("bad cursor %q", kv)
+		}
+		c.cursor[name] = n
+	}
+	return c, nil
 }
 
-func parseEntryLine(line string) (named, bool) {
-	if len(line) < 3 || line[1] != ' ' {
-		return named{}, false
-	}
-	n := named{indexEntry: indexEntry{kind: line[0]}}
-	switch n.kind {
-	case kindFile, kindRacy, kindDir, kindSkipped:
-	default:
-		return named{}, false
-	}
-	rest := line[2:]
-	var fields [6]string
-	for i := range fields {
-		j := strings.IndexByte(rest, ' ')
-		if j < 0 {
-			return named{}, false
+// basePath returns the path at the start of an entry line.
+func basePath(line string) string {
+	p := line[:strings.IndexByte(line, '\t')]
+	if strings.HasPrefix(p, `"`) {
+		if u, err := strconv.Unquote(p); err == nil {
+			return u
 		}
-		fields[i], rest = rest[:j], rest[j+1:]
 	}
-	var ok [5]bool
-	var perm uint64
-	n.sha = fields[0]
-	n.size, ok[0] = atoi(fields[1])
-	n.mtime, ok[1] = atoi(fields[2])
-	n.ctime, ok[2] = atoi(fields[3])
-	ino, ok3 := atoi(fields[4])
-	n.ino, ok[3] = uint64(ino), ok3
-	perm, err := strconv.ParseUint(fields[5], 8, 32)
-	n.perm, ok[4] = uint32(perm), err == nil
-	if ok != [5]bool{true, true, true, true, true} {
+	return p
+}
+
+// parseBaseLine reads "PATH<TAB>K SHA SIZE MTIME CTIME INO PERM".
+func parseBaseLine(line string) (named, bool) {
+	tab := strings.IndexByte(line, '\t')
+	if tab <= 0 || len(line) < tab+3 || line[tab+2] != ' ' {
 		return named{}, false
 	}
-	if n.kind == kindDir {
+	path, err := unquotePath(line[:tab])
+	if err != nil {
+		return named{}, false
+	}
+	n := named{path: path, indexEntry: indexEntry{kind: line[tab+1]}}
+	if n.kind != kindFile && n.kind != kindRacy && n.kind != kindDir {
+		return named{}, false
+	}
+	f := strings.Fields(line[tab+3:])
+	if len(f) != 6 {
+		return named{}, false
+	}
+	var ok [6]bool
+	n.sha, ok[0] = f[0], true
+	n.size, ok[1] = atoi(f[1])
+	n.mtime, ok[2] = atoi(f[2])
+	n.ctime, ok[3] = atoi(f[3])
+	var ino int64
+	ino, ok[4] = atoi(f[4])
+	n.ino = uint64(ino)
+	perm, err := strconv.ParseUint(f[5], 8, 32)
+	n.perm, ok[5] = uint32(perm), err == nil
+	if ok != [6]bool{true, true, true, true, true, true} {
+		return named{}, false
+	}
+	switch {
+	case n.kind == kindDir:
 		n.sha = ""
-	} else if (n.kind == kindFile || n.kind == kindRacy) && len(n.sha) != 64 {
+	case len(n.sha) != 64:
 		return named{}, false
 	}
-	path, err := unquotePath(rest)
-	if err != nil || path == "" {
-		return named{}, false
-	}
-	n.path = path
 	return n, true
 }
 
-// atoi parses a decimal int64, possibly negative (times before 1970),
-// without the allocation strconv would make for a substring.
+// atoi parses a decimal int64, possibly negative (times before 1970).
 func atoi(s string) (int64, bool) {
-	d := strings.TrimPrefix(s, "-")
-	if d == "" || len(d) > 18 {
-		v, err := strconv.ParseInt(s, 10, 64)
-		return v, err == nil
-	}
-	var v int64
-	for i := 0; i < len(d); i++ {
-		c := d[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		v = v*10 + int64(c-'0')
-	}
-	if len(d) < len(s) {
-		v = -v
-	}
-	return v, true
+	v, err := strconv.ParseInt(s, 10, 64)
+	return v, err == nil
 }
 
-// saveState writes s as the index.
-func (r *Repo) saveState(s *state) error {
+// saveState writes list (in walk order) as the index's base, with c.
+func (r *Repo) saveState(list []named, c commit) error {
+	var base []byte
+	for _, n := range list {
+		base = appendEntryLine(base, n)
+	}
 	return writeAtomic(r.dir, indexFile, false, func(w *bufio.Writer) error {
-		w.WriteString(indexHeader)
-		w.WriteByte('\n')
-		var b []byte
-		for _, n := range s.list {
-			b = appendIndexLine(b[:0], n.path, n.indexEntry)
-			if _, err := w.Write(b); err != nil {
-				return err
-			}
-		}
-		_, err := w.Write(appendCommit(b[:0], s))
+		fmt.Fprintf(w, "%s%d\n", indexMagic, len(base))
+		w.Write(base)
+		_, err := w.Write(appendCommit(nil, c))
 		return err
 	})
 }
 
-func appendCommit(b []byte, s *state) []byte {
-	b = append(b, "S "...)
-	if s.base == "" {
+// appendState appends to the index s describes the removal of the
+// subtrees at removed, then the entries upserts, and commit c, in one
+// write.
+func (r *Repo) appendState(s *state, removed []string, upserts []named, c commit) error {
+	var b []byte
+	for _, p := range removed {
+		b = append(b, "- "...)
+		b = appendPath(b, p)
+		b = append(b, '\n')
+	}
+	for _, n := range upserts {
+		b = append(b, "+ "...)
+		b = appendEntryLine(b, n)
+	}
+	b = appendCommit(b, c)
+	fd, err := unix.Openat(int(r.dir.Fd()), indexFile, unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("index: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != s.size {
+		return fmt.Errorf("index changed since it was read")
+	}
+	if _, err := unix.Write(fd, b); err != nil {
+		return fmt.Errorf("index: %w", err)
+	}
+	return nil
+}
+
+func appendCommit(b []byte, c commit) []byte {
+	sk, _ := json.Marshal(c.skipped)
+	if c.skipped == nil {
+		sk = []byte("[]")
+	}
+	b = append(b, "X "...)
+	b = append(b, sk...)
+	b = append(b, "\nS "...)
+	if c.id == "" {
 		b = append(b, '-')
 	} else {
-		b = append(b, s.base...)
+		b = append(b, c.id...)
 	}
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, s.full, 10)
-	for name, off := range s.cursor {
+	for _, v := range []int64{c.full, int64(c.files), int64(c.dirs), c.bytes, int64(c.depth)} {
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	for name, off := range c.cursor {
 		b = append(b, ' ')
 		b = append(b, name...)
 		b = append(b, '=')
@@ -294,25 +459,24 @@ func appendCommit(b []byte, s *state) []byte {
 	return append(b, '\n')
 }
 
-func appendIndexLine(b []byte, path string, e indexEntry) []byte {
-	b = append(b, e.kind, ' ')
-	if e.sha == "" {
+func appendEntryLine(b []byte, n named) []byte {
+	b = appendPath(b, n.path)
+	b = append(b, '\t', n.kind, ' ')
+	if n.sha == "" {
 		b = append(b, '-')
 	} else {
-		b = append(b, e.sha...)
+		b = append(b, n.sha...)
 	}
 	b = append(b, ' ')
-	b = strconv.AppendInt(b, e.size, 10)
+	b = strconv.AppendInt(b, n.size, 10)
 	b = append(b, ' ')
-	b = strconv.AppendInt(b, e.mtime, 10)
+	b = strconv.AppendInt(b, n.mtime, 10)
 	b = append(b, ' ')
-	b = strconv.AppendInt(b, e.ctime, 10)
+	b = strconv.AppendInt(b, n.ctime, 10)
 	b = append(b, ' ')
-	b = strconv.AppendUint(b, e.ino, 10)
+	b = strconv.AppendUint(b, n.ino, 10)
 	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(e.perm), 8)
-	b = append(b, ' ')
-	b = appendPath(b, path)
+	b = strconv.AppendUint(b, uint64(n.perm), 8)
 	return append(b, '\n')
 }
 

@@ -10,13 +10,23 @@ import (
 	"github.com/agentloom/loomfs/store"
 )
 
-// replay finds the scope's entries without walking it: the previous
-// snapshot's, from the index, with every path the change journals name
-// looked at again (and, for a subtree change, walked). A change to an
-// entry also changes its directory's modification time, so that
-// directory is looked at too. It returns why the scope must be walked
-// instead when a change can't be followed this way.
-func replay(ctx context.Context, view *store.Workspace, old *state, journals []store.JournalFile) (*scanned, string) {
+// delta is what changed since the last snapshot, as replay found it.
+type delta struct {
+	removed []string // entries to drop with all beneath them, walk order
+	upserts []named  // entries new or changed, walk order
+	read    []int    // upserts whose file must be read (indexes)
+	skipped []Skipped
+	// Totals of what stays of the last snapshot, upserts not counted.
+	files, dirs int
+	bytes       int64
+}
+
+// replay finds what changed without walking the scope: every path the
+// change journals name is looked at again (a file read again if its
+// lstat differs from the index, a moved or new directory walked), and so
+// is its directory, whose times changed with it. It returns why the scope
+// must be walked instead when a change can't be followed this way.
+func replay(ctx context.Context, view *store.Workspace, old *state, journals []store.JournalFile) (*delta, string) {
 	touched := map[string]bool{} // path → the subtree under it changed
 	for _, f := range journals {
 		for _, c := range f.Changes {
@@ -38,6 +48,15 @@ func replay(ctx context.Context, view *store.Workspace, old *state, journals []s
 	// contents, is only refreshed.
 	now := make(map[string]*store.Info, len(paths))
 	drop, dropTree := map[string]bool{}, map[string]bool{}
+	d := &delta{files: old.files, dirs: old.dirs, bytes: old.bytes}
+	uncount := func(e indexEntry) {
+		if e.kind == kindDir {
+			d.dirs--
+		} else {
+			d.files--
+			d.bytes -= e.size
+		}
+	}
 	for _, p := range paths {
 		info, err := view.Lstat(p)
 		switch {
@@ -57,6 +76,13 @@ func replay(ctx context.Context, view *store.Workspace, old *state, journals []s
 		drop[p] = true
 		if touched[p] || ok && was.kind == kindDir {
 			dropTree[p] = true
+		}
+		if ok && !underAny(p, dropTree) {
+			d.removed = append(d.removed, p)
+			uncount(was)
+			if was.kind == kindDir {
+				old.under(p, func(n named) { uncount(n.indexEntry) })
+			}
 		}
 	}
 
@@ -86,81 +112,58 @@ func replay(ctx context.Context, view *store.Workspace, old *state, journals []s
 
 	// Directories whose entries changed, and those kept whole, are
 	// looked at again for their times and mode.
-	updates := map[string]indexEntry{}
+	updates := map[string]named{}
 	for _, p := range paths {
 		dirs := []string{p}
-		if d, _ := policy.Split(p); d != "." {
-			dirs = append(dirs, d)
+		if dir, _ := policy.Split(p); dir != "." {
+			dirs = append(dirs, dir)
 		}
-		for _, d := range dirs {
-			if _, done := updates[d]; done || drop[d] || underAny(d, dropTree) {
+		for _, dir := range dirs {
+			if _, done := updates[dir]; done || drop[dir] || underAny(dir, dropTree) || underAny(dir, walked) {
 				continue // walked again, or gone
 			}
-			if e, ok := old.lookup(d); !ok || e.kind != kindDir {
-				return nil, "a changed path's directory is not in the last snapshot (" + d + ")"
+			e, ok := old.lookup(dir)
+			if !ok || e.kind != kindDir {
+				return nil, "a changed path's directory is not in the last snapshot (" + dir + ")"
 			}
-			info, err := view.Lstat(d)
+			info, err := view.Lstat(dir)
 			if err != nil || info.Kind != policy.KindDir {
-				return nil, "a changed path's directory changed too (" + d + ")"
+				return nil, "a changed path's directory changed too (" + dir + ")"
 			}
-			updates[d] = entryOf(kindDir, info, "")
+			uncount(e)
+			updates[dir] = named{dir, entryOf(kindDir, info, "")}
 		}
 	}
 
-	// The old entries in walk order, less what went, with the updates,
-	// merged with the fresh ones (also in walk order).
-	add := fresh.named()
+	// The upserts: the fresh entries and the updates, in walk order.
+	for i, e := range fresh.entries {
+		st := fresh.stats[i]
+		st.sha = e.SHA256
+		d.upserts = append(d.upserts, named{e.Path, st})
+	}
+	for _, u := range updates {
+		d.upserts = append(d.upserts, u)
+	}
 	rehash := map[string]bool{}
 	for _, i := range fresh.todo {
 		rehash[fresh.entries[i].Path] = true
 	}
-	s := &scanned{entries: make([]Entry, 0, len(old.list)+len(add)), stats: make([]indexEntry, 0, len(old.list)+len(add))}
-	emit := func(n named) {
-		if n.kind == kindSkipped {
-			s.skipped = append(s.skipped, Skipped{n.path, n.sha})
-			return
+	slices.SortFunc(d.upserts, func(a, b named) int { return walkOrder(a.path, b.path) })
+	d.upserts = slices.CompactFunc(d.upserts, func(a, b named) bool { return a.path == b.path })
+	for i, u := range d.upserts {
+		if rehash[u.path] {
+			d.read = append(d.read, i)
 		}
-		if rehash[n.path] {
-			s.todo = append(s.todo, len(s.entries))
-		}
-		s.entries = append(s.entries, n.entry(n.path))
-		s.stats = append(s.stats, n.indexEntry)
 	}
-	for _, n := range old.list {
-		replaced := false
-		for len(add) > 0 && walkOrder(add[0].path, n.path) <= 0 {
-			replaced = replaced || add[0].path == n.path
-			emit(add[0])
-			add = add[1:]
-		}
-		if replaced || drop[n.path] || len(dropTree) > 0 && underAny(n.path, dropTree) {
-			continue
-		}
-		if u, ok := updates[n.path]; ok {
-			n.indexEntry = u
-		}
-		emit(n)
-	}
-	for _, n := range add {
-		emit(n)
-	}
-	return s, ""
-}
 
-// named returns s's entries and skipped objects as index entries, in walk
-// order; a file's hash is the one found unchanged in the index, if any.
-func (s *scanned) named() []named {
-	out := make([]named, 0, len(s.entries)+len(s.skipped))
-	for i, e := range s.entries {
-		st := s.stats[i]
-		st.sha = e.SHA256
-		out = append(out, named{e.Path, st})
+	// The objects skipped: those still there, and those found now.
+	for _, sk := range old.skipped {
+		if !drop[sk.Path] && !underAny(sk.Path, dropTree) {
+			d.skipped = append(d.skipped, sk)
+		}
 	}
-	for _, sk := range s.skipped {
-		out = append(out, named{sk.Path, indexEntry{kind: kindSkipped, sha: sk.Reason}})
-	}
-	slices.SortStableFunc(out, func(a, b named) int { return walkOrder(a.path, b.path) })
-	return slices.CompactFunc(out, func(a, b named) bool { return a.path == b.path })
+	d.skipped = append(d.skipped, fresh.skipped...)
+	return d, ""
 }
 
 // underAny reports whether path lies beneath one of dirs.
@@ -196,4 +199,32 @@ func walkOrder(a, b string) int {
 		return 1
 	}
 	return len(a) - len(b)
+}
+
+// applyDelta returns base (in walk order) with each path of removed and
+// everything beneath it taken out, and upserts (in walk order) put in,
+// replacing an entry of the same path.
+func applyDelta[T any](base []T, removed []string, upserts []T, path func(T) string) []T {
+	gone := make(map[string]bool, len(removed))
+	for _, p := range removed {
+		gone[p] = true
+	}
+	out := make([]T, 0, len(base)+len(upserts))
+	for _, b := range base {
+		p := path(b)
+		for len(upserts) > 0 && walkOrder(path(upserts[0]), p) < 0 {
+			out = append(out, upserts[0])
+			upserts = upserts[1:]
+		}
+		if len(upserts) > 0 && path(upserts[0]) == p {
+			out = append(out, upserts[0])
+			upserts = upserts[1:]
+			continue
+		}
+		if len(gone) > 0 && (gone[p] || underAny(p, gone)) {
+			continue
+		}
+		out = append(out, b)
+	}
+	return append(out, upserts...)
 }

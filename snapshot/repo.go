@@ -47,6 +47,10 @@ type Manifest struct {
 	// the whole scope), and WalkReason why a walk was needed.
 	Walk       string `json:"walk"`
 	WalkReason string `json:"walk_reason,omitempty"`
+	// Base is the snapshot this one amends, Depth how many such steps
+	// lead to a snapshot recorded in full (see Entries).
+	Base  string `json:"base,omitempty"`
+	Depth int    `json:"depth,omitempty"`
 	Duration  float64   `json:"duration_s"`
 }
 
@@ -159,9 +163,14 @@ func (r *Repo) List() ([]Manifest, error) {
 //	"files": [
 //	{"path": ..., "type": ..., "size": ..., "perm": ..., "mtime_ns": ..., "sha256": ...},
 //	...
-//	]}
+//	],
+//	"removed": [path, ...]}
 //
 // The manifest comes first so that listing reads only the start of each.
+// A snapshot recorded in full lists every entry in files. One taken from
+// the change journals names its base snapshot and lists only what
+// changed: the paths removed (each with everything beneath it) and the
+// entries added or changed, so it costs what changed.
 
 // Get returns the manifest of snapshot id.
 func (r *Repo) Get(id string) (*Manifest, error) {
@@ -178,17 +187,50 @@ func (r *Repo) Get(id string) (*Manifest, error) {
 	return &m, nil
 }
 
-// Entries returns the files and directories of snapshot id, in walk order
-// (every directory before what it holds).
-func (r *Repo) Entries(id string) ([]Entry, error) {
-	var doc struct {
-		Manifest Manifest `json:"manifest"`
-		Files    []Entry  `json:"files"`
-	}
+// snapshotDoc is a snapshot file as stored.
+type snapshotDoc struct {
+	Manifest Manifest `json:"manifest"`
+	Files    []Entry  `json:"files"`
+	Removed  []string `json:"removed"`
+}
+
+func (r *Repo) doc(id string) (*snapshotDoc, error) {
+	var doc snapshotDoc
 	if err := r.read(id, func(dec *json.Decoder) error { return dec.Decode(&doc) }); err != nil {
 		return nil, err
 	}
-	return doc.Files, nil
+	return &doc, nil
+}
+
+// Entries returns the files and directories of snapshot id, in walk order
+// (every directory before what it holds), its base's applied.
+func (r *Repo) Entries(id string) ([]Entry, error) {
+	var chain []*snapshotDoc
+	for next := id; next != ""; {
+		if len(chain) > maxDepth*4 {
+			return nil, fmt.Errorf("snapshot %s stands on more than %d others; its chain is damaged", id, maxDepth*4)
+		}
+		doc, err := r.doc(next)
+		if err != nil {
+			if len(chain) > 0 && policy.CodeOf(err) == policy.NotFound {
+				return nil, fmt.Errorf("snapshot %s is damaged: its base %s is missing", id, next)
+			}
+			return nil, err
+		}
+		chain = append(chain, doc)
+		next = doc.Manifest.Base
+	}
+	entries := chain[len(chain)-1].Files
+	for i := len(chain) - 2; i >= 0; i-- {
+		entries = applyDelta(entries, chain[i].Removed, chain[i].Files, func(e Entry) string { return e.Path })
+	}
+	return entries, nil
+}
+
+// exists reports whether snapshot id is there.
+func (r *Repo) exists(id string) bool {
+	var st unix.Stat_t
+	return checkID(id) == nil && unix.Fstatat(int(r.mans.Fd()), id+".json", &st, unix.AT_SYMLINK_NOFOLLOW) == nil
 }
 
 func (r *Repo) read(id string, decode func(*json.Decoder) error) error {
@@ -221,8 +263,10 @@ func expectKey(dec *json.Decoder, key string) error {
 	return nil
 }
 
-// writeSnapshot writes manifest m and its entries as one file, fsynced.
-func (r *Repo) writeSnapshot(m *Manifest, entries []Entry) error {
+// writeSnapshot writes manifest m, its entries (or, with a base, those
+// added or changed) and the paths removed from its base as one file,
+// fsynced.
+func (r *Repo) writeSnapshot(m *Manifest, entries []Entry, removed []string) error {
 	return writeAtomic(r.mans, m.ID+".json", true, func(w *bufio.Writer) error {
 		b, err := json.Marshal(m)
 		if err != nil {
@@ -234,15 +278,43 @@ func (r *Repo) writeSnapshot(m *Manifest, entries []Entry) error {
 		if err := writeEntries(w, entries); err != nil {
 			return err
 		}
+		if m.Base != "" {
+			if b, err = json.Marshal(removed); err != nil {
+				return err
+			}
+			if removed == nil {
+				b = []byte("[]")
+			}
+			w.WriteString(",\n\"removed\": ")
+			w.Write(b)
+		}
 		_, err = w.WriteString("}\n")
 		return err
 	})
 }
 
-// Delete removes snapshot id's manifest. Its blobs stay until Sweep.
+// Delete removes snapshot id's manifest. Its blobs stay until Sweep. A
+// snapshot that amends it is first rewritten in full.
 func (r *Repo) Delete(id string) error {
 	if err := checkID(id); err != nil {
 		return err
+	}
+	ms, err := r.List()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if m.Base != id {
+			continue
+		}
+		entries, err := r.Entries(m.ID)
+		if err != nil {
+			return fmt.Errorf("delete snapshot %s: rewrite %s, which amends it: %w", id, m.ID, err)
+		}
+		m.Base, m.Depth = "", 0
+		if err := r.writeSnapshot(&m, entries, nil); err != nil {
+			return fmt.Errorf("delete snapshot %s: rewrite %s, which amends it: %w", id, m.ID, err)
+		}
 	}
 	if err := unix.Unlinkat(int(r.mans.Fd()), id+".json", 0); err != nil {
 		return policy.FromErrno(err, "delete snapshot", id)
@@ -265,17 +337,20 @@ func (r *Repo) Sweep(ctx context.Context) (blobs int, bytes int64, err error) {
 	if len(ms) == 0 {
 		unix.Unlinkat(int(r.dir.Fd()), indexFile, 0)
 	} else {
-		for _, e := range r.loadState().list {
+		for _, e := range r.loadState().all() {
 			if e.kind == kindFile || e.kind == kindRacy {
 				live[e.sha] = true
 			}
 		}
 	}
+	// Every entry of a snapshot is listed in its own file or in one of
+	// its bases', which are kept with it.
 	for _, m := range ms {
-		es, err := r.Entries(m.ID)
+		doc, err := r.doc(m.ID)
 		if err != nil {
 			return 0, 0, err
 		}
+		es := doc.Files
 		for _, e := range es {
 			if e.SHA256 != "" {
 				live[e.SHA256] = true

@@ -86,7 +86,7 @@ func Restore(ctx context.Context, ws *store.Workspace, id string, opt RestoreOpt
 				files[i].kind = kindRacy
 			}
 		}
-		repo.saveState(&state{list: files})
+		repo.saveState(files, commit{})
 	}
 	return m, nil
 }

@@ -32,8 +32,13 @@ type scope struct {
 // hidden .meta/ exists to be kept).
 func newScope(t testing.TB) *scope {
 	t.Helper()
+	return openScope(t, t.TempDir())
+}
+
+// openScope opens the test scope on the volume at root.
+func openScope(t testing.TB, root string) *scope {
+	t.Helper()
 	ctx := context.Background()
-	root := t.TempDir()
 	vol, err := store.OpenVolume(ctx, store.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +78,9 @@ func (s *scope) tree(t testing.TB, n int) map[string]string {
 // journal records it.
 func (s *scope) change(t testing.TB, rel string, b []byte) {
 	t.Helper()
+	if _, err := s.ws.Mkdir(context.Background(), filepath.Dir(rel), true); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.ws.WriteFile(context.Background(), rel, b, nil); err != nil {
 		t.Fatal(err)
 	}
