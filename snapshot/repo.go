@@ -49,9 +49,9 @@ type Manifest struct {
 	WalkReason string `json:"walk_reason,omitempty"`
 	// Base is the snapshot this one amends, Depth how many such steps
 	// lead to a snapshot recorded in full (see Entries).
-	Base  string `json:"base,omitempty"`
-	Depth int    `json:"depth,omitempty"`
-	Duration  float64   `json:"duration_s"`
+	Base     string  `json:"base,omitempty"`
+	Depth    int     `json:"depth,omitempty"`
+	Duration float64 `json:"duration_s"`
 }
 
 // Skipped is an object a snapshot did not keep, and why (its error code).
