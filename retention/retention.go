@@ -43,7 +43,7 @@ type Options struct {
 // Item is one session or snapshot Collect removed, would remove, or kept
 // although it is old enough.
 type Item struct {
-	Kind     string    `json:"kind"` // "session" or "snapshot"
+	Kind     string    `json:"kind"` // KindSession, KindSnapshot, KindTemporary or KindJournal
 	Scope    string    `json:"scope"`
 	Snapshot string    `json:"snapshot,omitempty"`
 	LastUsed time.Time `json:"last_used"`
@@ -67,6 +67,9 @@ const (
 	// KindTemporary counts the leftover temporary files of atomic writes
 	// removed from one session (store.Volume.SweepTemporaries).
 	KindTemporary = "temporary"
+	// KindJournal counts the change journals of ended processes removed
+	// from one scope (snapshot.TrimJournals).
+	KindJournal = "journal"
 )
 
 // Collect reclaims the sessions with no change for opt.MaxAge (their whole
@@ -142,6 +145,9 @@ func (g *collector) session(ctx context.Context, s store.Session) error {
 		g.rep.Removed = append(g.rep.Removed, Item{Kind: KindTemporary, Scope: s.Main.String(), Bytes: b, Reason: fmt.Sprintf("%d leftover temporary files of interrupted writes", n)})
 		g.rep.Freed += b
 	}
+	for _, sc := range s.Scopes() {
+		g.journals(sc)
+	}
 	last, err := g.vol.LastChange(ctx, s, func(n int) { g.progress(false, "session %s: %d entries walked", s.Main, n) })
 	if err != nil {
 		return err
@@ -186,6 +192,24 @@ func (g *collector) session(ctx context.Context, s store.Session) error {
 	}
 	g.rep.Removed = append(g.rep.Removed, item)
 	return nil
+}
+
+// journals trims the change journals of scope sc if it is idle now (a
+// busy scope is trimmed by a later run).
+func (g *collector) journals(sc store.Scope) {
+	unlock, ok, err := g.vol.TryLock(sc)
+	if err != nil || !ok {
+		return
+	}
+	defer unlock()
+	n, err := snapshot.TrimJournals(g.vol, sc, g.opt.DryRun)
+	if err != nil {
+		g.fail("scope %s: change journals: %v", sc, err)
+		return
+	}
+	if n > 0 {
+		g.rep.Removed = append(g.rep.Removed, Item{Kind: KindJournal, Scope: sc.String(), Reason: fmt.Sprintf("%d change journals of ended processes", n)})
+	}
 }
 
 // lockAll takes every scope's lock without waiting, after checking that

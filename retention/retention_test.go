@@ -391,3 +391,74 @@ func TestSweepTemporaries(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalsTrimmed: every process that changes a scope leaves a change
+// journal; gc removes them once a scope has many, and a snapshot after
+// that walks the scope instead of trusting journals it can no longer read.
+func TestJournalsTrimmed(t *testing.T) {
+	ctx := context.Background()
+	v := newVolume(t)
+	ws := v.open(t, "sp/ag/se")
+	if _, err := snapshot.Create(ctx, ws, snapshot.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ws.Close()
+	// 70 processes each write a file and end.
+	pol, _ := policy.Preset("standard")
+	for i := range 70 {
+		w, err := v.vol.Open(ctx, ws.Scope(), pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteFile(ctx, "src/n"+strings.Repeat("x", i%5)+string(rune('a'+i%26)), []byte{byte(i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+	}
+	journals := func() int {
+		fs, err := v.vol.JournalFiles(ws.Scope())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(fs)
+	}
+	if n := journals(); n != 71 {
+		t.Fatalf("%d journal files, want one per process (71)", n)
+	}
+	now := fakeClock{time.Now()}
+	rep, err := retention.Collect(ctx, v.vol, retention.Options{Clock: now, MaxAge: time.Hour, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := journals(); n != 71 || !hasItem(rep.Removed, retention.KindJournal, "71 change journals") {
+		t.Fatalf("dry run: %d journal files left, report %+v", n, rep.Removed)
+	}
+	rep, err = retention.Collect(ctx, v.vol, retention.Options{Clock: now, MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := journals(); n != 0 || !hasItem(rep.Removed, retention.KindJournal, "71 change journals") {
+		t.Fatalf("gc: %d journal files left, report %+v", n, rep.Removed)
+	}
+	w, err := v.vol.Open(ctx, ws.Scope(), pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := snapshot.Create(ctx, w, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Walk != "full" || m.Files != 71 {
+		t.Fatalf("snapshot after the trim: walk %q (%s), %d files; want a walk finding all 71", m.Walk, m.WalkReason, m.Files)
+	}
+}
+
+func hasItem(items []retention.Item, kind, reason string) bool {
+	for _, it := range items {
+		if it.Kind == kind && strings.Contains(it.Reason, reason) {
+			return true
+		}
+	}
+	return false
+}

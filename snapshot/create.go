@@ -242,8 +242,8 @@ func changes(view *store.Workspace, old *state, full bool, now time.Time) (journ
 	switch {
 	case full:
 		walk = "asked for"
-	case old.base == "":
-		walk = "no previous snapshot to start from"
+	case old.id == "":
+		walk = "no snapshot to build on (none yet, a restore since, or journals trimmed by gc)"
 	case now.Sub(time.Unix(0, old.full)) >= FullEvery:
 		walk = fmt.Sprintf("the last full walk is more than %v old", FullEvery)
 	}

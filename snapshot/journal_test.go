@@ -320,4 +320,12 @@ func TestDeltaChain(t *testing.T) {
 	if got := s.contents(t)["src/f19"]; got != sum([]byte("round 79")) {
 		t.Fatalf("restored src/f19 has %s", got)
 	}
+	// A restore replaced the whole tree: the next snapshot walks it.
+	m, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Walk != "full" || !strings.Contains(m.WalkReason, "restore") {
+		t.Fatalf("snapshot after a restore: walk %q (%s); want a walk saying why", m.Walk, m.WalkReason)
+	}
 }

@@ -293,8 +293,8 @@ func (v *Volume) SweepTemporaries(ctx context.Context, s Session, cutoff time.Ti
 }
 
 // RemoveSession removes the session's directory tree and its scopes' call
-// records and confirmation tokens. Lock files and pins stay, so a late
-// opener still contends on the same lock. The caller holds every scope's
+// records, confirmation tokens and change journals. Lock files and pins
+// stay, so a late opener still contends on the same lock. The caller holds every scope's
 // lock and has checked that none is busy or quarantined.
 func (v *Volume) RemoveSession(ctx context.Context, s Session) (policy.Usage, error) {
 	if err := v.recheck(); err != nil {
@@ -327,7 +327,7 @@ func (v *Volume) RemoveSession(ctx context.Context, s Session) (policy.Usage, er
 		if err != nil {
 			continue
 		}
-		for _, d := range []string{CallsDir, TokensDir} {
+		for _, d := range []string{CallsDir, TokensDir, JournalDir} {
 			if dfd, err := unix.Openat(int(st.Fd()), d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
 				var ignored policy.Usage
 				var dst unix.Stat_t

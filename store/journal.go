@@ -339,6 +339,28 @@ func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
 	return jf, nil
 }
 
+// JournalFiles describes every journal file of scope s, as
+// Workspace.JournalFiles does, without opening the scope.
+func (v *Volume) JournalFiles(s Scope) ([]JournalFile, error) {
+	w, err := v.stateOnly(s)
+	if err != nil {
+		return nil, err
+	}
+	defer w.state.Close()
+	return w.JournalFiles()
+}
+
+// RemoveJournal removes journal file name of scope s, as
+// Workspace.RemoveJournal does, without opening the scope.
+func (v *Volume) RemoveJournal(s Scope, name string) error {
+	w, err := v.stateOnly(s)
+	if err != nil {
+		return err
+	}
+	defer w.state.Close()
+	return w.RemoveJournal(name)
+}
+
 // JournalFiles describes every journal file of the scope as it is now:
 // its size and whether a writer holds it, without reading it.
 func (w *Workspace) JournalFiles() ([]JournalFile, error) {

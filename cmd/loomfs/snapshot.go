@@ -24,6 +24,14 @@ whole workspace atomically, and refuses while a command runs there or the
 scope is quarantined. A "loomfs mount" of the scope in another process keeps
 serving the old tree after a restore: remount it.
 
+Every change loomfs makes to a workspace (tools, mounts, commands) is noted in
+a change journal, so a snapshot looks only at what changed since the last one
+and records only that, on top of it. It walks the whole workspace instead when
+the journals can't vouch for every change: no earlier snapshot, a restore, a
+process that died without closing its journal, the last full walk more than an
+hour old, or --full. Changes made to the backing store by anything other than
+loomfs are seen only by a walk: take "snapshot create --full" after them.
+
 Snapshots are NOT backups: they live on the same volume as the workspace, and
 a lost volume takes both. Copy what matters to independent storage.`
 
@@ -38,6 +46,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	var scope, label, run string
+	var full bool
 	var wait time.Duration
 	scopeFlag := func(c *cobra.Command) {
 		c.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
@@ -59,7 +68,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 			defer done()
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
-			m, err := snapshot.Create(ctx, ws, snapshot.Options{Label: label, Run: run})
+			m, err := snapshot.Create(ctx, ws, snapshot.Options{Label: label, Run: run, Full: full})
 			if err != nil {
 				return err
 			}
@@ -69,6 +78,11 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s: %d files, %d directories, %s; read %d files, stored %d new contents (%s) in %.3fs\n",
 				m.ID, m.Files, m.Dirs, policy.Bytes(m.Bytes), m.Hashed, m.NewBlobs, policy.Bytes(m.NewBytes), m.Duration)
+			if m.Walk == "full" {
+				fmt.Fprintf(cmd.OutOrStdout(), "walked the whole workspace: %s\n", m.WalkReason)
+			} else {
+				fmt.Fprintf(cmd.OutOrStdout(), "looked only at the changes loomfs recorded since snapshot %s\n", m.Base)
+			}
 			printSkipped(cmd.OutOrStdout(), m)
 			return nil
 		},
@@ -77,6 +91,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	waitFlag(create)
 	create.Flags().StringVar(&label, "label", "", "free text shown by list")
 	create.Flags().StringVar(&run, "run", "", "run id the snapshot belongs to")
+	create.Flags().BoolVar(&full, "full", false, "walk the whole workspace, to take in changes made behind loomfs's back")
 
 	list := &cobra.Command{
 		Use:   "list --scope S",
