@@ -54,8 +54,10 @@ printf 'full copy       loomfs snapshot %.3fs (in process %.3fs, %d bytes stored
 	"$(printf '%s\n' "${snap_t[@]}" | median)" "$(printf '%s\n' "${snap_in[@]}" | median)" "$full_new" \
 	"$(printf '%s\n' "${cp_t[@]}" | median)" "$(printf '%s\n' "${cpsync_t[@]}" | median)" "$(printf '%s\n' "${rs_t[@]}" | median)"
 
-# Incremental: 10 files change between rounds; loomfs snapshots the tree
-# again, rsync -a brings an existing copy up to date.
+# Incremental: 10 files change between rounds, through loomfs (the tool
+# door, as an agent changes them, so the change journal records them);
+# loomfs snapshots the tree again, rsync -a brings an existing copy up to
+# date from the same files.
 rm -rf "$snaps"
 "${L[@]}" snapshot create --scope b/s/s >/dev/null
 rsync -a "$dir/tree/" "$work/rs/"
@@ -65,8 +67,9 @@ for r in $(seq "$ROUNDS"); do
 	n=0
 	for i in $(seq 0 997 $((FILES - 1))); do
 		[ "$n" -lt 10 ] || break
-		f=$(printf '%s/tree/d%03d/e%02d/f%05d.txt' "$dir" $((i % 100)) $(((i / 100) % 10)) "$i")
-		printf 'round %d change %d\n' "$r" "$n" >>"$f"
+		rel=$(printf 'tree/d%03d/e%02d/f%05d.txt' $((i % 100)) $(((i / 100) % 10)) "$i")
+		python3 -c 'import json,sys; print(json.dumps({"path": sys.argv[1], "content": open(sys.argv[2]).read() + sys.argv[3]}))' \
+			"$rel" "$dir/$rel" "$(printf 'round %d change %d' "$r" "$n")" | "${L[@]}" tool workspace_write --scope b/s/s --input - >/dev/null
 		n=$((n + 1))
 	done
 	changed=0
@@ -82,12 +85,13 @@ for r in $(seq "$ROUNDS"); do
 	inc_in+=("$(field "$work/m.json" duration_s)")
 	inc_new+=("$(field "$work/m.json" new_bytes)")
 	inc_read+=("$(field "$work/m.json" hashed)")
+	inc_walk="walk: $(field "$work/m.json" walk)"
 	sync
 	s=$(now); rsync -a --stats "$dir/tree/" "$work/rs/" >"$work/rs.txt"; rsi_t+=("$(since "$s")")
 	rsi_b+=("$(awk -F': ' '/^Literal data/ {gsub(/[^0-9]/, "", $2); print $2}' "$work/rs.txt")")
 done
 it=$(printf '%s\n' "${inc_t[@]}" | median); rt=$(printf '%s\n' "${rsi_t[@]}" | median)
-printf 'after 10 changes loomfs snapshot %.3fs (in process %.3fs; read %d files; wrote %d content bytes = the 10 files'"'"' %d; snapshot dir grew %d bytes with manifest and index)  rsync -a into the copy %.3fs (%d bytes of data)  rsync/loomfs %.1fx\n' \
-	"$it" "$(printf '%s\n' "${inc_in[@]}" | median)" "$(printf '%s\n' "${inc_read[@]}" | median)" \
+printf 'after 10 changes loomfs snapshot %.3fs (in process %.3fs; %s; read %d files; wrote %d content bytes = the 10 files'"'"' %d; snapshot dir grew %d bytes with manifest and index)  rsync -a into the copy %.3fs (%d bytes of data)  rsync/loomfs %.1fx\n' \
+	"$it" "$(printf '%s\n' "${inc_in[@]}" | median)" "$inc_walk" "$(printf '%s\n' "${inc_read[@]}" | median)" \
 	"$(printf '%s\n' "${inc_new[@]}" | median)" "$(printf '%s\n' "${changed_b[@]}" | median)" "$(printf '%s\n' "${inc_disk[@]}" | median)" \
 	"$rt" "$(printf '%s\n' "${rsi_b[@]}" | median)" "$(awk -v a="$rt" -v b="$it" 'BEGIN {print a / b}')"

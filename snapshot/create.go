@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -292,7 +291,8 @@ func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []
 		next     = make(chan int)
 		wg       sync.WaitGroup
 	)
-	workers := min(runtime.GOMAXPROCS(0), 8, len(todo))
+	// More workers than CPUs: for a few files the time goes to fsync.
+	workers := min(8, len(todo))
 	for range workers {
 		wg.Add(1)
 		go func() {
