@@ -166,9 +166,12 @@ func (f *fsys) refused(ctx context.Context, e audit.Event, err error) syscall.Er
 	return policy.Errno(err)
 }
 
-// begin records a change about to be made; if the record can't be kept the
-// change is refused.
+// begin records a change about to be made; if the record can't be kept,
+// or the change journal can't take it, the change is refused.
 func (f *fsys) begin(ctx context.Context, e audit.Event) syscall.Errno {
+	if err := f.ws.ReadyToChange(); err != nil {
+		return f.refused(ctx, e, err)
+	}
 	e.Result = "ok"
 	if err := f.sink.Record(ctx, e); err != nil {
 		return policy.Errno(&policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written; changes are refused until it can", Err: err})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,6 +120,17 @@ os.copy_file_range(s, d, 600<<10, 0, 600<<10)'`, want: syscall.EFBIG, audited: t
 	{name: "planted/write a hardlinked file", setup: plantHardlink, cmd: "echo x >> h1", want: syscall.EPERM, audited: true},
 	{name: "planted/truncate a hardlinked file", setup: plantHardlink, cmd: "truncate -s 0 h1", want: syscall.EPERM, audited: true},
 	{name: "planted/chmod a fifo", setup: plant("fifo", func(p string) error { return unix.Mkfifo(p, 0o600) }), cmd: "chmod 0600 fifo", want: syscall.EPERM, audited: true},
+
+	{name: "journal/can't be written", setup: breakJournal, cmd: "echo x > f", want: syscall.EIO, audited: true},
+}
+
+// breakJournal puts a file where the scope's change journals go, so none
+// can be opened.
+func breakJournal(t *testing.T, e *env) {
+	p := filepath.Join(e.vol.Path(), store.LocksDir, e.ws.Scope().Hash(), store.JournalDir)
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func writeFile(rel, content string) func(*testing.T, *env) {

@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // The change journal lists the paths of a scope that loomfs changed, so a
@@ -57,12 +59,32 @@ type journal struct {
 	buf    []byte
 }
 
+// ReadyToChange makes sure the change journal can take the line of a
+// change about to be made, opening this process's journal file if need
+// be. A change must not be made when it fails: no snapshot would learn of
+// it.
+func (w *Workspace) ReadyToChange() error {
+	j := w.journal
+	if j == nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f != nil || j.closed {
+		return nil
+	}
+	if err := j.open(w); err != nil {
+		return &policy.Error{Code: policy.VolumeUnavailable, Message: "the scope's change journal can't be written; changes are refused until it can", Err: err}
+	}
+	return nil
+}
+
 // NoteChange records that the object at rel (cleaned, relative to the
 // scope) was changed; with subtree, that anything beneath it may have.
-// It is called after the change. A journal that can't be written is
-// abandoned without its end line, which makes the next snapshot walk the
-// scope instead of trusting the journal, so a failure here loses nothing
-// and is not returned.
+// It is called after the change, which ReadyToChange admitted. A journal
+// that can't be written is abandoned without its end line, which makes
+// the next snapshot walk the scope instead of trusting the journal, so a
+// failure here loses nothing and is not returned.
 func (w *Workspace) NoteChange(rel string, subtree bool) {
 	j := w.journal
 	if j == nil {
@@ -73,12 +95,18 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 	if j.closed {
 		return
 	}
-	if j.f == nil || j.size >= journalRotate {
-		if j.f != nil {
-			j.finish()
-		}
+	if j.f == nil {
+		// A failed write abandoned the file after ReadyToChange: start
+		// another, or leave nothing a snapshot would trust.
 		if err := j.open(w); err != nil {
 			return
+		}
+	} else if j.size >= journalRotate {
+		old := j.f
+		if err := j.open(w); err == nil {
+			j.end(old)
+		} else {
+			j.f = old
 		}
 	}
 	b := j.buf[:0]
@@ -135,19 +163,19 @@ func (j *journal) open(w *Workspace) error {
 	return nil
 }
 
-// finish ends the current file with its end line and closes it.
+// finish ends the current file.
 func (j *journal) finish() {
-	if j.f == nil {
-		return
-	}
-	if _, err := unix.Write(int(j.f.Fd()), []byte(journalEnd)); err != nil {
-		// Unfinished: readers will not trust it.
-		j.f.Close()
+	if j.f != nil {
+		j.end(j.f)
 		j.f = nil
-		return
 	}
-	j.f.Close()
-	j.f = nil
+}
+
+// end writes f's end line and closes it. If the line can't be written,
+// the file stays unfinished, and readers will not trust it.
+func (j *journal) end(f *os.File) {
+	unix.Write(int(f.Fd()), []byte(journalEnd))
+	f.Close()
 }
 
 // closeJournal ends the journal at Workspace.Close.

@@ -104,3 +104,35 @@ func TestJournal(t *testing.T) {
 		t.Errorf("damaged journal read: %v", err)
 	}
 }
+
+// TestNoJournalNoChange: when the change journal can't be written, a
+// change is refused before it is made, so no snapshot can miss it.
+func TestNoJournalNoChange(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	vol, err := store.OpenVolume(ctx, store.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws, err := vol.Open(ctx, sc, policy.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	// Something that is not a directory where the journals go.
+	if err := os.WriteFile(filepath.Join(root, store.LocksDir, sc.Hash(), store.JournalDir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ws.WriteFile(ctx, "a", []byte("x"), nil)
+	if policy.CodeOf(err) != policy.VolumeUnavailable || !strings.Contains(err.Error(), "change journal") {
+		t.Fatalf("write without a journal: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, sc.Dir(), "a")); !os.IsNotExist(err) {
+		t.Fatalf("the refused write was made: %v", err)
+	}
+	if _, err := ws.Mkdir(ctx, "d", false); policy.CodeOf(err) != policy.VolumeUnavailable {
+		t.Fatalf("mkdir without a journal: %v", err)
+	}
+}

@@ -97,6 +97,9 @@ func (w *Workspace) ClearDir(ctx context.Context, rel string) (policy.Usage, err
 		return policy.Usage{}, err
 	}
 	defer f.Close()
+	if err := w.ReadyToChange(); err != nil {
+		return policy.Usage{}, err
+	}
 	var u policy.Usage
 	err = removeContents(ctx, int(f.Fd()), w.dev, rel, &u)
 	w.NoteChange(rel, true)
@@ -209,6 +212,9 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		return err
 	}
 	if err := w.CheckIdle(); err != nil {
+		return err
+	}
+	if err := w.ReadyToChange(); err != nil {
 		return err
 	}
 	parentRel, name := policy.Split(w.scope.Dir())

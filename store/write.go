@@ -75,6 +75,9 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 // With mustCreate the rename refuses to replace an object that appeared
 // meanwhile (RENAME_NOREPLACE).
 func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCreate bool) error {
+	if err := w.ReadyToChange(); err != nil {
+		return err
+	}
 	pfd := int(parent.Fd())
 	tmp, tmpName, err := createTemp(pfd)
 	if err != nil {
@@ -206,6 +209,9 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 		if expected != nil && *expected != "" {
 			return policy.Errorf(policy.IsDir, "%s is a directory; expected_sha256 applies to files", rel)
 		}
+		if err := w.ReadyToChange(); err != nil {
+			return err
+		}
 		if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil {
 			return policy.FromErrno(err, "delete", rel)
 		}
@@ -230,6 +236,9 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 	}
 	if again.Ino != st.Ino || again.Dev != st.Dev {
 		return policy.Errorf(policy.Conflict, "%s changed while it was being deleted; re-read and retry", rel)
+	}
+	if err := w.ReadyToChange(); err != nil {
+		return err
 	}
 	if err := unix.Unlinkat(pfd, name, 0); err != nil {
 		return policy.FromErrno(err, "delete", rel)
@@ -273,6 +282,9 @@ func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (create
 		return false, err
 	}
 	defer parent.Close()
+	if err := w.ReadyToChange(); err != nil {
+		return false, err
+	}
 	if err := w.ReserveAt(rel, 0, 1); err != nil {
 		return false, err
 	}
