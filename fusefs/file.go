@@ -30,6 +30,9 @@ type handle struct {
 	opened      time.Time
 	read        atomic.Int64
 	written     atomic.Int64
+	// unnoted: changed through this open since its path last went into
+	// the change journal (set at a writable open, a write, an allocation).
+	unnoted atomic.Bool
 }
 
 var (
@@ -38,6 +41,7 @@ var (
 	_ = (fs.FileWritever)((*handle)(nil))
 	_ = (fs.FileFsyncer)((*handle)(nil))
 	_ = (fs.FileReleaser)((*handle)(nil))
+	_ = (fs.FileFlusher)((*handle)(nil))
 	_ = (fs.FileLseeker)((*handle)(nil))
 	_ = (fs.FileAllocater)((*handle)(nil))
 	_ = (fs.FileGetlker)((*handle)(nil))
@@ -89,6 +93,7 @@ func newHandle(n *node, file *os.File, rel string, flags uint32) (*handle, uint3
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
 		opened:   time.Now(),
 	}
+	h.unnoted.Store(h.writable)
 	n.fsys.open.Store(h, struct{}{})
 	var fuseFlags uint32
 	if n.fsys.opts.Passthrough {
@@ -285,6 +290,7 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 		}
 	}
 	h.written.Add(int64(written))
+	h.unnoted.Store(true)
 	if err != nil && written == 0 {
 		return 0, policy.Errno(err)
 	}
@@ -353,6 +359,24 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 
 // Release closes the backing file and records what was read and written
 // through it.
+// Flush comes with every close(2) of a descriptor of this open, and
+// close waits for it (RELEASE is sent later, without waiting): a change
+// made through the open is in the change journal by the time close
+// returns, so a snapshot taken after it sees the change.
+func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	h.note()
+	return 0
+}
+
+// note puts the file's path in the change journal if it changed through
+// this open since the last time. A writable open may have created or
+// truncated the file even without a write.
+func (h *handle) note() {
+	if h.unnoted.Swap(false) {
+		h.node.fsys.ws.NoteChange(h.path(), false)
+	}
+}
+
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if _, ok := h.node.fsys.open.LoadAndDelete(h); ok {
 		h.release(ctx, "")
@@ -365,11 +389,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // unmount with the file still open).
 func (h *handle) release(ctx context.Context, why string) {
 	h.close()
-	if h.writable {
-		// Written or not, the file may have been created or truncated
-		// through this open.
-		h.node.fsys.ws.NoteChange(h.path(), false)
-	}
+	h.note()
 	read, written := h.read.Load(), h.written.Load()
 	if !h.writable && read == 0 && !h.passthrough {
 		return
@@ -424,10 +444,9 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		if end <= start {
 			return 0
 		}
-		if err := unix.Fallocate(h.fd, mode, start, end-start); err != nil {
-			return policy.Errno(err)
-		}
-		return 0
+		err := unix.Fallocate(h.fd, mode, start, end-start)
+		h.unnoted.Store(true)
+		return policy.Errno(err)
 	}
 	grow := end - st.Size
 	if grow > 0 {
@@ -435,7 +454,9 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 			return f.refused(ctx, ev, err)
 		}
 	}
-	if err := unix.Fallocate(h.fd, mode, start, end-start); err != nil {
+	err := unix.Fallocate(h.fd, mode, start, end-start)
+	h.unnoted.Store(true)
+	if err != nil {
 		if grow > 0 {
 			f.ws.AdjustAt(ev.Path, -grow, 0)
 		}
@@ -564,6 +585,7 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	in.read.Add(int64(k))
 	dst.written.Add(int64(k))
+	dst.unnoted.Store(true)
 	if err != nil && k == 0 {
 		return 0, policy.Errno(err)
 	}
