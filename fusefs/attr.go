@@ -44,7 +44,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		detail(&ev, "times", true)
 	}
 
-	// Ask the policy first, before touching anything.
+	// Ask the policy first, before touching anything. Only the owner
+	// (or root) changes attributes, as the kernel would require.
+	if err := f.access(ctx, rel, n.object(), 0); err != nil {
+		return f.refused(ctx, ev, err)
+	}
 	// Setting the owner already shown is a no-op (cp -p, tar do it).
 	if setUID && uid != f.uid || setGID && gid != f.gid {
 		return f.refused(ctx, ev, policy.CheckChown(rel))
@@ -112,6 +116,13 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if !sameObject(n.StableAttr(), &sx) {
 			return syscall.ESTALE
 		}
+		if setSize {
+			// truncate(2) by name needs write permission; ftruncate(2)
+			// was granted it when the file was opened.
+			if err := f.access(ctx, rel, objectOf(&sx), policy.MayWrite); err != nil {
+				return f.refused(ctx, ev, err)
+			}
+		}
 	}
 
 	if setSize {
@@ -135,7 +146,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err != nil {
 		return policy.Errno(err)
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
+	out.SetTimeout(f.timeout)
 	return 0
 }
 

@@ -192,6 +192,18 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		file.Close()
 		return nil, 0, syscall.ESTALE
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
+	var want policy.Access
+	if acc != unix.O_WRONLY {
+		want |= policy.MayRead
+	}
+	if write {
+		want |= policy.MayWrite
+	}
+	if err := f.access(ctx, rel, objectOf(&sx), want); err != nil {
+		file.Close()
+		return nil, 0, f.refused(ctx, ev, err)
+	}
 	if write {
 		detail(&ev, "flags", flags)
 		if e := f.begin(ctx, ev); e != 0 {

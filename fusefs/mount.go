@@ -53,12 +53,15 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	timeout := opts.cacheTimeout()
 	rootAttr := stableAttr(rootStat)
 	mo := fuse.MountOptions{
-		FsName:      "loomfs",
-		Name:        "loomfs",
-		Options:     []string{"nosuid", "nodev", "default_permissions"},
+		FsName: "loomfs",
+		Name:   "loomfs",
+		// No default_permissions: with it the kernel asks for a
+		// directory's attributes again after every create or unlink in
+		// it (two extra round trips per create/stat/delete cycle).
+		// Permissions are checked here instead (fsys.access).
+		Options:     []string{"nosuid", "nodev"},
 		AllowOther:  opts.AllowOther,
 		DirectMount: true,
 		// No xattrs: ENOSYS once, and the kernel stops asking.
@@ -74,9 +77,9 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
 	server, err := fs.Mount(dir, f.root, &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
+		MountOptions: mo,
+		// No EntryTimeout or AttrTimeout: every reply sets its own
+		// (fsys.setEntry), since go-fuse would replace a zero one.
 		NullPermissions: true,
 		RootStableAttr:  &rootAttr,
 	})
