@@ -91,9 +91,11 @@ w_fio() { # $2 = write|read; prints MB/s
 }
 
 declare -A R
+# Rounds go around the layers (round 1 of each layer, then round 2…), so a
+# change in the machine's load during the run hits every layer alike.
 for pin in $PINS; do
-	for layer in $LAYERS; do
-		for round in $(seq "$ROUNDS"); do
+	for round in $(seq "$ROUNDS"); do
+		for layer in $LAYERS; do
 			pre=(); [ "$pin" = pinned ] && pre=(taskset -c 0)
 			mount_layer "$layer" "$pin"
 			has meta && R[$pin,$layer,meta]+="$(w_meta "$dir") "
