@@ -163,7 +163,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if policy.CheckName(dir, name, f.pol.MainScope) != nil {
 		return nil, syscall.ENOENT
 	}
-	err := d.node.checkDir(ctx, policy.MayExec)
+	err := d.node.checkDir(ctx, rel, policy.MayExec)
 	if err == nil {
 		err = f.admit(policy.OpStat, rel)
 	}

@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,12 +66,9 @@ func (n *node) object() policy.Object {
 
 // checkDir asks whether the caller may have want on this directory (search
 // it, or change its entries), as the kernel would have asked before
-// sending the request.
-func (n *node) checkDir(ctx context.Context, want policy.Access) error {
-	dir, ok := n.relPath()
-	if !ok {
-		return policy.Errorf(policy.NotFound, "the directory was removed")
-	}
+// sending the request; rel is the path of the entry the request names.
+func (n *node) checkDir(ctx context.Context, rel string, want policy.Access) error {
+	dir, _ := policy.Split(rel)
 	return n.fsys.access(ctx, dir, n.object(), want)
 }
 
@@ -175,7 +171,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		// simply not there.
 		return nil, syscall.ENOENT
 	}
-	err = n.checkDir(ctx, policy.MayExec)
+	err = n.checkDir(ctx, rel, policy.MayExec)
 	if err == nil {
 		err = f.admit(policy.OpStat, rel)
 	}
@@ -319,7 +315,7 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, op, rel)
 	if err == nil {
-		err = n.checkDir(ctx, policy.MayWrite|policy.MayExec)
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
 	}
 	if err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
@@ -356,24 +352,32 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		}
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
-	file := os.NewFile(uintptr(fd), rel)
-	// The umask may have narrowed the mode; 0600 it is.
-	if err := unix.Fchmod(fd, policy.FilePerm); err != nil {
-		file.Close()
-		return nil, nil, 0, f.failed(ctx, ev, err)
-	}
-	sx, err := statAt(fd, "")
+	sx, err := setPerm(fd, policy.FilePerm)
 	if err != nil {
-		file.Close()
+		unix.Close(fd)
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	child, e := n.child(ctx, rel, &sx, out)
 	if e != 0 {
-		file.Close()
+		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), file, rel, flags)
+	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags)
 	return child, h, fuseFlags, 0
+}
+
+// setPerm gives the object just created as fd the permissions perm, which
+// the umask may have narrowed or a setgid parent widened, and describes
+// it. The mode is looked at first: it is almost always right already.
+func setPerm(fd int, perm uint32) (unix.Statx_t, error) {
+	sx, err := statAt(fd, "")
+	if err != nil || uint32(sx.Mode)&0o7777 == perm {
+		return sx, err
+	}
+	if err := unix.Fchmod(fd, perm); err != nil {
+		return sx, err
+	}
+	return statAt(fd, "")
 }
 
 // openExisting opens the entry base of parent that a create found already
@@ -399,7 +403,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, "mkdir", rel)
 	if err == nil {
-		err = n.checkDir(ctx, policy.MayWrite|policy.MayExec)
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
 	}
 	if err != nil {
 		return nil, f.refused(ctx, ev, err)
@@ -429,11 +433,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer unix.Close(fd)
-	// The umask may have narrowed the mode; 0700 it is.
-	if err := unix.Fchmod(fd, policy.DirPerm); err != nil {
-		return nil, f.failed(ctx, ev, err)
-	}
-	sx, err := statAt(fd, "")
+	sx, err := setPerm(fd, policy.DirPerm)
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -455,7 +455,7 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, op, rel)
 	if err == nil {
-		err = n.checkDir(ctx, policy.MayWrite|policy.MayExec)
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
 	}
 	if err != nil {
 		return f.refused(ctx, ev, err)
@@ -523,10 +523,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		err = nerr
 	}
 	if err == nil {
-		err = n.checkDir(ctx, policy.MayWrite|policy.MayExec)
+		err = n.checkDir(ctx, oldRel, policy.MayWrite|policy.MayExec)
 	}
 	if err == nil && np != n {
-		err = np.checkDir(ctx, policy.MayWrite|policy.MayExec)
+		err = np.checkDir(ctx, newRel, policy.MayWrite|policy.MayExec)
 	}
 	if err == nil {
 		err = checkRenameFlags(flags)
