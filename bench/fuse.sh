@@ -11,11 +11,14 @@ FIO_SIZE=${FIO_SIZE:-1G}
 PINS=${PINS:-"unpinned pinned"}
 LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
 # LOOMFS_MOUNT_FLAGS adds flags to loomfs mount, e.g. --passthrough
+# BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
+# takes the disk out, leaving what each FUSE layer itself costs.
+BENCH_TMP=${BENCH_TMP:-/var/tmp}
 WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
 
-work=$(mktemp -d /var/tmp/loomfs-bench.XXXXXX)
+work=$(mktemp -d "$BENCH_TMP"/loomfs-bench.XXXXXX)
 chmod 700 "$work"
 bin=$work/bin; mkdir -p "$bin"
 go build -o "$bin/loomfs" ./cmd/loomfs

@@ -92,6 +92,7 @@ func TestSandboxUserModes(t *testing.T) {
 		{"look up in a directory without search permission", "mkdir nox && chmod 0600 nox && ls nox/a", DefaultUID},
 		{"enter a directory without search permission", "mkdir nocd && chmod 0600 nocd && bash -c 'cd nocd'", DefaultUID},
 		{"run a file without x", "printf '#!/bin/sh\\n' > s && ./s", DefaultUID},
+		{"run a file only its group may run", "printf '#!/bin/sh\\n' > g && chmod 0610 g && ./g", DefaultUID},
 		{"another user reads a file", "cat f", DefaultUID + 1},
 		{"another user stats a file", "stat f", DefaultUID + 1},
 		{"another user creates a file", "touch new", DefaultUID + 1},

@@ -200,8 +200,12 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	var want policy.Access
-	if acc != unix.O_WRONLY {
-		want |= policy.MayRead
+	switch {
+	case flags&fuse.FMODE_EXEC != 0:
+		// execve(2) opens the file to run it, which asks for x, not r.
+		want = policy.MayExec
+	case acc != unix.O_WRONLY:
+		want = policy.MayRead
 	}
 	if write {
 		want |= policy.MayWrite
