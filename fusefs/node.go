@@ -73,26 +73,38 @@ func (n *node) checkDir(ctx context.Context, rel string, want policy.Access) err
 }
 
 // relPath returns the node's cleaned path inside the scope ("." for the
-// root), or false for a node that is no longer in the tree.
+// root), or false for a node that is no longer in the tree. It is on the
+// path of nearly every request, so it makes one allocation at most.
 func (n *node) relPath() (string, bool) {
 	in := n.EmbeddedInode()
 	root := in.Root()
-	var names []string
+	var buf [16]string
+	names := buf[:0]
+	size := -1
 	for in != root {
 		name, parent := in.Parent()
 		if parent == nil {
 			return "", false
 		}
 		names = append(names, name)
+		size += len(name) + 1
 		in = parent
 	}
-	if len(names) == 0 {
+	switch len(names) {
+	case 0:
 		return ".", true
+	case 1:
+		return names[0], true
 	}
-	for i, j := 0, len(names)-1; i < j; i, j = i+1, j-1 {
-		names[i], names[j] = names[j], names[i]
+	var b strings.Builder
+	b.Grow(size)
+	for i := len(names) - 1; i >= 0; i-- {
+		b.WriteString(names[i])
+		if i > 0 {
+			b.WriteByte('/')
+		}
 	}
-	return strings.Join(names, "/"), true
+	return b.String(), true
 }
 
 // childRel returns the path of a new or existing entry name in this
