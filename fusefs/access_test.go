@@ -71,6 +71,11 @@ rm f && rmdir d && echo removed`)
 	if got := append(e.sink.find("readdir", "refused", "."), e.sink.find("stat", "refused", ".")...); len(got) == 0 {
 		t.Errorf("another user's listing was refused unrecorded")
 	}
+	// A program the daemon's process starts must not inherit the FUSE
+	// session: it could answer the kernel in the daemon's place.
+	if out, err := asUser(t, e.mnt, DefaultUID, "ls -l /proc/$$/fd"); err != nil || strings.Contains(out, "/dev/fuse") {
+		t.Errorf("the FUSE device is inherited: %v\n%s", err, out)
+	}
 }
 
 // TestSandboxUserModes: the daemon, not the kernel, checks permissions
@@ -80,6 +85,9 @@ rm f && rmdir d && echo removed`)
 func TestSandboxUserModes(t *testing.T) {
 	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
 	mustWrite(t, e.host("f"), "kept")
+	if err := e.m.Probe(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name, script string
 		uid          int
@@ -97,6 +105,7 @@ func TestSandboxUserModes(t *testing.T) {
 		{"another user stats a file", "stat f", DefaultUID + 1},
 		{"another user creates a file", "touch new", DefaultUID + 1},
 		{"another user enters the workspace", "bash -c 'cd $W'", DefaultUID + 1},
+		{"another user reads the ready sentinel", "cat $W/" + policy.ReadyFile, DefaultUID + 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			script := "cd $W && " + c.script

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -86,7 +87,35 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
+	if err := fuseCloseOnExec(); err != nil {
+		server.Unmount()
+		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
+	}
 	return &Mounted{fsys: f, server: server, dir: dir}, nil
+}
+
+// fuseCloseOnExec marks every /dev/fuse fd of the process close-on-exec.
+// go-fuse opens the device without O_CLOEXEC, so a program this process
+// starts would inherit the session, and could read the kernel's requests
+// and answer them in the daemon's place.
+func fuseCloseOnExec() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("list open files: %w", err)
+	}
+	for _, e := range ents {
+		if t, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || t != "/dev/fuse" {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && err != unix.EBADF {
+			return fmt.Errorf("close-on-exec for the FUSE device: %w", err)
+		}
+	}
+	return nil
 }
 
 // Dir returns the mountpoint (absolute, symlinks resolved).
