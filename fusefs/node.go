@@ -248,20 +248,16 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 }
 
 // Access answers access(2) and chdir(2), which the kernel asks the daemon
-// about when the mount has no default_permissions. It is a question, not
-// an operation, so a "no" is not recorded.
+// about when the mount has no default_permissions. Like the kernel's own
+// check it answers from what was last seen of the object, without a trip
+// to the backing store. It is a question, not an operation, so a "no" is
+// not recorded.
 func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
-	f := n.fsys
 	rel, ok := n.relPath()
 	if !ok {
 		return syscall.ENOENT
 	}
-	sx, e := n.stat()
-	if e != 0 {
-		return e
-	}
-	n.perm.Store(uint32(sx.Mode) & 0o7777)
-	return policy.Errno(f.access(ctx, rel, objectOf(&sx), policy.Access(mask&7)))
+	return policy.Errno(n.fsys.access(ctx, rel, n.object(), policy.Access(mask&7)))
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
