@@ -109,6 +109,9 @@ for pin in $PINS; do
 			echo 3 >/proc/sys/vm/drop_caches
 			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
+			# Finish the removal (journal commit, discards) here, not
+			# during the next layer's round.
+			sync
 			unmount_layer
 			echo "  $pin $layer round $round: $(for w in $WORKLOADS; do printf '%s=%s ' $w "$(echo ${R[$pin,$layer,$w]} | awk '{print $NF}')"; done)" >&2
 		done
