@@ -57,9 +57,12 @@
 // or unlink in it, two extra round trips per create/stat/delete cycle.
 // Every object is shown as the sandbox user's (Options.UID/GID), files
 // 0600 and directories 0700; that user gets the owner bits of the backing
-// object, other users nothing (EACCES, recorded), root everything, and
-// the root daemon does the real I/O. Two things follow from the kernel no
-// longer checking. A FIFO is opened by the kernel itself, as a pipe of its
+// object, other users nothing (EACCES, recorded; group bits give them
+// nothing either), root everything, and the root daemon does the real
+// I/O. The daemon sees a caller's uid, not its capabilities: a uid-0
+// process without CAP_DAC_OVERRIDE counts as root here, which the
+// sandbox, never uid 0 (SPEC §5), does not meet. Two things follow from
+// the kernel no longer checking. A FIFO is opened by the kernel itself, as a pipe of its
 // own, without asking the daemon, so a planted FIFO is refused at lookup
 // to everyone but root, and its entry is never cached. And a path walk
 // through entries the kernel cached (one second) is not asked again, so
