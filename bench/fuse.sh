@@ -11,11 +11,14 @@ FIO_SIZE=${FIO_SIZE:-1G}
 PINS=${PINS:-"unpinned pinned"}
 LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
 # LOOMFS_MOUNT_FLAGS adds flags to loomfs mount, e.g. --passthrough
+# BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
+# takes the disk out, leaving what each FUSE layer itself costs.
+BENCH_TMP=${BENCH_TMP:-/var/tmp}
 WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
 
-work=$(mktemp -d /var/tmp/loomfs-bench.XXXXXX)
+work=$(mktemp -d "$BENCH_TMP"/loomfs-bench.XXXXXX)
 chmod 700 "$work"
 bin=$work/bin; mkdir -p "$bin"
 go build -o "$bin/loomfs" ./cmd/loomfs
@@ -91,9 +94,11 @@ w_fio() { # $2 = write|read; prints MB/s
 }
 
 declare -A R
+# Rounds go around the layers (round 1 of each layer, then round 2…), so a
+# change in the machine's load during the run hits every layer alike.
 for pin in $PINS; do
-	for layer in $LAYERS; do
-		for round in $(seq "$ROUNDS"); do
+	for round in $(seq "$ROUNDS"); do
+		for layer in $LAYERS; do
 			pre=(); [ "$pin" = pinned ] && pre=(taskset -c 0)
 			mount_layer "$layer" "$pin"
 			has meta && R[$pin,$layer,meta]+="$(w_meta "$dir") "
@@ -104,6 +109,9 @@ for pin in $PINS; do
 			echo 3 >/proc/sys/vm/drop_caches
 			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
+			# Finish the removal (journal commit, discards) here, not
+			# during the next layer's round.
+			sync
 			unmount_layer
 			echo "  $pin $layer round $round: $(for w in $WORKLOADS; do printf '%s=%s ' $w "$(echo ${R[$pin,$layer,$w]} | awk '{print $NF}')"; done)" >&2
 		done

@@ -1,12 +1,14 @@
 package fusefs
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,7 +26,11 @@ func asUser(t *testing.T, mnt string, uid int, script string) (string, error) {
 	}
 	defer dir.Close()
 	id := strconv.Itoa(uid)
-	cmd := exec.Command("setpriv", "--reuid", id, "--regid", id, "--clear-groups", "sh", "-c", "W=/proc/self/fd/3; "+script)
+	// A refused open must not turn into a wait: a FIFO the kernel opened
+	// itself would block until a writer came.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "setpriv", "--reuid", id, "--regid", id, "--clear-groups", "sh", "-c", "W=/proc/self/fd/3; "+script)
 	cmd.ExtraFiles = []*os.File{dir}
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -49,13 +55,75 @@ rm f && rmdir d && echo removed`)
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	// A special file someone planted shows no permissions: the kernel
-	// would open a local pipe, not the backing object.
+	// A special file someone planted can't be opened: the kernel would
+	// open a local pipe, not the backing object. Root's lookup of it
+	// (root sees it for what it is) must not leave the kernel an entry
+	// the sandbox user could open.
+	if _, err := os.Lstat(e.path("fifo")); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := asUser(t, e.mnt, DefaultUID, "cat $W/fifo"); err == nil || !strings.Contains(out, "Permission denied") {
 		t.Errorf("open a planted fifo as the sandbox user: %v %s", err, out)
 	}
 	if out, err := asUser(t, e.mnt, DefaultUID+1, "ls $W"); err == nil || !strings.Contains(out, "Permission denied") {
 		t.Errorf("another user listed the workspace: %v %s", err, out)
+	}
+	if got := append(e.sink.find("readdir", "refused", "."), e.sink.find("stat", "refused", ".")...); len(got) == 0 {
+		t.Errorf("another user's listing was refused unrecorded")
+	}
+	// A program the daemon's process starts must not inherit the FUSE
+	// session: it could answer the kernel in the daemon's place.
+	if out, err := asUser(t, e.mnt, DefaultUID, "ls -l /proc/$$/fd"); err != nil || strings.Contains(out, "/dev/fuse") {
+		t.Errorf("the FUSE device is inherited: %v\n%s", err, out)
+	}
+}
+
+// TestSandboxUserModes: the daemon, not the kernel, checks permissions
+// (the mount has no default_permissions), with the kernel's rules: the
+// sandbox user gets its owner bits, other users nothing, whatever path
+// they take.
+func TestSandboxUserModes(t *testing.T) {
+	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
+	mustWrite(t, e.host("f"), "kept")
+	if err := e.m.Probe(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, script string
+		uid          int
+	}{
+		{"write a file made read-only", "echo x > ro && chmod 0400 ro && echo y > ro", DefaultUID},
+		{"truncate a file made read-only", "echo x > ro2 && chmod 0400 ro2 && truncate -s 0 ro2", DefaultUID},
+		{"read a file made write-only", "echo x > wo && chmod 0200 wo && cat wo", DefaultUID},
+		{"create in a directory made read-only", "mkdir rod && chmod 0500 rod && touch rod/a", DefaultUID},
+		{"list a directory without read permission", "mkdir nor && chmod 0300 nor && ls nor", DefaultUID},
+		{"look up in a directory without search permission", "mkdir nox && chmod 0600 nox && ls nox/a", DefaultUID},
+		{"enter a directory without search permission", "mkdir nocd && chmod 0600 nocd && bash -c 'cd nocd'", DefaultUID},
+		{"run a file without x", "printf '#!/bin/sh\\n' > s && ./s", DefaultUID},
+		{"run a file only its group may run", "printf '#!/bin/sh\\n' > g && chmod 0610 g && ./g", DefaultUID},
+		{"another user reads a file", "cat f", DefaultUID + 1},
+		{"another user stats a file", "stat f", DefaultUID + 1},
+		{"another user creates a file", "touch new", DefaultUID + 1},
+		{"another user enters the workspace", "bash -c 'cd $W'", DefaultUID + 1},
+		{"another user reads the ready sentinel", "cat $W/" + policy.ReadyFile, DefaultUID + 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			script := "cd $W && " + c.script
+			if c.uid != DefaultUID {
+				// Not allowed in: every path starts at the mount.
+				script = strings.NewReplacer(" f", " $W/f", " new", " $W/new").Replace(c.script)
+			}
+			out, err := asUser(t, e.mnt, c.uid, script)
+			if err == nil || !strings.Contains(out, "Permission denied") {
+				t.Errorf("%v %s", err, out)
+			}
+		})
+	}
+	if b, err := os.ReadFile(e.host("f")); err != nil || string(b) != "kept" {
+		t.Errorf("f changed: %q %v", b, err)
+	}
+	if _, err := os.Lstat(e.host("new")); !os.IsNotExist(err) {
+		t.Errorf("another user created a file: %v", err)
 	}
 }
 

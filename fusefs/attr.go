@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -44,7 +45,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		detail(&ev, "times", true)
 	}
 
-	// Ask the policy first, before touching anything.
+	// Ask the policy first, before touching anything. Only the owner
+	// (or root) changes attributes, as the kernel would require.
+	if err := f.access(ctx, rel, n.object(), 0); err != nil {
+		return f.refused(ctx, ev, err)
+	}
 	// Setting the owner already shown is a no-op (cp -p, tar do it).
 	if setUID && uid != f.uid || setGID && gid != f.gid {
 		return f.refused(ctx, ev, policy.CheckChown(rel))
@@ -84,10 +89,29 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 
 	// The object: the open file, or the node's path opened and checked by
-	// the store (and found to still be this node's object).
+	// the store (and found to still be this node's object). A mode or
+	// times need no open file: an O_PATH fd saves the store's checks
+	// before an open, and its fcntls.
 	fd := -1
+	pathFD := false
 	if h != nil {
 		fd = h.fd
+	} else if !setSize && pathChanges() {
+		pfd, sx, err := f.ws.OpenPath(op, rel)
+		if err != nil {
+			if policy.CodeOf(err) == policy.NotFound {
+				return syscall.ESTALE
+			}
+			if refusal(err) {
+				return f.refused(ctx, ev, err)
+			}
+			return policy.Errno(err)
+		}
+		defer unix.Close(pfd)
+		if !sameObject(n.StableAttr(), &sx) {
+			return syscall.ESTALE
+		}
+		fd, pathFD = pfd, true
 	} else {
 		flags := unix.O_RDONLY
 		if setSize {
@@ -112,6 +136,13 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if !sameObject(n.StableAttr(), &sx) {
 			return syscall.ESTALE
 		}
+		if setSize {
+			// truncate(2) by name needs write permission; ftruncate(2)
+			// was granted it when the file was opened.
+			if err := f.access(ctx, rel, objectOf(&sx), policy.MayWrite); err != nil {
+				return f.refused(ctx, ev, err)
+			}
+		}
 	}
 
 	if setSize {
@@ -123,12 +154,12 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 	defer f.ws.NoteChange(rel, false)
 	if setMode {
-		if err := unix.Fchmod(fd, mode&0o777); err != nil {
+		if err := fchmod(fd, mode&0o777, pathFD); err != nil {
 			return f.failed(ctx, ev, err)
 		}
 	}
 	if setTimes {
-		if err := futimens(fd, in); err != nil {
+		if err := futimens(fd, in, pathFD); err != nil {
 			return f.failed(ctx, ev, err)
 		}
 	}
@@ -136,7 +167,9 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err != nil {
 		return policy.Errno(err)
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
+	out.SetTimeout(f.timeout)
 	return 0
 }
 
@@ -178,8 +211,38 @@ func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, rel string,
 	return 0
 }
 
-// futimens sets the times in asks for on fd (utimensat with a NULL path).
-func futimens(fd int, in *fuse.SetAttrIn) error {
+// pathChanges reports whether the kernel changes a mode and times through
+// an O_PATH fd: fchmodat2 (Linux 6.6) and utimensat with AT_EMPTY_PATH.
+// It asks once, with arguments that change nothing: flags fchmodat2
+// refuses (EINVAL, not ENOSYS), and an fd utimensat can't use (EBADF,
+// not EINVAL for the flag).
+var pathChanges = sync.OnceValue(func() bool {
+	_, _, e := unix.Syscall6(unix.SYS_FCHMODAT2, ^uintptr(0), uintptr(unsafe.Pointer(&emptyPath[0])), 0, ^uintptr(0), 0, 0)
+	if e != unix.EINVAL {
+		return false
+	}
+	_, _, e = unix.Syscall6(unix.SYS_UTIMENSAT, ^uintptr(0), uintptr(unsafe.Pointer(&emptyPath[0])), 0, unix.AT_EMPTY_PATH, 0, 0)
+	return e == unix.EBADF
+})
+
+// emptyPath is the "" of the *at calls made on an fd itself.
+var emptyPath = [1]byte{}
+
+// fchmod sets the permission bits of fd, an O_PATH fd if pathFD.
+func fchmod(fd int, mode uint32, pathFD bool) error {
+	if !pathFD {
+		return unix.Fchmod(fd, mode)
+	}
+	_, _, e := unix.Syscall6(unix.SYS_FCHMODAT2, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])), uintptr(mode), unix.AT_EMPTY_PATH, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// futimens sets the times in asks for on fd: utimensat with a NULL path,
+// or with an empty one and AT_EMPTY_PATH for an O_PATH fd.
+func futimens(fd int, in *fuse.SetAttrIn, pathFD bool) error {
 	ts := [2]unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
 	if in.Valid&fuse.FATTR_ATIME != 0 {
 		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
@@ -195,7 +258,12 @@ func futimens(fd int, in *fuse.SetAttrIn) error {
 			ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
 		}
 	}
-	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	var path unsafe.Pointer
+	flags := 0
+	if pathFD {
+		path, flags = unsafe.Pointer(&emptyPath[0]), unix.AT_EMPTY_PATH
+	}
+	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), uintptr(path), uintptr(unsafe.Pointer(&ts[0])), uintptr(flags), 0, 0)
 	if e != 0 {
 		return e
 	}

@@ -73,6 +73,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 		file.Close()
 		return nil, 0, syscall.ESTALE
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
+	if err := f.access(ctx, rel, objectOf(&sx), policy.MayRead); err != nil {
+		file.Close()
+		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
+	}
 	return &dirHandle{node: n, file: file, fd: fd, rel: rel}, 0, 0
 }
 
@@ -146,7 +151,9 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 }
 
 // Lookup serves the lookups of READDIRPLUS from the open directory fd, so
-// listing a directory costs one fstatat per entry and no path walk.
+// listing a directory costs one fstatat per entry and no path walk. An
+// entry refused here is only left for a LOOKUP of its own, which records
+// the refusal.
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := d.node.fsys
 	d.mu.Lock()
@@ -156,11 +163,18 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if policy.CheckName(dir, name, f.pol.MainScope) != nil {
 		return nil, syscall.ENOENT
 	}
-	if err := f.admit(policy.OpStat, rel); err != nil {
+	err := d.node.checkDir(ctx, rel, policy.MayExec)
+	if err == nil {
+		err = f.admit(policy.OpStat, rel)
+	}
+	if err != nil {
 		return nil, policy.Errno(err)
 	}
 	sx, err := statAt(d.fd, name)
 	if err != nil {
+		return nil, policy.Errno(err)
+	}
+	if err := f.lookFIFO(ctx, rel, &sx); err != nil {
 		return nil, policy.Errno(err)
 	}
 	return d.node.child(ctx, rel, &sx, out)

@@ -51,10 +51,26 @@
 // a process in the same binary as the tool door calls Mounted.Invalidate
 // after each change to close that window.
 //
-// Permission checks are done by the kernel (default_permissions) against
-// what the mount shows: every object is owned by the sandbox user
-// (Options.UID/GID), files 0600 and directories 0700, so that user has
-// full access, other users none, and the root daemon does the real I/O.
+// Permissions are checked by the daemon, per request, with the caller's
+// uid (policy.CheckAccess), not by the kernel: default_permissions would
+// make the kernel fetch a directory's attributes again after every create
+// or unlink in it, two extra round trips per create/stat/delete cycle.
+// Every object is shown as the sandbox user's (Options.UID/GID), files
+// 0600 and directories 0700; that user gets the owner bits of the backing
+// object, other users nothing (EACCES, recorded; group bits give them
+// nothing either), root everything, and the root daemon does the real
+// I/O. The daemon sees a caller's uid, not its capabilities: a uid-0
+// process without CAP_DAC_OVERRIDE counts as root here, which the
+// sandbox, never uid 0 (SPEC §5), does not meet. Two things follow from
+// the kernel no longer checking. A FIFO is opened by the kernel itself, as a pipe of its
+// own, without asking the daemon, so a planted FIFO is refused at lookup
+// to everyone but root, and its entry is never cached. And a path walk
+// through entries the kernel cached (one second) is not asked again, so
+// within that second the sandbox user may still walk through a directory
+// it just took its own search permission from. Another user is refused
+// by every request that reaches the daemon (what the kernel answers from
+// its caches is not asked); the mountpoint's parent is root's and closed,
+// so only the sandbox's own bind mount leads there at all.
 //
 // # Audit
 //

@@ -19,7 +19,9 @@ import (
 // checked, and what the release record summarises. Size-changing calls go
 // through its node's lock and the scope's usage counter.
 type handle struct {
-	node     *node
+	node *node
+	// file is what the store returned, or nil for a file created here,
+	// whose fd is held bare: os.NewFile costs an fcntl per create.
 	file     *os.File
 	fd       int
 	rel      string // path when opened, for records
@@ -81,13 +83,13 @@ func handleOf(fh fs.FileHandle) *handle {
 	return nil
 }
 
-// newHandle wraps an opened backing file and returns the FOPEN flags to
-// answer with.
-func newHandle(n *node, file *os.File, rel string, flags uint32) (*handle, uint32) {
+// newHandle wraps an opened backing file, fd (held by file unless that is
+// nil), and returns the FOPEN flags to answer with.
+func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handle, uint32) {
 	h := &handle{
 		node:     n,
 		file:     file,
-		fd:       int(file.Fd()),
+		fd:       fd,
 		rel:      rel,
 		flags:    flags,
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
@@ -121,7 +123,11 @@ func (h *handle) fileHandle() fs.FileHandle {
 // for the unmount's summary either.
 func (h *handle) close() {
 	h.node.fsys.open.Delete(h)
-	h.file.Close()
+	if h.file != nil {
+		h.file.Close()
+	} else {
+		unix.Close(h.fd)
+	}
 }
 
 // path is where the file is now, or where it was opened if it was removed.
@@ -197,6 +203,22 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		file.Close()
 		return nil, 0, syscall.ESTALE
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
+	var want policy.Access
+	switch {
+	case flags&fuse.FMODE_EXEC != 0:
+		// execve(2) opens the file to run it, which asks for x, not r.
+		want = policy.MayExec
+	case acc != unix.O_WRONLY:
+		want = policy.MayRead
+	}
+	if write {
+		want |= policy.MayWrite
+	}
+	if err := f.access(ctx, rel, objectOf(&sx), want); err != nil {
+		file.Close()
+		return nil, 0, f.refused(ctx, ev, err)
+	}
 	if write {
 		detail(&ev, "flags", flags)
 		if e := f.begin(ctx, ev); e != 0 {
@@ -204,7 +226,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, file, rel, flags)
+	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags)
 	if flags&unix.O_TRUNC != 0 {
 		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
 			h.close()

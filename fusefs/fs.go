@@ -30,6 +30,9 @@ type fsys struct {
 	scopeHash string
 	root      *node
 	gate      quarantineGate
+	// timeout is how long the kernel may cache an entry or attributes;
+	// the mount leaves go-fuse no default, so each reply sets its own.
+	timeout time.Duration
 
 	// open holds the file handles the kernel has not released yet, so an
 	// unmount can still summarise them (the kernel sends RELEASE
@@ -72,8 +75,10 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		actor:     actor,
 		scopeHash: sc.Hash(),
 		gate:      quarantineGate{ws: ws},
+		timeout:   opts.cacheTimeout(),
 	}
 	f.root = &node{fsys: f}
+	f.root.perm.Store(uint32(root.Mode) & 0o7777)
 	return f, &root, nil
 }
 
@@ -87,6 +92,19 @@ func (f *fsys) admit(op policy.Op, rel string) error {
 		return f.writable()
 	}
 	return nil
+}
+
+// access asks the policy whether the process that made the request in ctx
+// may have want on obj at rel. The mount has no default_permissions (the
+// kernel's checks cost a round trip after every change to a directory), so
+// this is where the sandbox user's permissions are enforced. A request that
+// names no caller is refused.
+func (f *fsys) access(ctx context.Context, rel string, obj policy.Object, want policy.Access) error {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return policy.Errorf(policy.PermissionDenied, "%s: permission denied: the request names no caller", rel)
+	}
+	return policy.CheckAccess(rel, c.Uid, f.uid, obj, want)
 }
 
 // writable refuses every change to a read-only mount or a quarantined
@@ -255,6 +273,18 @@ func (f *fsys) fillAttr(sx *unix.Statx_t, out *fuse.Attr) {
 	default:
 		out.Mode &= unix.S_IFMT
 	}
+}
+
+// setEntry sets how long the kernel may cache the entry and attributes of
+// an object described by sx. A FIFO's entry is never cached: the kernel
+// opens a FIFO itself without asking the daemon, so every use of its name
+// must come to Lookup, which refuses it to the sandbox user.
+func (f *fsys) setEntry(sx *unix.Statx_t, out *fuse.EntryOut) {
+	if sx.Mode&unix.S_IFMT == unix.S_IFIFO {
+		return
+	}
+	out.SetEntryTimeout(f.timeout)
+	out.SetAttrTimeout(f.timeout)
 }
 
 func (f *fsys) crossDevice(rel string) error {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,12 +54,15 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	timeout := opts.cacheTimeout()
 	rootAttr := stableAttr(rootStat)
 	mo := fuse.MountOptions{
-		FsName:      "loomfs",
-		Name:        "loomfs",
-		Options:     []string{"nosuid", "nodev", "default_permissions"},
+		FsName: "loomfs",
+		Name:   "loomfs",
+		// No default_permissions: with it the kernel asks for a
+		// directory's attributes again after every create or unlink in
+		// it (two extra round trips per create/stat/delete cycle).
+		// Permissions are checked here instead (fsys.access).
+		Options:     []string{"nosuid", "nodev"},
 		AllowOther:  opts.AllowOther,
 		DirectMount: true,
 		// No xattrs: ENOSYS once, and the kernel stops asking.
@@ -74,16 +78,44 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
 	server, err := fs.Mount(dir, f.root, &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
+		MountOptions: mo,
+		// No EntryTimeout or AttrTimeout: every reply sets its own
+		// (fsys.setEntry), since go-fuse would replace a zero one.
 		NullPermissions: true,
 		RootStableAttr:  &rootAttr,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
+	if err := fuseCloseOnExec(); err != nil {
+		server.Unmount()
+		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
+	}
 	return &Mounted{fsys: f, server: server, dir: dir}, nil
+}
+
+// fuseCloseOnExec marks every /dev/fuse fd of the process close-on-exec.
+// go-fuse opens the device without O_CLOEXEC, so a program this process
+// starts would inherit the session, and could read the kernel's requests
+// and answer them in the daemon's place.
+func fuseCloseOnExec() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("list open files: %w", err)
+	}
+	for _, e := range ents {
+		if t, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || t != "/dev/fuse" {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && err != unix.EBADF {
+			return fmt.Errorf("close-on-exec for the FUSE device: %w", err)
+		}
+	}
+	return nil
 }
 
 // Dir returns the mountpoint (absolute, symlinks resolved).

@@ -2,9 +2,9 @@ package fusefs
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -27,6 +27,11 @@ type node struct {
 	// truncate, fallocate, copy_file_range), so each one is checked and
 	// counted against the size it really starts from.
 	mu sync.Mutex
+
+	// perm is the mode's permission bits as last read from the backing
+	// object: what the kernel would have checked from its attribute
+	// cache, and what access checks on this directory use.
+	perm atomic.Uint32
 }
 
 var (
@@ -47,29 +52,59 @@ var (
 	_ = (fs.NodeStatfser)((*node)(nil))
 	_ = (fs.NodeCopyFileRanger)((*node)(nil))
 	_ = (fs.NodeIoctler)((*node)(nil))
+	_ = (fs.NodeAccesser)((*node)(nil))
 )
 
+// object describes the node for an access check, from what was last seen
+// of it.
+func (n *node) object() policy.Object {
+	var st unix.Stat_t
+	st.Mode = n.StableAttr().Mode | n.perm.Load()
+	st.Nlink = 1
+	return policy.ObjectOf(&st)
+}
+
+// checkDir asks whether the caller may have want on this directory (search
+// it, or change its entries), as the kernel would have asked before
+// sending the request; rel is the path of the entry the request names.
+func (n *node) checkDir(ctx context.Context, rel string, want policy.Access) error {
+	dir, _ := policy.Split(rel)
+	return n.fsys.access(ctx, dir, n.object(), want)
+}
+
 // relPath returns the node's cleaned path inside the scope ("." for the
-// root), or false for a node that is no longer in the tree.
+// root), or false for a node that is no longer in the tree. It is on the
+// path of nearly every request, so it makes one allocation at most.
 func (n *node) relPath() (string, bool) {
 	in := n.EmbeddedInode()
 	root := in.Root()
-	var names []string
+	var buf [16]string
+	names := buf[:0]
+	size := -1
 	for in != root {
 		name, parent := in.Parent()
 		if parent == nil {
 			return "", false
 		}
 		names = append(names, name)
+		size += len(name) + 1
 		in = parent
 	}
-	if len(names) == 0 {
+	switch len(names) {
+	case 0:
 		return ".", true
+	case 1:
+		return names[0], true
 	}
-	for i, j := 0, len(names)-1; i < j; i, j = i+1, j-1 {
-		names[i], names[j] = names[j], names[i]
+	var b strings.Builder
+	b.Grow(size)
+	for i := len(names) - 1; i >= 0; i-- {
+		b.WriteString(names[i])
+		if i > 0 {
+			b.WriteByte('/')
+		}
 	}
-	return strings.Join(names, "/"), true
+	return b.String(), true
 }
 
 // childRel returns the path of a new or existing entry name in this
@@ -131,7 +166,10 @@ func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fus
 		return nil, policy.Errno(f.crossDevice(rel))
 	}
 	f.fillAttr(sx, &out.Attr)
-	return n.NewInode(ctx, &node{fsys: f}, stableAttr(sx)), 0
+	f.setEntry(sx, out)
+	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(sx))
+	in.Operations().(*node).perm.Store(uint32(sx.Mode) & 0o7777)
+	return in, 0
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -145,7 +183,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		// simply not there.
 		return nil, syscall.ENOENT
 	}
-	if err := f.admit(policy.OpStat, rel); err != nil {
+	err = n.checkDir(ctx, rel, policy.MayExec)
+	if err == nil {
+		err = f.admit(policy.OpStat, rel)
+	}
+	if err != nil {
 		return nil, f.refused(ctx, f.event(ctx, "lookup", rel), err)
 	}
 	parent, base, err := n.parentOf(rel)
@@ -157,11 +199,31 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if err != nil {
 		return nil, policy.Errno(err)
 	}
+	if err := f.lookFIFO(ctx, rel, &sx); err != nil {
+		return nil, f.refused(ctx, f.event(ctx, "lookup", rel), err)
+	}
 	return n.child(ctx, rel, &sx, out)
+}
+
+// lookFIFO refuses to show a FIFO to a caller who may not open it. The
+// kernel opens a FIFO itself, as a pipe of its own, without asking the
+// daemon: without default_permissions nothing else would stop the open,
+// which then waits for a writer. Root still sees it for what it is.
+func (f *fsys) lookFIFO(ctx context.Context, rel string, sx *unix.Statx_t) error {
+	if sx.Mode&unix.S_IFMT != unix.S_IFIFO {
+		return nil
+	}
+	return f.access(ctx, rel, objectOf(sx), policy.MayRead)
 }
 
 func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f := n.fsys
+	rel, inTree := n.relPath()
+	// Only another user is refused here, one who could not have looked the
+	// node up: stat needs no permission on the object itself.
+	if err := f.access(ctx, rel, n.object(), 0); err != nil {
+		return f.refused(ctx, f.event(ctx, "stat", rel), err)
+	}
 	var sx unix.Statx_t
 	if fd := openFD(fh); fd >= 0 {
 		var err error
@@ -169,7 +231,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 			return policy.Errno(err)
 		}
 	} else {
-		if rel, ok := n.relPath(); ok {
+		if inTree {
 			if err := f.admit(policy.OpStat, rel); err != nil {
 				return policy.Errno(err)
 			}
@@ -179,8 +241,23 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 			return e
 		}
 	}
+	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
+	out.SetTimeout(f.timeout)
 	return 0
+}
+
+// Access answers access(2) and chdir(2), which the kernel asks the daemon
+// about when the mount has no default_permissions. Like the kernel's own
+// check it answers from what was last seen of the object, without a trip
+// to the backing store. It is a question, not an operation, so a "no" is
+// not recorded.
+func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
+	rel, ok := n.relPath()
+	if !ok {
+		return syscall.ENOENT
+	}
+	return policy.Errno(n.fsys.access(ctx, rel, n.object(), policy.Access(mask&7)))
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
@@ -245,6 +322,9 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 	f := n.fsys
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, op, rel)
+	if err == nil {
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
+	}
 	if err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
 	}
@@ -280,33 +360,42 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		}
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
-	file := os.NewFile(uintptr(fd), rel)
 	// The new file is in the change journal when a writable handle is
-	// released; otherwise (a read-only create, a failure below) now.
+	// flushed or released; otherwise (a read-only create, a failure
+	// below) now.
 	noted := false
 	defer func() {
 		if !noted {
 			f.ws.NoteChange(rel, false)
 		}
 	}()
-	// The umask may have narrowed the mode; 0600 it is.
-	if err := unix.Fchmod(fd, policy.FilePerm); err != nil {
-		file.Close()
-		return nil, nil, 0, f.failed(ctx, ev, err)
-	}
-	sx, err := statAt(fd, "")
+	sx, err := setPerm(fd, policy.FilePerm)
 	if err != nil {
-		file.Close()
+		unix.Close(fd)
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	child, e := n.child(ctx, rel, &sx, out)
 	if e != 0 {
-		file.Close()
+		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), file, rel, flags)
+	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags)
 	noted = h.writable
 	return child, h, fuseFlags, 0
+}
+
+// setPerm gives the object just created as fd the permissions perm, which
+// the umask may have narrowed or a setgid parent widened, and describes
+// it. The mode is looked at first: it is almost always right already.
+func setPerm(fd int, perm uint32) (unix.Statx_t, error) {
+	sx, err := statAt(fd, "")
+	if err != nil || uint32(sx.Mode)&0o7777 == perm {
+		return sx, err
+	}
+	if err := unix.Fchmod(fd, perm); err != nil {
+		return sx, err
+	}
+	return statAt(fd, "")
 }
 
 // openExisting opens the entry base of parent that a create found already
@@ -331,6 +420,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	f := n.fsys
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, "mkdir", rel)
+	if err == nil {
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
+	}
 	if err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
@@ -359,13 +451,8 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer unix.Close(fd)
-	// The umask may have narrowed the mode; 0700 it is.
-	err = unix.Fchmod(fd, policy.DirPerm)
+	sx, err := setPerm(fd, policy.DirPerm)
 	f.ws.NoteChange(rel, false)
-	if err != nil {
-		return nil, f.failed(ctx, ev, err)
-	}
-	sx, err := statAt(fd, "")
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -386,6 +473,9 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	f := n.fsys
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, op, rel)
+	if err == nil {
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
+	}
 	if err != nil {
 		return f.refused(ctx, ev, err)
 	}
@@ -453,6 +543,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		err = nerr
 	}
 	if err == nil {
+		err = n.checkDir(ctx, oldRel, policy.MayWrite|policy.MayExec)
+	}
+	if err == nil && np != n {
+		err = np.checkDir(ctx, newRel, policy.MayWrite|policy.MayExec)
+	}
+	if err == nil {
 		err = checkRenameFlags(flags)
 	}
 	if err == nil {
@@ -492,7 +588,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if err != nil {
 		return f.failed(ctx, ev, err)
 	}
-	if err := policy.CheckObject(policy.OpRename, oldRel, objectOf(&src)); err != nil {
+	err = policy.CheckObject(policy.OpRename, oldRel, objectOf(&src))
+	if err == nil && np != n && src.Mode&unix.S_IFMT == unix.S_IFDIR {
+		// A directory moved to another parent has its ".." rewritten.
+		err = f.access(ctx, oldRel, objectOf(&src), policy.MayWrite)
+	}
+	if err != nil {
 		return f.refused(ctx, ev, err)
 	}
 	dst, err := statAt(int(newDir.Fd()), newBase)

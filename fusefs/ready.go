@@ -49,6 +49,9 @@ func (f *fsys) ready() bool { return f.readySince.Load() != 0 }
 // lookupReady answers a lookup of the sentinel at the top of the mount.
 func (n *node) lookupReady(ctx context.Context, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
+	if err := n.checkDir(ctx, policy.ReadyFile, policy.MayExec); err != nil {
+		return nil, f.refused(ctx, f.event(ctx, "lookup", policy.ReadyFile), err)
+	}
 	if !f.ready() {
 		return nil, syscall.ENOENT
 	}
@@ -85,6 +88,10 @@ func (r *readyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	}
 	if !r.fsys.ready() {
 		return nil, 0, syscall.ENOENT
+	}
+	obj := policy.Object{Kind: policy.KindRegular, Perm: 0o400, Nlink: 1}
+	if err := r.fsys.access(ctx, policy.ReadyFile, obj, policy.MayRead); err != nil {
+		return nil, 0, policy.Errno(err)
 	}
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }

@@ -53,6 +53,12 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if !n.usesXattrs() {
 		return 0, syscall.ENODATA
 	}
+	if rel, ok := n.relPath(); ok {
+		// Reading an extended attribute needs read permission.
+		if err := n.fsys.access(ctx, rel, n.object(), policy.MayRead); err != nil {
+			return 0, n.fsys.refused(ctx, n.fsys.event(ctx, "getxattr", rel), err)
+		}
+	}
 	file, e := n.readXattrs()
 	if e != 0 {
 		return 0, e
@@ -140,6 +146,9 @@ func (n *node) changeXattr(ctx context.Context, op, attr string, apply func(fd i
 	ev := f.event(ctx, op, rel)
 	detail(&ev, "name", attr)
 	err := policy.CheckXattr(rel, attr)
+	if err == nil {
+		err = f.access(ctx, rel, n.object(), policy.MayWrite)
+	}
 	if err == nil {
 		err = f.admit(policy.OpSetattr, rel)
 	}

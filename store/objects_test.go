@@ -87,6 +87,13 @@ var storeOps = []struct {
 		}
 		return err
 	}},
+	{"OpenPath for setattr", func(ctx context.Context, ws *store.Workspace, rel string) error {
+		fd, _, err := ws.OpenPath(policy.OpSetattr, rel)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	}},
 	{"ReadDir", func(ctx context.Context, ws *store.Workspace, rel string) error {
 		_, err := ws.ReadDir(ctx, rel)
 		return err

@@ -1,0 +1,46 @@
+package store
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// OpenPath opens the existing object at rel with O_PATH, for a change of
+// its mode or times (fchmodat2 and utimensat with AT_EMPTY_PATH), and
+// returns the fd and what statx says of it. An O_PATH open neither reads
+// nor writes nor opens a device or FIFO, so unlike Open it needs no check
+// before it: the object is checked for op on the fd, which pins it. The
+// caller closes the fd.
+func (w *Workspace) OpenPath(op policy.Op, rel string) (int, unix.Statx_t, error) {
+	var sx unix.Statx_t
+	dirfd, name := w.DirFD(), "."
+	if rel != "." {
+		parent, base, err := w.Parent(rel)
+		if err != nil {
+			return -1, sx, err
+		}
+		defer parent.Close()
+		dirfd, name = parent.fd, base
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, sx, policy.FromErrno(err, op.String(), rel)
+	}
+	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &sx)
+	if err != nil {
+		unix.Close(fd)
+		return -1, sx, policy.FromErrno(err, op.String(), rel)
+	}
+	if unix.Mkdev(sx.Dev_major, sx.Dev_minor) != w.dev {
+		unix.Close(fd)
+		return -1, sx, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
+	}
+	var st unix.Stat_t
+	st.Mode, st.Nlink, st.Size = uint32(sx.Mode), uint64(sx.Nlink), int64(sx.Size)
+	if err := policy.CheckObject(op, rel, policy.ObjectOf(&st)); err != nil {
+		unix.Close(fd)
+		return -1, sx, err
+	}
+	return fd, sx, nil
+}
