@@ -49,8 +49,10 @@ func TestJournalMatchesWalk(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 5))
 	sh := func(script string) {
 		t.Helper()
-		cmd := exec.Command("sh", "-ec", script)
-		cmd.Dir = mnt
+		// The shell changes into the mount itself: a child that did it
+		// between fork and exec would need this process's daemon while
+		// the fork holds it still.
+		cmd := exec.Command("sh", "-ec", `cd "$1"; shift; `+script, "sh", mnt)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", script, err, out)
 		}
