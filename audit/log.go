@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -315,7 +316,7 @@ func (l *Log) encodeEvent(now time.Time, e *Event) (*buffer.Buffer, error) {
 		f = append(f, zap.Int64("duration_ns", int64(e.Duration)))
 	}
 	if len(e.Detail) > 0 {
-		f = append(f, zap.Any("detail", e.Detail))
+		f = append(f, zap.Object("detail", detailFields(e.Detail)))
 	}
 	l.fields = f
 	buf, err := l.enc.EncodeEntry(zapcore.Entry{Time: now}, f)
@@ -343,6 +344,41 @@ func appendPath(f []zapcore.Field, key, val string) []zapcore.Field {
 		f = append(f, zap.String(key+"_b64", base64.StdEncoding.EncodeToString([]byte(val))))
 	}
 	return f
+}
+
+// detailFields encodes an event's detail without reflection for the
+// values doors put there (a release through the mount has one, and there
+// is one for every file written), keys sorted as encoding/json sorts them.
+type detailFields map[string]any
+
+func (d detailFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	var buf [8]string
+	keys := buf[:0]
+	for k := range d {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		switch v := d[k].(type) {
+		case string:
+			enc.AddString(k, v)
+		case bool:
+			enc.AddBool(k, v)
+		case int:
+			enc.AddInt(k, v)
+		case int64:
+			enc.AddInt64(k, v)
+		case uint32:
+			enc.AddUint32(k, v)
+		case uint64:
+			enc.AddUint64(k, v)
+		default:
+			if err := enc.AddReflected(k, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 type actorFields Actor

@@ -117,7 +117,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		Result:   "refused",
 		Code:     "quota_exceeded",
 		Duration: 1500 * time.Microsecond,
-		Detail:   map[string]any{"exit_code": 3, "container_id": "c0ffee"},
+		Detail: map[string]any{"exit_code": 3, "container_id": "c0ffee", "passthrough": true, "written": int64(-5),
+			"mode": uint32(0o600), "offset": uint64(1 << 40), "argv": []string{"sh", "-c"}},
 	}
 	if err := l.Record(context.Background(), e); err != nil {
 		t.Fatalf("Record: %v", err)
@@ -132,7 +133,8 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 	r := got[0]
 	want := e
-	want.Detail = map[string]any{"exit_code": float64(3), "container_id": "c0ffee"}
+	want.Detail = map[string]any{"exit_code": float64(3), "container_id": "c0ffee", "passthrough": true, "written": float64(-5),
+		"mode": float64(0o600), "offset": float64(1 << 40), "argv": []any{"sh", "-c"}}
 	if !reflect.DeepEqual(r.Event, want) {
 		t.Errorf("event read back:\n got %+v\nwant %+v", r.Event, want)
 	}
@@ -489,15 +491,21 @@ func TestDiscard(t *testing.T) {
 
 func BenchmarkRecord(b *testing.B) {
 	for _, bc := range []struct {
-		name string
-		opts Options
+		name   string
+		opts   Options
+		detail bool
 	}{
-		{"serial", Options{Node: "bench"}},
-		{"sync", Options{Node: "bench", Sync: true}},
+		{"serial", Options{Node: "bench"}, false},
+		{"detail", Options{Node: "bench"}, true},
+		{"sync", Options{Node: "bench", Sync: true}, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			l := openLog(b, b.TempDir(), bc.opts)
 			e := sampleEvent()
+			if bc.detail {
+				// What a release through the mount records.
+				e.Op, e.Detail = "release", map[string]any{"read": int64(0), "written": int64(4096), "passthrough": true}
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := l.Record(context.Background(), e); err != nil {
