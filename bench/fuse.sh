@@ -14,7 +14,9 @@ LAYERS=${LAYERS:-"native loomfs loopback bindfs"}
 # BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
 # takes the disk out, leaving what each FUSE layer itself costs.
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
-WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior"}
+# fiorw reads the file fior read again, from the page cache: what the layer
+# itself costs a reader, without the disk (and the VM host's cache under it).
+WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior fiorw"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
 
@@ -87,6 +89,13 @@ w_meta() { # create/stat/delete FILES small files
 # Ownership is the projection's to decide: tar keeps the files as created.
 w_untar() { local s e; s=$(now); "${pre[@]}" tar --no-same-owner --no-same-permissions -C "$1" -xf "$srctar"; e=$(now); secs "$s" "$e"; }
 w_rg() { local s e; s=$(now); "${pre[@]}" rg -c --no-config 'func main' "$1/src" >/dev/null || true; e=$(now); secs "$s" "$e"; }
+w_fio_warm() { # prints MB/s of a read with the file in the page cache
+	"${pre[@]}" fio --name=seq --directory="$1" --rw=read --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
+		--invalidate=0 --output-format=terse --terse-version=3 >/dev/null 2>&1
+	"${pre[@]}" fio --name=seq --directory="$1" --rw=read --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
+		--invalidate=0 --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $7/1024}'
+}
+
 w_fio() { # $2 = write|read; prints MB/s
 	"${pre[@]}" fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
 		--end_fsync=1 --output-format=terse --terse-version=3 2>/dev/null |
@@ -108,6 +117,7 @@ for pin in $PINS; do
 			has fiow && R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
 			echo 3 >/proc/sys/vm/drop_caches
 			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
+			has fiorw && R[$pin,$layer,fiorw]+="$(w_fio_warm "$dir") "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
 			# Finish the removal (journal commit, discards) here, not
 			# during the next layer's round.
@@ -121,7 +131,7 @@ done
 printf '\n%-9s %-24s' "pin" "workload"; for l in $LAYERS; do printf '%12s' "$l"; done; printf '   (ratios to native)\n'
 for pin in $PINS; do
 	for w in $WORKLOADS; do
-		case $w in meta) label="create/stat/rm $FILES (s)";; untar) label="tar -x GOROOT/src (s)";; rg) label="rg cold (s)";; fiow) label="fio seq write (MB/s)";; fior) label="fio seq read (MB/s)";; esac
+		case $w in meta) label="create/stat/rm $FILES (s)";; untar) label="tar -x GOROOT/src (s)";; rg) label="rg cold (s)";; fiow) label="fio seq write (MB/s)";; fior) label="fio seq read (MB/s)";; fiorw) label="fio read, cached (MB/s)";; esac
 		printf '%-9s %-24s' "$pin" "$label"
 		base=$(echo ${R[$pin,native,$w]:-0} | tr ' ' '\n' | median)
 		for l in $LAYERS; do
