@@ -82,6 +82,15 @@
 // summarised per open file at release (bytes read and written), never one
 // record per read(2) or write(2).
 //
+// # Change journal
+//
+// Every change is also noted, after it is made, in the scope's change
+// journal (store.Workspace.NoteChange), so a snapshot can look only at
+// what changed: a file written through an open at FLUSH, which close(2)
+// waits for (RELEASE comes later, unwaited), and a renamed directory with
+// everything beneath it. A change is refused (EIO, volume_unavailable)
+// when the journal can't be opened to take its line.
+//
 // # Locks
 //
 // flock and fcntl locks taken in the mount are taken on the backing file
