@@ -99,13 +99,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	} else if !setSize && pathChanges() {
 		pfd, sx, err := f.ws.OpenPath(op, rel)
 		if err != nil {
-			if policy.CodeOf(err) == policy.NotFound {
-				return syscall.ESTALE
-			}
-			if refusal(err) {
-				return f.refused(ctx, ev, err)
-			}
-			return policy.Errno(err)
+			return f.openFailed(ctx, ev, err)
 		}
 		defer unix.Close(pfd)
 		if !sameObject(n.StableAttr(), &sx) {
@@ -119,13 +113,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 		file, _, err := f.ws.Open(op, rel, flags)
 		if err != nil {
-			if policy.CodeOf(err) == policy.NotFound {
-				return syscall.ESTALE
-			}
-			if refusal(err) {
-				return f.refused(ctx, ev, err)
-			}
-			return policy.Errno(err)
+			return f.openFailed(ctx, ev, err)
 		}
 		defer file.Close()
 		fd = int(file.Fd())
@@ -171,6 +159,19 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	f.fillAttr(&sx, &out.Attr)
 	out.SetTimeout(f.timeout)
 	return 0
+}
+
+// openFailed answers an open of a node's own path that failed: ESTALE
+// when the path is gone (the kernel then looks it up again), a recorded
+// refusal, or the error.
+func (f *fsys) openFailed(ctx context.Context, ev audit.Event, err error) syscall.Errno {
+	if policy.CodeOf(err) == policy.NotFound {
+		return syscall.ESTALE
+	}
+	if refusal(err) {
+		return f.refused(ctx, ev, err)
+	}
+	return policy.Errno(err)
 }
 
 // truncate sets the size of the file open as fd: growth is checked against

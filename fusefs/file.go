@@ -184,13 +184,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 	}
 	file, _, err := f.ws.Open(op, rel, bflags)
 	if err != nil {
-		if policy.CodeOf(err) == policy.NotFound {
-			return nil, 0, syscall.ESTALE
-		}
-		if refusal(err) {
-			return nil, 0, f.refused(ctx, ev, err)
-		}
-		return nil, 0, policy.Errno(err)
+		return nil, 0, f.openFailed(ctx, ev, err)
 	}
 	sx, err := statAt(int(file.Fd()), "")
 	if err != nil {

@@ -242,15 +242,11 @@ var ErrJournalGone = errors.New("journal file removed or truncated")
 // start). A file named in from that is gone or shorter is reported with
 // ErrJournalGone: the changes it held are lost to the reader.
 func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
-	dfd, err := w.stateSubdir(JournalDir)
+	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(dfd)
-	names, err := journalNames(dfd)
-	if err != nil {
-		return nil, err
-	}
 	present := make(map[string]bool, len(names))
 	var out []JournalFile
 	for _, name := range names {
@@ -284,6 +280,19 @@ func (w *Workspace) RemoveJournal(name string) error {
 		return fmt.Errorf("remove journal %s: %w", name, err)
 	}
 	return nil
+}
+
+// journalDir opens the scope's journal directory and lists the journal
+// files in it, sorted.
+func (w *Workspace) journalDir() (dfd int, names []string, err error) {
+	if dfd, err = w.stateSubdir(JournalDir); err != nil {
+		return -1, nil, err
+	}
+	if names, err = journalNames(dfd); err != nil {
+		unix.Close(dfd)
+		return -1, nil, err
+	}
+	return dfd, names, nil
 }
 
 func journalNames(dfd int) ([]string, error) {
@@ -392,15 +401,11 @@ func (v *Volume) RemoveJournal(s Scope, name string) error {
 // JournalFiles describes every journal file of the scope as it is now:
 // its size and whether a writer holds it, without reading it.
 func (w *Workspace) JournalFiles() ([]JournalFile, error) {
-	dfd, err := w.stateSubdir(JournalDir)
+	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(dfd)
-	names, err := journalNames(dfd)
-	if err != nil {
-		return nil, err
-	}
 	var out []JournalFile
 	for _, name := range names {
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)

@@ -18,17 +18,10 @@ import (
 // the writer holds its file until Close, which ends it.
 func TestJournal(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	vol, err := store.OpenVolume(ctx, store.Config{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
+	e := newEnv(t)
+	root, vol := e.root, e.vol
 	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
-	ws, err := vol.Open(ctx, sc, policy.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws := e.open(t, sc, nil)
 	if fs, err := ws.ReadJournal(nil); err != nil || len(fs) != 0 {
 		t.Fatalf("before any change: %v %v", fs, err)
 	}
@@ -38,7 +31,7 @@ func TestJournal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = ws.Mkdir(ctx, "d", false)
+	_, err := ws.Mkdir(ctx, "d", false)
 	must(err)
 	_, err = ws.WriteFile(ctx, "d/a b", []byte("x"), nil)
 	must(err)
@@ -88,9 +81,7 @@ func TestJournal(t *testing.T) {
 
 	// A cursor past a file's end, or naming a file gone, is refused: the
 	// changes it held are lost to the reader.
-	ws2, err := vol.Open(ctx, sc, policy.Default())
-	must(err)
-	defer ws2.Close()
+	ws2 := e.open(t, sc, nil)
 	if _, err := ws2.ReadJournal(map[string]int64{ended[0].Name: int64(len(b)) + 1}); !errors.Is(err, store.ErrJournalGone) {
 		t.Errorf("cursor past the end: %v", err)
 	}
@@ -109,23 +100,15 @@ func TestJournal(t *testing.T) {
 // change is refused before it is made, so no snapshot can miss it.
 func TestNoJournalNoChange(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	vol, err := store.OpenVolume(ctx, store.Config{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol.Close()
+	e := newEnv(t)
+	root := e.root
 	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
-	ws, err := vol.Open(ctx, sc, policy.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.Close()
+	ws := e.open(t, sc, nil)
 	// Something that is not a directory where the journals go.
 	if err := os.WriteFile(filepath.Join(root, store.LocksDir, sc.Hash(), store.JournalDir), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ws.WriteFile(ctx, "a", []byte("x"), nil)
+	_, err := ws.WriteFile(ctx, "a", []byte("x"), nil)
 	if policy.CodeOf(err) != policy.VolumeUnavailable || !strings.Contains(err.Error(), "change journal") {
 		t.Fatalf("write without a journal: %v", err)
 	}
