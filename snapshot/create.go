@@ -165,7 +165,6 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	var err2 error
 	if m.Base != "" {
 		if err2 = repo.appendState(old, removed, upserts, c); err2 != nil {
-			c.depth = m.Depth
 			err2 = repo.saveState(applyDelta(old.all(), removed, upserts, func(n named) string { return n.path }), c)
 		}
 	} else {
