@@ -270,7 +270,7 @@ func (s *state) apply(line string) error {
 		s.over[n.path] = n
 		s.deltaEntries++
 	case '-':
-		p, err := unquotePath(rest)
+		p, err := store.ParsePathLine(rest)
 		if err != nil {
 			return bad()
 		}
@@ -335,10 +335,8 @@ func parseCommit(rest string) (commit, error) {
 // basePath returns the path at the start of an entry line.
 func basePath(line string) string {
 	p := line[:strings.IndexByte(line, '\t')]
-	if strings.HasPrefix(p, `"`) {
-		if u, err := strconv.Unquote(p); err == nil {
-			return u
-		}
+	if u, err := store.ParsePathLine(p); err == nil {
+		return u
 	}
 	return p
 }
@@ -349,7 +347,7 @@ func parseBaseLine(line string) (named, bool) {
 	if tab <= 0 || len(line) < tab+3 || line[tab+2] != ' ' {
 		return named{}, false
 	}
-	path, err := unquotePath(line[:tab])
+	path, err := store.ParsePathLine(line[:tab])
 	if err != nil {
 		return named{}, false
 	}
@@ -410,7 +408,7 @@ func (r *Repo) appendState(s *state, removed []string, upserts []named, c commit
 	var b []byte
 	for _, p := range removed {
 		b = append(b, "- "...)
-		b = appendPath(b, p)
+		b = store.AppendPathLine(b, p)
 		b = append(b, '\n')
 	}
 	for _, n := range upserts {
@@ -460,7 +458,7 @@ func appendCommit(b []byte, c commit) []byte {
 }
 
 func appendEntryLine(b []byte, n named) []byte {
-	b = appendPath(b, n.path)
+	b = store.AppendPathLine(b, n.path)
 	b = append(b, '\t', n.kind, ' ')
 	if n.sha == "" {
 		b = append(b, '-')
@@ -478,24 +476,6 @@ func appendEntryLine(b []byte, n named) []byte {
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, uint64(n.perm), 8)
 	return append(b, '\n')
-}
-
-// appendPath writes a path as is, or quoted when it starts with a quote
-// or holds a byte a line can't carry.
-func appendPath(b []byte, path string) []byte {
-	for i := 0; i < len(path); i++ {
-		if c := path[i]; c < 0x20 || c == 0x7f || (i == 0 && c == '"') {
-			return strconv.AppendQuote(b, path)
-		}
-	}
-	return append(b, path...)
-}
-
-func unquotePath(s string) (string, error) {
-	if strings.HasPrefix(s, `"`) {
-		return strconv.Unquote(s)
-	}
-	return s, nil
 }
 
 // fsNow returns the volume's clock now, as the change time of a probe

@@ -115,7 +115,7 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 	} else {
 		b = append(b, "c "...)
 	}
-	b = appendJournalPath(b, rel)
+	b = AppendPathLine(b, rel)
 	b = append(b, '\n')
 	j.buf = b
 	n, err := unix.Write(int(j.f.Fd()), b)
@@ -203,15 +203,24 @@ func safeNode(s string) string {
 	return s
 }
 
-// appendJournalPath writes a path as is, or quoted when it starts with a
-// quote or holds a byte a line can't carry.
-func appendJournalPath(b []byte, path string) []byte {
+// AppendPathLine appends path as loomfs's line-oriented files (the change
+// journals, the snapshot index) write one: as is, or Go-quoted when it
+// starts with a quote or holds a byte a line can't carry.
+func AppendPathLine(b []byte, path string) []byte {
 	for i := 0; i < len(path); i++ {
 		if c := path[i]; c < 0x20 || c == 0x7f || (i == 0 && c == '"') {
 			return strconv.AppendQuote(b, path)
 		}
 	}
 	return append(b, path...)
+}
+
+// ParsePathLine reads a path AppendPathLine wrote.
+func ParsePathLine(s string) (string, error) {
+	if strings.HasPrefix(s, `"`) {
+		return strconv.Unquote(s)
+	}
+	return s, nil
 }
 
 // JournalChange is one line of a journal.
@@ -366,10 +375,8 @@ func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
 		if !ok || (kind != "c" && kind != "t") {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
-		if strings.HasPrefix(p, `"`) {
-			if p, err = strconv.Unquote(p); err != nil {
-				return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
-			}
+		if p, err = ParsePathLine(p); err != nil {
+			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
 	}
