@@ -86,10 +86,13 @@
 //
 // Every change is also noted, after it is made, in the scope's change
 // journal (store.Workspace.NoteChange), so a snapshot can look only at
-// what changed: a file written through an open at FLUSH, which close(2)
-// waits for (RELEASE comes later, unwaited), and a renamed directory with
-// everything beneath it. A change is refused (EIO, volume_unavailable)
-// when the journal can't be opened to take its line.
+// what changed. A renamed directory is noted with everything beneath it.
+// An open for writing is noted when it is made and again at its release
+// (store.Workspace.NoteOpen, NoteClose), and a snapshot looks at its file
+// each time until the release: RELEASE comes after close(2) has returned,
+// and nothing is sent at close(2) itself (FOPEN_NOFLUSH: a FLUSH would be
+// one more round trip per file, for nothing). A change is refused (EIO,
+// volume_unavailable) when the journal can't be opened to take its line.
 //
 // # Locks
 //

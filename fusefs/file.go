@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // handle is one open regular file: the backing fd the store opened and
@@ -32,9 +33,9 @@ type handle struct {
 	opened      time.Time
 	read        atomic.Int64
 	written     atomic.Int64
-	// unnoted: changed through this open since its path last went into
-	// the change journal (set at a writable open, a write, an allocation).
-	unnoted atomic.Bool
+	// change is the open in the change journal, for a writable open: the
+	// journal covers every write until the release ends it.
+	change *store.Open
 }
 
 var (
@@ -43,7 +44,6 @@ var (
 	_ = (fs.FileWritever)((*handle)(nil))
 	_ = (fs.FileFsyncer)((*handle)(nil))
 	_ = (fs.FileReleaser)((*handle)(nil))
-	_ = (fs.FileFlusher)((*handle)(nil))
 	_ = (fs.FileLseeker)((*handle)(nil))
 	_ = (fs.FileAllocater)((*handle)(nil))
 	_ = (fs.FileGetlker)((*handle)(nil))
@@ -95,9 +95,14 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handl
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
 		opened:   time.Now(),
 	}
-	h.unnoted.Store(h.writable)
+	if h.writable {
+		h.change = n.fsys.ws.NoteOpen(h.path)
+	}
 	n.fsys.open.Store(h, struct{}{})
-	var fuseFlags uint32
+	// The kernel need not send FLUSH at each close(2): nothing is done
+	// there (locks are the open's own, writes are noted from the open to
+	// the release), and it would cost a round trip per file closed.
+	fuseFlags := uint32(fuse.FOPEN_NOFLUSH)
 	if n.fsys.opts.Passthrough {
 		if h.writable {
 			// Every write(2) must reach the checks below.
@@ -306,7 +311,6 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 		}
 	}
 	h.written.Add(int64(written))
-	h.unnoted.Store(true)
 	if err != nil && written == 0 {
 		return 0, policy.Errno(err)
 	}
@@ -375,23 +379,6 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 
 // Release closes the backing file and records what was read and written
 // through it.
-// Flush comes with every close(2) of a descriptor of this open, and
-// close waits for it (RELEASE is sent later, without waiting): a change
-// made through the open is in the change journal by the time close
-// returns, so a snapshot taken after it sees the change.
-func (h *handle) Flush(ctx context.Context) syscall.Errno {
-	h.note()
-	return 0
-}
-
-// note puts the file's path in the change journal if it changed through
-// this open since the last time. A writable open may have created or
-// truncated the file even without a write.
-func (h *handle) note() {
-	if h.unnoted.Swap(false) {
-		h.node.fsys.ws.NoteChange(h.path(), false)
-	}
-}
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if _, ok := h.node.fsys.open.LoadAndDelete(h); ok {
@@ -405,7 +392,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // unmount with the file still open).
 func (h *handle) release(ctx context.Context, why string) {
 	h.close()
-	h.note()
+	h.node.fsys.ws.NoteClose(h.change)
 	read, written := h.read.Load(), h.written.Load()
 	if !h.writable && read == 0 && !h.passthrough {
 		return
@@ -461,7 +448,6 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 			return 0
 		}
 		err := unix.Fallocate(h.fd, mode, start, end-start)
-		h.unnoted.Store(true)
 		return policy.Errno(err)
 	}
 	grow := end - st.Size
@@ -471,7 +457,6 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		}
 	}
 	err := unix.Fallocate(h.fd, mode, start, end-start)
-	h.unnoted.Store(true)
 	if err != nil {
 		if grow > 0 {
 			f.ws.AdjustAt(ev.Path, -grow, 0)
@@ -601,7 +586,6 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	in.read.Add(int64(k))
 	dst.written.Add(int64(k))
-	dst.unnoted.Store(true)
 	if err != nil && k == 0 {
 		return 0, policy.Errno(err)
 	}

@@ -3,14 +3,16 @@ package fusefs
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/agentloom/loomfs/store"
 )
 
 // TestJournalNotesEveryChange: every change a program makes through the
 // mount is in the scope's change journal by the time the program has
-// finished (no sleep: close(2) waits for the FLUSH that notes a written
-// file), a moved directory with everything in it. Reads note nothing.
+// finished (no sleep: a file written is noted when it is opened, and the
+// release, which comes after close(2), ends its open in the journal), a
+// moved directory with everything in it. Reads note nothing.
 func TestJournalNotesEveryChange(t *testing.T) {
 	e := newEnv(t)
 	mustWrite(t, e.host("d/old"), "x")
@@ -36,23 +38,55 @@ func TestJournalNotesEveryChange(t *testing.T) {
 		{"fallocate -l 100 e/g", []store.JournalChange{c("e/g")}},
 	}
 	var cursor map[string]int64
-	for _, tc := range cases {
-		if out, err := runIn(t, e.mnt, tc.cmd); err != nil {
-			t.Fatalf("%s: %v\n%s", tc.cmd, err, out)
-		}
+	read := func() ([]store.JournalChange, map[string]int64) {
+		t.Helper()
 		files, err := e.ws.ReadJournal(cursor)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var got []store.JournalChange
-		cursor = map[string]int64{}
+		next := map[string]int64{}
 		for _, f := range files {
 			got = append(got, f.Changes...)
-			cursor[f.Name] = f.Size
+			next[f.Name] = f.Size
 		}
-		got = slices.Compact(got)
+		return slices.Compact(got), next
+	}
+	for _, tc := range cases {
+		if out, err := runIn(t, e.mnt, tc.cmd); err != nil {
+			t.Fatalf("%s: %v\n%s", tc.cmd, err, out)
+		}
+		got, _ := read()
+		for _, w := range tc.want {
+			if !slices.Contains(got, w) {
+				t.Errorf("%s: %+v is not in the journal when the command has finished: %+v", tc.cmd, w, got)
+			}
+		}
+		// Once the kernel has released the files the command opened,
+		// the journal holds exactly its changes, and a reader moves past
+		// them.
+		waitReleased(t, e.m)
+		got, cursor = read()
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: journal has %+v, want %+v", tc.cmd, got, tc.want)
 		}
+	}
+}
+
+// waitReleased waits until the kernel has released every file opened in
+// m (RELEASE comes after close(2) has returned, without being waited for).
+func waitReleased(t *testing.T, m *Mounted) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		open := 0
+		m.fsys.open.Range(func(any, any) bool { open++; return true })
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d files still open in the mount", open)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

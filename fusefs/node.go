@@ -360,9 +360,9 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		}
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
-	// The new file is in the change journal when a writable handle is
-	// flushed or released; otherwise (a read-only create, a failure
-	// below) now.
+	// A writable handle puts the new file in the change journal as an
+	// open; otherwise (a read-only create, a failure below) it goes in
+	// now.
 	noted := false
 	defer func() {
 		if !noted {

@@ -2,6 +2,8 @@ package snapshot_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -351,5 +353,79 @@ func TestDeltaChain(t *testing.T) {
 	}
 	if m.Walk != "full" || !strings.Contains(m.WalkReason, "restore") {
 		t.Fatalf("snapshot after a restore: walk %q (%s); want a walk saying why", m.Walk, m.WalkReason)
+	}
+}
+
+// TestOpenWriterLookedAtUntilReleased: a file open for writing through the
+// mount is looked at by every snapshot until its release, whether the
+// snapshot that saw it open replayed the journals or walked: its writes
+// are not noted one by one, and the release comes after close(2).
+func TestOpenWriterLookedAtUntilReleased(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("full=%v", full), func(t *testing.T) {
+			ctx := context.Background()
+			s := newScope(t)
+			s.write(t, "src/keep", []byte("keep"))
+			if _, err := snapshot.Create(ctx, s.ws, snapshot.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			mnt := filepath.Join(t.TempDir(), "mnt")
+			if err := os.Mkdir(mnt, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			m, err := fusefs.Mount(ctx, s.ws, mnt, fusefs.Options{})
+			if err != nil {
+				t.Fatalf("mount: %v", err)
+			}
+			t.Cleanup(func() { m.Unmount() })
+			repo, err := snapshot.OpenRepo(s.vol, s.sc, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer repo.Close()
+			content := func(m *snapshot.Manifest) string {
+				t.Helper()
+				entries, err := repo.Entries(m.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range entries {
+					if e.Path == "src/log" {
+						return e.SHA256
+					}
+				}
+				return "absent"
+			}
+			sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+
+			f, err := os.OpenFile(filepath.Join(mnt, "src/log"), os.O_CREATE|os.O_WRONLY, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteString("one\n"); err != nil {
+				t.Fatal(err)
+			}
+			s1, err := snapshot.Create(ctx, s.ws, snapshot.Options{Full: full})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := content(s1); got != sum("one\n") {
+				t.Fatalf("first snapshot (%s): src/log %s", s1.Walk, got)
+			}
+			if _, err := f.WriteString("two\n"); err != nil {
+				t.Fatal(err)
+			}
+			s2, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s2.Walk != "journal" {
+				t.Fatalf("second snapshot walked: %s", s2.WalkReason)
+			}
+			if got := content(s2); got != sum("one\ntwo\n") {
+				t.Fatalf("a write made after a snapshot through an open it saw is missing from the next (%s)", got)
+			}
+		})
 	}
 }

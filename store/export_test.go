@@ -10,3 +10,11 @@ func UseNoFollowWalk(t testing.TB) {
 	noOpenat2.Store(true)
 	t.Cleanup(func() { noOpenat2.Store(old) })
 }
+
+// RotateJournalAt makes change journals rotate at size bytes for the
+// calling test.
+func RotateJournalAt(t testing.TB, size int64) {
+	old := journalRotate
+	journalRotate = size
+	t.Cleanup(func() { journalRotate = old })
+}

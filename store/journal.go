@@ -27,7 +27,20 @@ import (
 //	c PATH   the object at PATH was created, changed or removed
 //	t PATH   the whole subtree at PATH may differ (a directory renamed,
 //	         cleared or restored)
+//	o PATH   the file at PATH was opened for writing: it changed, and
+//	         may go on changing until a matching x line
+//	x PATH   an open for writing ended; PATH is where its file is now
 //	end      the writer closed the file cleanly; nothing follows
+//
+// The writes of an open are not noted one by one (a line per write(2)
+// would cost a system call each), nor when the file is closed: the
+// mount's daemon hears of a close only after close(2) has returned. So
+// a reader must look at the path of every open still going each time it
+// reads, and the offset a reader keeps in a live file stops at the first
+// o line not yet matched by an x (JournalFile.Size). The lines are
+// matched by count: an open file may be renamed. A writer that starts a
+// new file (a rotation, or after a failed write) begins it with an o
+// line for each of its opens still going, at the path its file has now.
 //
 // A writer holds an OFD write lock on its file for as long as it may
 // append (NFSv4 carries such locks between nodes). A reader that finds a
@@ -42,8 +55,9 @@ import (
 const JournalDir = "journal"
 
 // journalRotate is the size at which a writer closes its file and starts
-// another, so a long-lived mount never grows one file without bound.
-const journalRotate = 8 << 20
+// another, so a long-lived mount never grows one file without bound. A
+// variable for tests.
+var journalRotate int64 = 8 << 20
 
 const (
 	journalSuffix = ".log"
@@ -57,6 +71,12 @@ type journal struct {
 	size   int64
 	closed bool
 	buf    []byte
+	opens  map[*Open]struct{} // noted by NoteOpen, not yet by NoteClose
+}
+
+// Open is an open for writing that NoteOpen put in the change journal.
+type Open struct {
+	path func() string
 }
 
 // ReadyToChange makes sure the change journal can take the line of a
@@ -86,6 +106,41 @@ func (w *Workspace) ReadyToChange() error {
 // the next snapshot walk the scope instead of trusting the journal, so a
 // failure here loses nothing and is not returned.
 func (w *Workspace) NoteChange(rel string, subtree bool) {
+	kind := byte('c')
+	if subtree {
+		kind = 't'
+	}
+	w.note(kind, rel, nil)
+}
+
+// NoteOpen records that a file was opened for writing, after the open
+// (which may have created or truncated it), which ReadyToChange admitted.
+// path reports where the file is now: it may be renamed while open.
+// Every write through the open is covered until NoteClose.
+func (w *Workspace) NoteOpen(path func() string) *Open {
+	o := &Open{path: path}
+	w.note('o', path(), o)
+	return o
+}
+
+// NoteClose records that the open o ended. Nothing may be written
+// through it after.
+func (w *Workspace) NoteClose(o *Open) {
+	j := w.journal
+	if j == nil || o == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, ok := j.opens[o]; !ok || j.closed {
+		return
+	}
+	delete(j.opens, o)
+	j.write(w, 'x', o.path())
+}
+
+// note writes a line of kind for rel and, for an o line, remembers open.
+func (w *Workspace) note(kind byte, rel string, open *Open) {
 	j := w.journal
 	if j == nil {
 		return
@@ -95,9 +150,19 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 	if j.closed {
 		return
 	}
+	j.write(w, kind, rel)
+	if open != nil {
+		if j.opens == nil {
+			j.opens = map[*Open]struct{}{}
+		}
+		j.opens[open] = struct{}{}
+	}
+}
+
+// write appends one line, starting a new file first if there is none (a
+// failed write abandoned the last) or the current one is full.
+func (j *journal) write(w *Workspace, kind byte, rel string) {
 	if j.f == nil {
-		// A failed write abandoned the file after ReadyToChange: start
-		// another, or leave nothing a snapshot would trust.
 		if err := j.open(w); err != nil {
 			return
 		}
@@ -109,24 +174,25 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 			j.f = old
 		}
 	}
-	b := j.buf[:0]
-	if subtree {
-		b = append(b, "t "...)
-	} else {
-		b = append(b, "c "...)
-	}
+	j.append(kind, rel)
+}
+
+// append writes one line to the current file. A failed write abandons the
+// file, unlocked and unfinished: readers take it as the trace of a writer
+// that may have missed a line.
+func (j *journal) append(kind byte, rel string) bool {
+	b := append(j.buf[:0], kind, ' ')
 	b = AppendPathLine(b, rel)
 	b = append(b, '\n')
 	j.buf = b
 	n, err := unix.Write(int(j.f.Fd()), b)
 	if err != nil || n != len(b) {
-		// Leave the file unlocked and unfinished: readers take it as
-		// the trace of a writer that may have missed a line.
 		j.f.Close()
 		j.f = nil
-		return
+		return false
 	}
 	j.size += int64(n)
+	return true
 }
 
 // open starts a new journal file. It is created under a temporary name
@@ -160,6 +226,13 @@ func (j *journal) open(w *Workspace) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	j.f, j.size = f, 0
+	// The opens still going carry over, so a reader of this file alone
+	// looks at them until they end.
+	for o := range j.opens {
+		if !j.append('o', o.path()) {
+			return fmt.Errorf("journal %s: write failed", name)
+		}
+	}
 	return nil
 }
 
@@ -231,8 +304,11 @@ type JournalChange struct {
 
 // JournalFile is what a reader found in one journal file past an offset.
 type JournalFile struct {
-	Name    string
-	Size    int64 // offset after the last complete line read
+	Name string
+	// Size is the offset to read from next time: after the last
+	// complete line read, or, in a live file, at the first o line whose
+	// open has not ended yet.
+	Size    int64
 	Changes []JournalChange
 	Ended   bool // the writer closed it cleanly
 	Live    bool // a writer holds it
@@ -363,22 +439,40 @@ func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
 	end := bytes.LastIndexByte(buf, '\n') + 1
 	buf = buf[:end]
 	jf.Size = offset + int64(end)
-	for len(buf) > 0 {
+	// open counts the opens going at pos; held is where the first of
+	// them was noted. The offset a reader is given is always one with
+	// none going.
+	open, held := 0, int64(0)
+	for pos := offset; len(buf) > 0; {
 		i := bytes.IndexByte(buf, '\n')
 		line := string(buf[:i])
 		buf = buf[i+1:]
+		at := pos
+		pos += int64(i) + 1
 		if line+"\n" == journalEnd {
 			jf.Ended = true
 			continue
 		}
 		kind, p, ok := strings.Cut(line, " ")
-		if !ok || (kind != "c" && kind != "t") {
+		if !ok || len(kind) != 1 || !strings.Contains("ctox", kind) {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		if p, err = ParsePathLine(p); err != nil {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
+		switch kind {
+		case "o":
+			if open == 0 {
+				held = at
+			}
+			open++
+		case "x":
+			open = max(open-1, 0)
+		}
 		jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
+	}
+	if open > 0 && jf.Live && !jf.Ended {
+		jf.Size = held
 	}
 	return jf, nil
 }

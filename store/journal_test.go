@@ -96,6 +96,91 @@ func TestJournal(t *testing.T) {
 	}
 }
 
+// TestJournalOpens: an open for writing is noted when it is made and when
+// it ends; while it is going, the offset a reader is given stays at its o
+// line, so every read looks at the file again (the writes in between are
+// not noted). A new file carries the opens still going over, at the path
+// their file has now.
+func TestJournalOpens(t *testing.T) {
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws := e.open(t, sc, nil)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(from map[string]int64) []store.JournalFile {
+		t.Helper()
+		fs, err := ws.ReadJournal(from)
+		must(err)
+		return fs
+	}
+	must(ws.ReadyToChange())
+	ws.NoteChange("before", false)
+	path := "a"
+	open := ws.NoteOpen(func() string { return path })
+	ws.NoteChange("after", false)
+
+	fs := read(nil)
+	held := fs[0].Size
+	if want := int64(len("c before\n")); held != want {
+		t.Fatalf("offset %d with an open going, want %d (its o line)", held, want)
+	}
+	cursor := map[string]int64{fs[0].Name: held}
+	again := read(cursor)
+	want := []store.JournalChange{{Path: "a"}, {Path: "after"}}
+	if !slices.Equal(again[0].Changes, want) || again[0].Size != held {
+		t.Fatalf("read again from the held offset: %+v at %d, want %+v at %d", again[0].Changes, again[0].Size, want, held)
+	}
+
+	// Renamed while open; the journal rotates: the new file starts with
+	// the open, at its new path, and the old one, ended, is read to its
+	// end.
+	path = "b"
+	store.RotateJournalAt(t, 1)
+	ws.NoteChange("rotated", false)
+	fs = read(cursor)
+	if len(fs) != 2 {
+		t.Fatalf("after a rotation: %+v", fs)
+	}
+	var old, cur store.JournalFile
+	for _, f := range fs {
+		if f.Name == again[0].Name {
+			old = f
+		} else {
+			cur = f
+		}
+	}
+	if !old.Ended || old.Size == held {
+		t.Errorf("the rotated file: %+v, want ended and read to its end", old)
+	}
+	if want := []store.JournalChange{{Path: "b"}, {Path: "rotated"}}; !slices.Equal(cur.Changes, want) || cur.Size != 0 {
+		t.Fatalf("the new file: %+v at %d, want %+v held at 0", cur.Changes, cur.Size, want)
+	}
+
+	// The open ends: read past it at last.
+	store.RotateJournalAt(t, 1<<20)
+	ws.NoteClose(open)
+	ws.NoteClose(open) // a second close notes nothing
+	cursor = map[string]int64{old.Name: old.Size, cur.Name: cur.Size}
+	fs = read(cursor)
+	for _, f := range fs {
+		if f.Name != cur.Name {
+			continue
+		}
+		if want := []store.JournalChange{{Path: "b"}, {Path: "rotated"}, {Path: "b"}}; !slices.Equal(f.Changes, want) {
+			t.Fatalf("after the close: %+v, want %+v", f.Changes, want)
+		}
+		b, err := os.ReadFile(filepath.Join(e.root, store.LocksDir, sc.Hash(), store.JournalDir, f.Name))
+		must(err)
+		if f.Size != int64(len(b)) {
+			t.Fatalf("offset %d after the close, want the end %d", f.Size, len(b))
+		}
+	}
+}
+
 // TestNoJournalNoChange: when the change journal can't be written, a
 // change is refused before it is made, so no snapshot can miss it.
 func TestNoJournalNoChange(t *testing.T) {
