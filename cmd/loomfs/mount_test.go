@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/store"
@@ -350,4 +353,49 @@ func TestMountCrash(t *testing.T) {
 	if isMounted(t, mnt) {
 		t.Error("mount left behind")
 	}
+}
+
+// TestSetProcs: a process serving a mount runs Go code on one CPU unless
+// --procs or the GOMAXPROCS variable says otherwise; --procs wins.
+func TestSetProcs(t *testing.T) {
+	before := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	cases := []struct {
+		args []string
+		env  string
+		want int
+	}{
+		{nil, "", 1},
+		{[]string{"--procs", "3"}, "", 3},
+		{nil, "5", 5},
+		{[]string{"--procs", "2"}, "5", 2},
+		{[]string{"--procs", "0"}, "", 7}, // left as it was
+	}
+	for _, tc := range cases {
+		runtime.GOMAXPROCS(7)
+		if tc.env != "" {
+			// As the runtime would have read it at start.
+			runtime.GOMAXPROCS(atoi(t, tc.env))
+		}
+		t.Setenv("GOMAXPROCS", tc.env)
+		cmd := &cobra.Command{Use: "x", Run: func(*cobra.Command, []string) {}}
+		var procs int
+		addProcsFlag(cmd.Flags(), &procs)
+		if err := cmd.ParseFlags(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		setProcs(cmd, procs)
+		if got := runtime.GOMAXPROCS(0); got != tc.want {
+			t.Errorf("%v with GOMAXPROCS=%q: %d procs, want %d", tc.args, tc.env, got, tc.want)
+		}
+	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -20,7 +20,7 @@ const exitTimedOut = 124
 
 func newRunCmd(g *globals) *cobra.Command {
 	var scope, callID string
-	var timeout int
+	var timeout, procs int
 	cmd := &cobra.Command{
 		Use:   "run --scope S [--timeout SECONDS] -- CMD [ARG...]",
 		Short: "Run a command in a sandbox container over the scope's /workspace",
@@ -49,6 +49,8 @@ timed out, and 1 if it was refused.`,
 			if timeout < 1 || timeout > 120 {
 				return usagef("--timeout %d: allowed 1–120 seconds", timeout)
 			}
+			// The command's projection is served from this process.
+			setProcs(cmd, procs)
 			ctx := cmd.Context()
 			s, err := g.openSession(ctx, scope)
 			if err != nil {
@@ -85,6 +87,7 @@ timed out, and 1 if it was refused.`,
 	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().IntVar(&timeout, "timeout", 60, "seconds before the container is killed (1–120)")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	addProcsFlag(cmd.Flags(), &procs)
 	return cmd
 }
 
