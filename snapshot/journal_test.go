@@ -35,20 +35,7 @@ func TestJournalMatchesWalk(t *testing.T) {
 	if _, err := snapshot.Create(ctx, s.ws, snapshot.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	mnt := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	m, err := fusefs.Mount(ctx, s.ws, mnt, fusefs.Options{})
-	if err != nil {
-		t.Fatalf("mount: %v", err)
-	}
-	t.Cleanup(func() { m.Unmount() })
-	repo, err := snapshot.OpenRepo(s.vol, s.sc, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer repo.Close()
+	mnt, repo := s.mountAndRepo(t)
 
 	r := rand.New(rand.NewPCG(3, 5))
 	sh := func(script string) {
@@ -369,20 +356,7 @@ func TestOpenWriterLookedAtUntilReleased(t *testing.T) {
 			if _, err := snapshot.Create(ctx, s.ws, snapshot.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			mnt := filepath.Join(t.TempDir(), "mnt")
-			if err := os.Mkdir(mnt, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			m, err := fusefs.Mount(ctx, s.ws, mnt, fusefs.Options{})
-			if err != nil {
-				t.Fatalf("mount: %v", err)
-			}
-			t.Cleanup(func() { m.Unmount() })
-			repo, err := snapshot.OpenRepo(s.vol, s.sc, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer repo.Close()
+			mnt, repo := s.mountAndRepo(t)
 			content := func(m *snapshot.Manifest) string {
 				t.Helper()
 				entries, err := repo.Entries(m.ID)
@@ -428,4 +402,25 @@ func TestOpenWriterLookedAtUntilReleased(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mountAndRepo mounts the scope in a temporary directory and opens its
+// snapshot repository, both undone when t ends.
+func (s *scope) mountAndRepo(t *testing.T) (string, *snapshot.Repo) {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fusefs.Mount(context.Background(), s.ws, mnt, fusefs.Options{})
+	if err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() { m.Unmount() })
+	repo, err := snapshot.OpenRepo(s.vol, s.sc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { repo.Close() })
+	return mnt, repo
 }

@@ -151,8 +151,7 @@ func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
 		unix.Unlinkat(dfd, tmp, 0)
 		return err
 	}
-	unix.Fsync(dfd)
-	return nil
+	return syncDir(dfd)
 }
 
 // writeTempJSON writes v, fsynced, to a new reserved temporary name in dfd

@@ -18,3 +18,6 @@ func RotateJournalAt(t testing.TB, size int64) {
 	journalRotate = size
 	t.Cleanup(func() { journalRotate = old })
 }
+
+// SyncDir is syncDir, for tests.
+var SyncDir = syncDir

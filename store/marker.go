@@ -44,7 +44,7 @@ func (w *Workspace) ClearMarker() error {
 	if err != nil && err != unix.ENOENT {
 		return fmt.Errorf("clear execution marker: %w", err)
 	}
-	syncDir(w.state)
+	syncDir(int(w.state.Fd()))
 	return nil
 }
 
@@ -126,16 +126,6 @@ func (w *Workspace) writeState(name string, v any, noReplace bool) error {
 		return fmt.Errorf("write %s: %w", name, err)
 	}
 	return nil
-}
-
-// syncDir fsyncs a directory given as an O_PATH fd.
-func syncDir(d *os.File) {
-	fd, err := unix.Openat(int(d.Fd()), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return
-	}
-	unix.Fsync(fd)
-	unix.Close(fd)
 }
 
 // SelfCheckFile records the last periodic self-check of a projection of

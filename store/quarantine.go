@@ -81,7 +81,7 @@ func (v *Volume) ClearQuarantine(s Scope, container string) error {
 	if err := unix.Unlinkat(int(w.state.Fd()), QuarantineFile, 0); err != nil {
 		return fmt.Errorf("clear quarantine of %s: %w", s, err)
 	}
-	syncDir(w.state)
+	syncDir(int(w.state.Fd()))
 	return nil
 }
 

@@ -507,7 +507,7 @@ func createJSONAt(dfd int, name string, v any) error {
 	err = unix.Linkat(dfd, tmp, dfd, name, 0)
 	unix.Unlinkat(dfd, tmp, 0)
 	if err == nil {
-		unix.Fsync(dfd)
+		err = syncDir(dfd)
 	}
 	return err
 }

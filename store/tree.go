@@ -286,7 +286,7 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		staging = old
 	}
 	w.NoteChange(".", true)
-	unix.Fsync(pfd)
+	syncDir(pfd)
 	// sdir followed its inode: it is the scope directory now. The old tree
 	// is at the staging name.
 	sdir.Close()

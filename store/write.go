@@ -127,7 +127,7 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCrea
 	}
 	tmp.Close()
 	w.NoteChange(rel, false)
-	if err := unix.Fsync(pfd); err != nil && err != unix.EBADF && err != unix.EINVAL {
+	if err := syncDir(pfd); err != nil && err != unix.EINVAL {
 		return policy.FromErrno(err, "fsync dir", rel)
 	}
 	return nil

@@ -412,3 +412,21 @@ func TestMkdir(t *testing.T) {
 		t.Errorf("x/y/z mode %#o, %v", st.Mode&0o7777, err)
 	}
 }
+
+// TestSyncDir: a directory held as an O_PATH fd, as the store holds
+// them, is fsynced (fsync(2) on the fd itself answers EBADF), so an
+// atomic write's rename is made durable.
+func TestSyncDir(t *testing.T) {
+	dir := t.TempDir()
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != unix.EBADF {
+		t.Fatalf("fsync of an O_PATH fd: %v; the case this covers is gone", err)
+	}
+	if err := store.SyncDir(fd); err != nil {
+		t.Fatalf("syncDir of an O_PATH fd: %v", err)
+	}
+}
