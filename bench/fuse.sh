@@ -120,7 +120,9 @@ for pin in $PINS; do
 			sync; echo 3 >/proc/sys/vm/drop_caches
 			has rg && R[$pin,$layer,rg]+="$(w_rg "$dir") "
 			has fiow && R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
-			echo 3 >/proc/sys/vm/drop_caches
+			# Cold, and with nothing of the earlier rows still being
+			# written back to the disk the read comes from.
+			sync; echo 3 >/proc/sys/vm/drop_caches
 			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
 			has fiorw && R[$pin,$layer,fiorw]+="$(w_fio_warm "$dir") "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
