@@ -224,6 +224,8 @@ func TestAuditRecords(t *testing.T) {
 		}
 		f.Close()
 	}
+	// RELEASE, which makes the summary, comes after close(2) returns.
+	waitReleased(t, e.m)
 	if err := os.Rename(e.path("a"), e.path("b")); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package fusefs
 import (
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/agentloom/loomfs/store"
 )
@@ -70,23 +69,5 @@ func TestJournalNotesEveryChange(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: journal has %+v, want %+v", tc.cmd, got, tc.want)
 		}
-	}
-}
-
-// waitReleased waits until the kernel has released every file opened in
-// m (RELEASE comes after close(2) has returned, without being waited for).
-func waitReleased(t *testing.T, m *Mounted) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		open := 0
-		m.fsys.open.Range(func(any, any) bool { open++; return true })
-		if open == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d files still open in the mount", open)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
@@ -219,4 +220,22 @@ func (r *recorder) find(op, result, path string) []audit.Event {
 		}
 	}
 	return out
+}
+
+// waitReleased waits until the kernel has released every file opened in
+// m (RELEASE comes after close(2) has returned, without being waited for).
+func waitReleased(t *testing.T, m *Mounted) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		open := 0
+		m.fsys.open.Range(func(any, any) bool { open++; return true })
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d files still open in the mount", open)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
