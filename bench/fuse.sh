@@ -18,8 +18,12 @@ LAYERS=${LAYERS:-"native loomfs loopback loopback-np bindfs"}
 # BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
 # takes the disk out, leaving what each FUSE layer itself costs.
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
-# fiorw reads the file fior read again, from the page cache: what the layer
-# itself costs a reader, without the disk (and the VM host's cache under it).
+# fior reads one file written once, natively, before the rounds, and moved
+# (renamed: its blocks stay where they are) into each layer's backing
+# directory for its read: where a file lands on this VM's disk changes a
+# cold read by a third, so every layer reads the same blocks.
+# fiorw reads the file fiow wrote twice, the second time from the page
+# cache: what the layer itself costs a reader, without the disk.
 WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior fiorw"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
@@ -43,29 +47,33 @@ tar -C "$(go env GOROOT)" -cf "$srctar" src
 root=$work/root
 SCOPE=bench/agent/s
 
-# mount_layer LAYER PIN: mounts LAYER and sets dir to the directory to work in
+# mount_layer LAYER PIN: mounts LAYER and sets dir to the directory to work
+# in and backing to the directory it shows
 mount_layer() {
 	local layer=$1 pin=$2
 	mkdir -p "$mnt"
 	case $layer in
 	native)
-		rm -rf "$work/native"; mkdir -p "$work/native"; dir=$work/native; return ;;
+		rm -rf "$work/native"; mkdir -p "$work/native"; dir=$work/native; backing=$dir; return ;;
 	loomfs)
 		rm -rf "$root"
 		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
 		"${pre[@]}" "$bin/loomfs" --root "$root" mount --scope $SCOPE ${LOOMFS_MOUNT_FLAGS:-} "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$!
+		backing=$root/spaces/bench/agents/agent/sessions/s/main
 		;;
 	loopback | loopback-np)
 		rm -rf "$work/lb"; mkdir -p "$work/lb"
 		local np=(); [ "$layer" = loopback-np ] && np=(-no-passthrough)
 		"${pre[@]}" "$bin/loopback" "${np[@]}" "$work/lb" "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$!
+		backing=$work/lb
 		;;
 	bindfs)
 		rm -rf "$work/bf"; mkdir -p "$work/bf"
 		"${pre[@]}" bindfs -f "$work/bf" "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$!
+		backing=$work/bf
 		;;
 	esac
 	for _ in $(seq 200); do mountpoint -q "$mnt" && break; sleep 0.05; done
@@ -101,11 +109,25 @@ w_fio_warm() { # prints MB/s of a read with the file in the page cache
 		--invalidate=0 --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $7/1024}'
 }
 
-w_fio() { # $2 = write|read; prints MB/s
-	"${pre[@]}" fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
-		--end_fsync=1 --output-format=terse --terse-version=3 2>/dev/null |
-		awk -F';' -v rw="$2" '{ if (rw == "read") print $7/1024; else print $48/1024 }'
+w_fior() { # prints MB/s of a cold read of the file made before the rounds
+	local v
+	mv "$work/coldread" "$backing/coldread"
+	sync; echo 3 >/proc/sys/vm/drop_caches
+	v=$("${pre[@]}" fio --name=seq --filename="$1/coldread" --rw=read --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
+		--output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $7/1024}')
+	mv "$backing/coldread" "$work/coldread"
+	echo "$v"
 }
+
+w_fiow() { # prints MB/s of a sequential write, fsynced at the end
+	"${pre[@]}" fio --name=seq --directory="$1" --rw=write --bs=1M --size="$FIO_SIZE" --numjobs=1 --ioengine=psync \
+		--end_fsync=1 --output-format=terse --terse-version=3 2>/dev/null | awk -F';' '{print $48/1024}'
+}
+
+if has fior; then
+	fio --name=cold --filename="$work/coldread" --rw=write --bs=1M --size="$FIO_SIZE" --ioengine=psync \
+		--end_fsync=1 --output-format=terse >/dev/null 2>&1
+fi
 
 declare -A R
 # Rounds go around the layers (round 1 of each layer, then round 2…), so a
@@ -119,11 +141,8 @@ for pin in $PINS; do
 			has untar && R[$pin,$layer,untar]+="$(w_untar "$dir") "
 			sync; echo 3 >/proc/sys/vm/drop_caches
 			has rg && R[$pin,$layer,rg]+="$(w_rg "$dir") "
-			has fiow && R[$pin,$layer,fiow]+="$(w_fio "$dir" write) "
-			# Cold, and with nothing of the earlier rows still being
-			# written back to the disk the read comes from.
-			sync; echo 3 >/proc/sys/vm/drop_caches
-			has fior && R[$pin,$layer,fior]+="$(w_fio "$dir" read) "
+			has fiow && R[$pin,$layer,fiow]+="$(w_fiow "$dir") "
+			has fior && R[$pin,$layer,fior]+="$(w_fior "$dir") "
 			has fiorw && R[$pin,$layer,fiorw]+="$(w_fio_warm "$dir") "
 			rm -rf "${dir:?}"/* 2>/dev/null || true
 			# Finish the removal (journal commit, discards) here, not
