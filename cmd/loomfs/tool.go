@@ -52,6 +52,10 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 			if !known {
 				return usagef("unknown tool %q (run \"loomfs tools\" for the list)", name)
 			}
+			if name == "workspace_command" {
+				// The command's projection is served from this process.
+				setProcs(cmd, 1)
+			}
 			ctx := cmd.Context()
 			tb, done, err := g.openToolbox(ctx, scope)
 			if err != nil {
