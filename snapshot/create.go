@@ -264,9 +264,9 @@ func changes(view *store.Workspace, old *state, full bool, now time.Time) (journ
 	}
 	// Where the journals stand before the walk starts: a change made
 	// during it, or through an open still going, is looked at again by
-	// the next snapshot. Read from their starts, they say which opens
-	// are going; a journal that can't be read is taken at its end.
-	files, err := view.ReadJournal(nil)
+	// the next snapshot. A journal that can't be read is taken at its
+	// end.
+	files, err := view.JournalOffsets()
 	if err != nil {
 		files, _ = view.JournalFiles()
 	}

@@ -327,6 +327,18 @@ var ErrJournalGone = errors.New("journal file removed or truncated")
 // start). A file named in from that is gone or shorter is reported with
 // ErrJournalGone: the changes it held are lost to the reader.
 func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
+	return w.readJournals(from, true)
+}
+
+// JournalOffsets describes every journal file of the scope with the
+// offset a reader reading it whole would keep now (Size: its end, or its
+// first open still going), without the changes: where a snapshot that
+// walks the scope leaves the journals for the next one.
+func (w *Workspace) JournalOffsets() ([]JournalFile, error) {
+	return w.readJournals(nil, false)
+}
+
+func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]JournalFile, error) {
 	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
@@ -336,7 +348,7 @@ func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
 	var out []JournalFile
 	for _, name := range names {
 		present[name] = true
-		jf, err := readJournalFile(dfd, name, from[name])
+		jf, err := readJournalFile(dfd, name, from[name], changes)
 		if err != nil {
 			return nil, err
 		}
@@ -404,7 +416,7 @@ func journalNames(dfd int) ([]string, error) {
 // readJournalFile reads name past offset. Whether its writer is alive is
 // asked before reading, so a writer that ends it meanwhile is seen as
 // alive (and its end line, if read, as ended): never the reverse.
-func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
+func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalFile, error) {
 	jf := JournalFile{Name: name, Size: offset}
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
@@ -460,6 +472,9 @@ func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
 		if p, err = ParsePathLine(p); err != nil {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
+		if changes {
+			jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
+		}
 		switch kind {
 		case "o":
 			if open == 0 {
@@ -469,7 +484,6 @@ func readJournalFile(dfd int, name string, offset int64) (JournalFile, error) {
 		case "x":
 			open = max(open-1, 0)
 		}
-		jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
 	}
 	if open > 0 && jf.Live && !jf.Ended {
 		jf.Size = held
