@@ -45,7 +45,7 @@ printed on stderr once the mount is ready.`,
 			if opts.UID == 0 || opts.GID == 0 {
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
-			setProcs(cmd, procs)
+			setProcs(procs, cmd.Flags().Changed("procs"))
 			if profile != "" {
 				f, err := os.Create(profile)
 				if err != nil {
@@ -88,8 +88,10 @@ func addProcsFlag(f *pflag.FlagSet, procs *int) {
 // deleting small files twice as fast, tar -x 15% faster, and slowed no
 // parallel workload (BENCHMARKS.md); the daemon's system calls still run
 // in parallel.
-func setProcs(cmd *cobra.Command, procs int) {
-	if !cmd.Flags().Changed("procs") && os.Getenv("GOMAXPROCS") != "" {
+// procs comes from --procs, given says whether it was given; without
+// it a GOMAXPROCS variable wins.
+func setProcs(procs int, given bool) {
+	if !given && os.Getenv("GOMAXPROCS") != "" {
 		return
 	}
 	if procs > 0 {

@@ -384,7 +384,7 @@ func TestSetProcs(t *testing.T) {
 		if err := cmd.ParseFlags(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		setProcs(cmd, procs)
+		setProcs(procs, cmd.Flags().Changed("procs"))
 		if got := runtime.GOMAXPROCS(0); got != tc.want {
 			t.Errorf("%v with GOMAXPROCS=%q: %d procs, want %d", tc.args, tc.env, got, tc.want)
 		}

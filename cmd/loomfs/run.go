@@ -50,7 +50,7 @@ timed out, and 1 if it was refused.`,
 				return usagef("--timeout %d: allowed 1–120 seconds", timeout)
 			}
 			// The command's projection is served from this process.
-			setProcs(cmd, procs)
+			setProcs(procs, cmd.Flags().Changed("procs"))
 			ctx := cmd.Context()
 			s, err := g.openSession(ctx, scope)
 			if err != nil {
