@@ -17,6 +17,10 @@ LAYERS=${LAYERS:-"native loomfs loopback loopback-np bindfs"}
 # LOOMFS_MOUNT_FLAGS adds flags to loomfs mount, e.g. --passthrough
 # BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
 # takes the disk out, leaving what each FUSE layer itself costs.
+# BENCH_TMP=ramdisk makes an ext4 on a loop device over a file in /dev/shm:
+# a real block device and page cache, so a cold read goes through
+# readahead and the block layer, but its blocks come from RAM, without this
+# VM's disk, whose cold reads of one file range over 3x within minutes.
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 # fior reads one file written once, natively, before the rounds, and moved
 # (renamed: its blocks stay where they are) into each layer's backing
@@ -28,20 +32,33 @@ WORKLOADS=${WORKLOADS:-"meta untar rg fiow fior fiorw"}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 for t in fio bindfs rg taskset; do command -v $t >/dev/null || { echo "$t missing: run scripts/setup" >&2; exit 1; }; done
 
+daemon_pid="" work="" mnt="" ramdisk="" ramimg="" ramdir=""
+cleanup() {
+	[ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
+	[ -n "$mnt" ] && mountpoint -q "$mnt" 2>/dev/null && umount -l "$mnt" || true
+	[ -n "$work" ] && rm -rf "$work"
+	if [ -n "$ramdir" ]; then umount "$ramdir" && rmdir "$ramdir"; fi
+	[ -n "$ramdisk" ] && losetup -d "$ramdisk"
+	[ -n "$ramimg" ] && rm -f "$ramimg"
+	true
+}
+trap cleanup EXIT
+if [ "$BENCH_TMP" = ramdisk ]; then
+	ramimg=$(mktemp /dev/shm/loomfs-bench-disk.XXXXXX)
+	truncate -s "${RAMDISK_SIZE:-6G}" "$ramimg"
+	ramdisk=$(losetup -f --show "$ramimg")
+	mkfs.ext4 -q "$ramdisk"
+	ramdir=$(mktemp -d /tmp/loomfs-bench-disk.XXXXXX)
+	mount "$ramdisk" "$ramdir"
+	BENCH_TMP=$ramdir
+fi
 work=$(mktemp -d "$BENCH_TMP"/loomfs-bench.XXXXXX)
 chmod 700 "$work"
+mnt=$work/mnt
 bin=$work/bin; mkdir -p "$bin"
 go build -o "$bin/loomfs" ./cmd/loomfs
 go build -o "$bin/loopback" ./bench/loopback
 go build -o "$bin/metaops" ./bench/metaops
-daemon_pid=""
-mnt=$work/mnt
-cleanup() {
-	[ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
-	mountpoint -q "$mnt" 2>/dev/null && umount -l "$mnt" || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
 srctar=$work/src.tar
 tar -C "$(go env GOROOT)" -cf "$srctar" src
 root=$work/root
