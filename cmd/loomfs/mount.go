@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/fusefs"
@@ -77,19 +78,12 @@ printed on stderr once the mount is ready.`,
 
 // addProcsFlag adds --procs to a command that serves a mount in process.
 func addProcsFlag(f *pflag.FlagSet, procs *int) {
-	f.IntVar(procs, "procs", 1, "CPUs the process runs Go code on at once (GOMAXPROCS; 0: one per CPU); the GOMAXPROCS variable wins unless this is given")
+	f.IntVar(procs, "procs", servingProcs(cpusAllowed()), "CPUs the process runs Go code on at once (GOMAXPROCS; 0: one per CPU); the default is 1, or 3 for a process allowed on one CPU only; the GOMAXPROCS variable wins unless this is given")
 }
 
 // setProcs sets GOMAXPROCS for a process whose work is serving a FUSE
-// mount. go-fuse's readers wait in read(2) on the FUSE device; with a
-// processor (P) per CPU, the runtime keeps handing the P of a waiting
-// reader to another thread, woken on another CPU, and each request pays
-// for the trip. On a 2-CPU machine one P made creating, statting and
-// deleting small files twice as fast, tar -x 15% faster, and slowed no
-// parallel workload (BENCHMARKS.md); the daemon's system calls still run
-// in parallel.
-// procs comes from --procs, given says whether it was given; without
-// it a GOMAXPROCS variable wins.
+// mount. procs comes from --procs, given says whether it was given;
+// without it a GOMAXPROCS variable wins.
 func setProcs(procs int, given bool) {
 	if !given && os.Getenv("GOMAXPROCS") != "" {
 		return
@@ -97,6 +91,39 @@ func setProcs(procs int, given bool) {
 	if procs > 0 {
 		runtime.GOMAXPROCS(procs)
 	}
+}
+
+// servingProcs is the number of Ps (GOMAXPROCS) a process serving a FUSE
+// mount runs best with when it may run on cpus CPUs.
+//
+// go-fuse keeps two readers waiting in read(2) on the FUSE device. With a
+// P per CPU, the runtime keeps handing the P of a waiting reader to another
+// thread, woken on another CPU, and each request pays for the trip: on a
+// 2-CPU machine one P made creating, statting and deleting small files
+// twice as fast, tar -x 15% faster, and slowed no parallel workload
+// (BENCHMARKS.md); the daemon's system calls still run in parallel.
+//
+// A process allowed on one CPU only has no other CPU to wake, but with one
+// P there is never an idle P either, so the runtime's monitor takes the P
+// of every reader blocked in read(2) at its next tick and wakes for the
+// next request. One P per waiting reader and one spare leave it asleep:
+// pinned to one CPU, that cut the daemon's CPU time per small file by a
+// fifth.
+func servingProcs(cpus int) int {
+	if cpus == 1 {
+		return 3
+	}
+	return 1
+}
+
+// cpusAllowed is the number of CPUs the calling thread may run on, 0 if
+// that can't be told.
+func cpusAllowed() int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return 0
+	}
+	return set.Count()
 }
 
 func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, selfCheck time.Duration) error {

@@ -355,8 +355,9 @@ func TestMountCrash(t *testing.T) {
 	}
 }
 
-// TestSetProcs: a process serving a mount runs Go code on one CPU unless
-// --procs or the GOMAXPROCS variable says otherwise; --procs wins.
+// TestSetProcs: a process serving a mount runs Go code on servingProcs
+// CPUs unless --procs or the GOMAXPROCS variable says otherwise; --procs
+// wins.
 func TestSetProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
@@ -365,7 +366,7 @@ func TestSetProcs(t *testing.T) {
 		env  string
 		want int
 	}{
-		{nil, "", 1},
+		{nil, "", servingProcs(cpusAllowed())},
 		{[]string{"--procs", "3"}, "", 3},
 		{nil, "5", 5},
 		{[]string{"--procs", "2"}, "5", 2},
@@ -388,6 +389,40 @@ func TestSetProcs(t *testing.T) {
 		if got := runtime.GOMAXPROCS(0); got != tc.want {
 			t.Errorf("%v with GOMAXPROCS=%q: %d procs, want %d", tc.args, tc.env, got, tc.want)
 		}
+	}
+}
+
+// TestServingProcs: one P, but a process allowed on one CPU only gets
+// three, and cpusAllowed sees the affinity it is given.
+func TestServingProcs(t *testing.T) {
+	for cpus, want := range map[int]int{0: 1, 1: 3, 2: 1, 64: 1} {
+		if got := servingProcs(cpus); got != want {
+			t.Errorf("servingProcs(%d) = %d, want %d", cpus, got, want)
+		}
+	}
+
+	// Affinity is per thread: pin this one, and let it end with the test
+	// rather than return it to the runtime pinned.
+	runtime.LockOSThread()
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	if got := cpusAllowed(); got != all.Count() {
+		t.Errorf("cpusAllowed() = %d, want %d", got, all.Count())
+	}
+	var one unix.CPUSet
+	for cpu := 0; cpu < 1024; cpu++ {
+		if all.IsSet(cpu) {
+			one.Set(cpu)
+			break
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	if got := cpusAllowed(); got != 1 {
+		t.Errorf("pinned to one CPU: cpusAllowed() = %d, want 1", got)
 	}
 }
 

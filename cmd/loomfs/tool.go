@@ -54,7 +54,7 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 			}
 			if name == "workspace_command" {
 				// The command's projection is served from this process.
-				setProcs(1, false)
+				setProcs(servingProcs(cpusAllowed()), false)
 			}
 			ctx := cmd.Context()
 			tb, done, err := g.openToolbox(ctx, scope)
