@@ -21,10 +21,15 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	f := n.fsys
 	h := handleOf(fh)
 	rel, inTree := n.relPath()
-	if !inTree {
+	if !inTree && h == nil {
+		// fchmod and futimens on a file that was unlinked while open come
+		// without the file: they change it through one of its opens.
+		h = n.openHandle()
 		if h == nil {
 			return syscall.ENOENT
 		}
+	}
+	if !inTree {
 		rel = h.rel
 	}
 	mode, setMode := in.GetMode()
@@ -142,7 +147,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 	defer f.ws.NoteChange(rel, false)
 	if setMode {
-		if err := fchmod(fd, mode&0o777, pathFD); err != nil {
+		if err := fchmod(fd, policy.OwnerPerm(mode), pathFD); err != nil {
 			return f.failed(ctx, ev, err)
 		}
 	}
@@ -159,6 +164,20 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	f.fillAttr(&sx, &out.Attr)
 	out.SetTimeout(f.timeout)
 	return 0
+}
+
+// openHandle returns an open of the node's file, or nil. It is asked only
+// for a node that left the tree, so walking every open file is rare.
+func (n *node) openHandle() *handle {
+	var found *handle
+	n.fsys.open.Range(func(k, _ any) bool {
+		if h := k.(*handle); h.node == n {
+			found = h
+			return false
+		}
+		return true
+	})
+	return found
 }
 
 // openFailed answers an open of a node's own path that failed: ESTALE

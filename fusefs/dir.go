@@ -83,6 +83,8 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 
 // load reads the whole directory, keeping the entries the tools could
 // address and the policy lists: never loomfs's own files or hidden paths.
+// policy.ReadyFile is not listed either (it answers lookup and stat only),
+// so git add -A, tar and cp -r never take it.
 func (d *dirHandle) load() syscall.Errno {
 	f := d.node.fsys
 	if rel, ok := d.node.relPath(); ok {
@@ -115,9 +117,6 @@ func (d *dirHandle) load() syscall.Errno {
 			de.Off = uint64(len(d.entries) + 1)
 			d.entries = append(d.entries, de)
 		}
-	}
-	if d.node == f.root && f.ready() {
-		d.entries = append(d.entries, fuse.DirEntry{Name: policy.ReadyFile, Mode: syscall.S_IFREG, Ino: readyIno, Off: uint64(len(d.entries) + 1)})
 	}
 	d.loaded = true
 	return 0
@@ -160,8 +159,8 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	dir := d.rel
 	d.mu.Unlock()
 	rel := policy.Join(dir, name)
-	if policy.CheckName(dir, name, f.pol.MainScope) != nil {
-		return nil, syscall.ENOENT
+	if err := policy.CheckName(dir, name, f.pol.MainScope); err != nil {
+		return nil, lookupRefused(err)
 	}
 	err := d.node.checkDir(ctx, rel, policy.MayExec)
 	if err == nil {

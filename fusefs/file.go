@@ -146,7 +146,10 @@ func (h *handle) path() string {
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	rel, ok := n.relPath()
 	if !ok {
-		return nil, 0, syscall.ENOENT
+		// The node left the tree: most often its name was looked up again
+		// after a replace by rename and now leads to the new file's node.
+		// ESTALE makes the kernel look the path up again and open that.
+		return nil, 0, syscall.ESTALE
 	}
 	h, fuseFlags, e := n.open(ctx, rel, flags)
 	if e != 0 {
@@ -414,9 +417,10 @@ func (h *handle) release(ctx context.Context, why string) {
 }
 
 // Fallocate modes loomfs serves. Space reserved past the end of a file
-// (FALLOC_FL_KEEP_SIZE) is invisible to a quota on apparent size, so it is
-// granted only up to the current end; collapsing and inserting ranges are
-// refused.
+// (FALLOC_FL_KEEP_SIZE) is invisible to a quota on apparent size, so such a
+// reservation is refused with EOPNOTSUPP (a program then writes instead)
+// rather than granted short in silence; within the file it is served.
+// Collapsing and inserting ranges are refused.
 const allocModes = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
 
 func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
@@ -443,9 +447,8 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		return policy.Errno(err)
 	}
 	if mode&unix.FALLOC_FL_KEEP_SIZE != 0 {
-		end = min(end, st.Size)
-		if end <= start {
-			return 0
+		if mode&unix.FALLOC_FL_PUNCH_HOLE == 0 && end > st.Size {
+			return f.refused(ctx, ev, policy.Errorf(policy.Unsupported, "%s: fallocate can't reserve space past the end of a file (FALLOC_FL_KEEP_SIZE): the quota counts apparent size", ev.Path))
 		}
 		err := unix.Fallocate(h.fd, mode, start, end-start)
 		return policy.Errno(err)

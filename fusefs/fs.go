@@ -145,7 +145,7 @@ func (g *quarantineGate) check() error {
 // filesystem) rather than a plain failure.
 func refusal(err error) bool {
 	switch policy.CodeOf(err) {
-	case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied, policy.InvalidPath:
+	case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied, policy.InvalidPath, policy.NameTooLong:
 		return true
 	}
 	return false
@@ -253,9 +253,11 @@ func sameObject(sa fs.StableAttr, sx *unix.Statx_t) bool {
 	return stableAttr(sx) == sa
 }
 
-// fillAttr shows sx as the mount shows it: owned by the sandbox user, and
-// special files with no permissions, so they can't be opened through the
-// mount (the kernel would open them locally, not the backing object).
+// fillAttr shows sx as the mount shows it: owned by the sandbox user, with
+// the owner bits of the backing object and never a group or other bit (the
+// sandbox user's are the only ones that count), and special files with no
+// permissions, so they can't be opened through the mount (the kernel would
+// open them locally, not the backing object).
 func (f *fsys) fillAttr(sx *unix.Statx_t, out *fuse.Attr) {
 	out.Ino = sx.Ino
 	out.Size = sx.Size
@@ -264,7 +266,7 @@ func (f *fsys) fillAttr(sx *unix.Statx_t, out *fuse.Attr) {
 	out.Atime, out.Atimensec = uint64(sx.Atime.Sec), sx.Atime.Nsec
 	out.Mtime, out.Mtimensec = uint64(sx.Mtime.Sec), sx.Mtime.Nsec
 	out.Ctime, out.Ctimensec = uint64(sx.Ctime.Sec), sx.Ctime.Nsec
-	out.Mode = uint32(sx.Mode)
+	out.Mode = uint32(sx.Mode) &^ 0o077
 	out.Nlink = sx.Nlink
 	out.Uid, out.Gid = f.uid, f.gid
 	out.Rdev = 0

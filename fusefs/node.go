@@ -179,9 +179,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	rel, err := n.childRel(name)
 	if err != nil {
-		// Names the tools can't address, loomfs's own among them, are
-		// simply not there.
-		return nil, syscall.ENOENT
+		return nil, lookupRefused(err)
 	}
 	err = n.checkDir(ctx, rel, policy.MayExec)
 	if err == nil {
@@ -203,6 +201,16 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, f.refused(ctx, f.event(ctx, "lookup", rel), err)
 	}
 	return n.child(ctx, rel, &sx, out)
+}
+
+// lookupRefused answers the lookup of a name the tools can't address:
+// ENAMETOOLONG for one over the bounds, as any filesystem answers; any
+// other, loomfs's own among them, is simply not there.
+func lookupRefused(err error) syscall.Errno {
+	if policy.CodeOf(err) == policy.NameTooLong {
+		return policy.Errno(err)
+	}
+	return syscall.ENOENT
 }
 
 // lookFIFO refuses to show a FIFO to a caller who may not open it. The
@@ -293,7 +301,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 	var kind policy.Kind
 	switch mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		child, h, _, e := n.create(ctx, "mknod", name, unix.O_WRONLY, out)
+		child, h, _, e := n.create(ctx, "mknod", name, unix.O_WRONLY, mode, out)
 		if h != nil {
 			h.close()
 		}
@@ -309,16 +317,16 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, 
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	child, h, fuseFlags, e := n.create(ctx, "create", name, flags, out)
+	child, h, fuseFlags, e := n.create(ctx, "create", name, flags, mode, out)
 	if e != 0 {
 		return nil, nil, 0, e
 	}
 	return child, h.fileHandle(), fuseFlags, 0
 }
 
-// create makes the regular file name, mode 0600 whatever was asked, and
-// opens it with flags.
-func (n *node) create(ctx context.Context, op, name string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
+// create makes the regular file name with the owner bits of mode
+// (policy.OwnerPerm), and opens it with flags.
+func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
 	f := n.fsys
 	rel, err := n.childRel(name)
 	ev := f.event(ctx, op, rel)
@@ -349,7 +357,8 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 		f.ws.AdjustAt(rel, 0, -1)
 		return nil, nil, 0, e
 	}
-	fd, err := unix.Openat(int(parent.Fd()), base, acc|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	perm := policy.OwnerPerm(mode)
+	fd, err := unix.Openat(int(parent.Fd()), base, acc|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
 	if err != nil {
 		f.ws.AdjustAt(rel, 0, -1)
 		if err == unix.EEXIST && flags&unix.O_EXCL == 0 {
@@ -369,7 +378,7 @@ func (n *node) create(ctx context.Context, op, name string, flags uint32, out *f
 			f.ws.NoteChange(rel, false)
 		}
 	}()
-	sx, err := setPerm(fd, policy.FilePerm)
+	sx, err := setPerm(fd, perm)
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, 0, f.failed(ctx, ev, err)
@@ -442,7 +451,8 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, e
 	}
 	pfd := int(parent.Fd())
-	if err := unix.Mkdirat(pfd, base, policy.DirPerm); err != nil {
+	perm := policy.OwnerPerm(mode)
+	if err := unix.Mkdirat(pfd, base, perm); err != nil {
 		f.ws.AdjustAt(rel, 0, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -451,7 +461,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer unix.Close(fd)
-	sx, err := setPerm(fd, policy.DirPerm)
+	sx, err := setPerm(fd, perm)
 	f.ws.NoteChange(rel, false)
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)

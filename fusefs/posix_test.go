@@ -33,19 +33,33 @@ var refusedPosix = map[string]expectedRefusal{
 	"OpenSymlinkRace": {"SPEC §3.2: symlinks can't be created (the race itself is TestSwapRace)", func(t *testing.T, mnt string) {
 		wantErrno(t, os.Symlink("/etc/passwd", mnt+"/OpenSymlinkRace.tmp"), syscall.EPERM)
 	}},
-	"Link": {"SPEC §3.2: hard links can't be created", func(t *testing.T, mnt string) {
+	"Link": {"SPEC §3.2: hard links can't be created (EXDEV, so programs copy)", func(t *testing.T, mnt string) {
 		mustWrite(t, mnt+"/target", "hello")
-		wantErrno(t, os.Link(mnt+"/target", mnt+"/link"), syscall.EPERM)
+		wantErrno(t, os.Link(mnt+"/target", mnt+"/link"), syscall.EXDEV)
 	}},
-	"LinkUnlinkRename": {"SPEC §3.2: hard links can't be created", func(t *testing.T, mnt string) {
+	"LinkUnlinkRename": {"SPEC §3.2: hard links can't be created (EXDEV, so programs copy)", func(t *testing.T, mnt string) {
 		mustWrite(t, mnt+"/tmpfile", "hello")
-		wantErrno(t, syscall.Link(mnt+"/tmpfile", mnt+"/file"), syscall.EPERM)
+		wantErrno(t, syscall.Link(mnt+"/tmpfile", mnt+"/file"), syscall.EXDEV)
 	}},
 	"Tmpfile": {"an O_TMPFILE file could only be named by linkat, and hard links are refused", func(t *testing.T, mnt string) {
 		_, err := syscall.Open(mnt, unix.O_TMPFILE|syscall.O_RDWR, 0o600)
 		wantErrno(t, err, syscall.EOPNOTSUPP)
 	}},
-	"FileBasic": {"SPEC §2.1: new files are 0600 whatever mode is asked (the test wants the 0755 it asked)", func(t *testing.T, mnt string) {
+	"FallocateKeepSize": {"SPEC §3.3: space reserved past the end (FALLOC_FL_KEEP_SIZE) is invisible to the quota, so it is refused with EOPNOTSUPP, never granted short", func(t *testing.T, mnt string) {
+		f, err := os.Create(mnt + "/file")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.Write(make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+		wantErrno(t, syscall.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 50, 52), syscall.EOPNOTSUPP)
+		if err := syscall.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 50, 50); err != nil {
+			t.Errorf("KEEP_SIZE within the file: %v", err)
+		}
+	}},
+	"FileBasic": {"SPEC §2.1: new files keep only the owner bits asked for (the test wants the 0755 it asked)", func(t *testing.T, mnt string) {
 		if err := os.WriteFile(mnt+"/file", []byte("hello world"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -53,8 +67,8 @@ var refusedPosix = map[string]expectedRefusal{
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fi.Mode().Perm() != policy.FilePerm {
-			t.Errorf("mode %v, want %o", fi.Mode(), policy.FilePerm)
+		if want := os.FileMode(policy.OwnerPerm(0o755)); fi.Mode().Perm() != want {
+			t.Errorf("mode %v, want %v", fi.Mode(), want)
 		}
 	}},
 }

@@ -55,7 +55,7 @@ type refusalCase struct {
 var refusalCases = []refusalCase{
 	{name: "symlink/ln -s", cmd: "ln -s target link", want: syscall.EPERM, audited: true},
 	{name: "symlink/to outside", cmd: "ln -s /etc/passwd link", want: syscall.EPERM, audited: true},
-	{name: "hardlink/ln", setup: writeFile("f", "x"), cmd: "ln f hard", want: syscall.EPERM, audited: true},
+	{name: "hardlink/ln", setup: writeFile("f", "x"), cmd: "ln f hard", want: syscall.EXDEV, audited: true},
 	{name: "fifo/mkfifo", cmd: "mkfifo fifo", want: syscall.EPERM, audited: true},
 	{name: "device/mknod char", cmd: "mknod null c 1 3", want: syscall.EPERM, audited: true},
 	{name: "device/mknod block", cmd: "mknod blk b 7 0", want: syscall.EPERM, audited: true},
@@ -106,11 +106,13 @@ os.copy_file_range(s, d, 600<<10, 0, 600<<10)'`, want: syscall.EFBIG, audited: t
 	{name: "rule hidden/read", setup: plantRuleDirs, cmd: "cat .meta/file", want: syscall.ENOENT, audited: true},
 	{name: "rule hidden/create", setup: plantRuleDirs, cmd: "touch .meta/new", want: syscall.ENOENT, audited: true},
 
-	{name: "name/subagents at the top", cmd: "mkdir subagents", want: syscall.EINVAL, audited: true},
-	{name: "name/subagents by rename", cmd: `mkdir d && /usr/bin/python3 -c 'import os; os.rename("d", "subagents")'`, want: syscall.EINVAL, audited: true},
-	{name: "name/loomfs internal", cmd: "touch .agentloom-tmp-x", want: syscall.EINVAL, audited: true},
-	{name: "name/backslash", cmd: `touch 'a\b'`, want: syscall.EINVAL, audited: true},
-	{name: "name/control character", cmd: `touch "$(printf 'a\tb')"`, want: syscall.EINVAL, audited: true},
+	{name: "name/subagents at the top", cmd: "mkdir subagents", want: syscall.EPERM, audited: true},
+	{name: "name/subagents by rename", cmd: `mkdir d && /usr/bin/python3 -c 'import os; os.rename("d", "subagents")'`, want: syscall.EPERM, audited: true},
+	{name: "name/loomfs internal", cmd: "touch .agentloom-tmp-x", want: syscall.EPERM, audited: true},
+	{name: "name/backslash", cmd: `touch 'a\b'`, want: syscall.EPERM, audited: true},
+	{name: "name/control character", cmd: `touch "$(printf 'a\tb')"`, want: syscall.EPERM, audited: true},
+	// Answered at lookup, like any name that is not there: no record.
+	{name: "name/over 255 bytes", cmd: "touch " + strings.Repeat("n", 256), want: syscall.ENAMETOOLONG},
 
 	{name: "planted/read a symlink to outside", setup: plant("link", func(p string) error { return os.Symlink("/etc/passwd", p) }), cmd: "cat link", want: syscall.EPERM, audited: true},
 	{name: "planted/readlink", setup: plant("link", func(p string) error { return os.Symlink("/etc/passwd", p) }), cmd: "readlink -v link", want: syscall.EPERM, audited: true},
@@ -253,10 +255,8 @@ func TestRefusalsBySyscall(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		// Granted only up to the end: no hidden space past it.
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 512<<20); err != nil {
-			t.Fatal(err)
-		}
+		// Refused: space the quota could not see (TestFallocateKeepSize).
+		wantErrno(t, unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 512<<20), syscall.EOPNOTSUPP)
 		var st unix.Stat_t
 		if err := unix.Stat(e.host("b"), &st); err != nil {
 			t.Fatal(err)

@@ -11,14 +11,20 @@ import (
 type Code string
 
 const (
-	InvalidPath        Code = "invalid_path"
-	NotFound           Code = "not_found"
-	Exists             Code = "exists"
-	IsDir              Code = "is_dir"
-	NotDir             Code = "not_dir"
-	NotEmpty           Code = "not_empty"
-	SymlinkRefused     Code = "symlink_refused"
-	HardlinkRefused    Code = "hardlink_refused"
+	InvalidPath Code = "invalid_path"
+	// NameTooLong is a name over MaxNameBytes or a path over MaxPathBytes:
+	// a path the tools could not address.
+	NameTooLong     Code = "name_too_long"
+	NotFound        Code = "not_found"
+	Exists          Code = "exists"
+	IsDir           Code = "is_dir"
+	NotDir          Code = "not_dir"
+	NotEmpty        Code = "not_empty"
+	SymlinkRefused  Code = "symlink_refused"
+	HardlinkRefused Code = "hardlink_refused"
+	// LinkUnsupported answers a new hard link: the workspace never makes
+	// one, and programs that get EXDEV copy instead.
+	LinkUnsupported    Code = "link_unsupported"
 	SpecialFileRefused Code = "special_file_refused"
 	PermissionDenied   Code = "permission_denied"
 	NotPermitted       Code = "not_permitted"
@@ -91,8 +97,11 @@ func AsError(err error) *Error {
 
 // errnos maps each code to what the filesystem answers. It is the only such
 // table: the FUSE door calls Errno and never picks an errno of its own.
+// Refusing a name is EPERM, never EINVAL: "rm -f" takes EINVAL for a
+// missing file and exits 0 with the file still there.
 var errnos = map[Code]syscall.Errno{
-	InvalidPath:        syscall.EINVAL,
+	InvalidPath:        syscall.EPERM,
+	NameTooLong:        syscall.ENAMETOOLONG,
 	NotFound:           syscall.ENOENT,
 	Exists:             syscall.EEXIST,
 	IsDir:              syscall.EISDIR,
@@ -100,6 +109,7 @@ var errnos = map[Code]syscall.Errno{
 	NotEmpty:           syscall.ENOTEMPTY,
 	SymlinkRefused:     syscall.EPERM,
 	HardlinkRefused:    syscall.EPERM,
+	LinkUnsupported:    syscall.EXDEV,
 	SpecialFileRefused: syscall.EPERM,
 	PermissionDenied:   syscall.EACCES,
 	NotPermitted:       syscall.EPERM,
@@ -181,7 +191,7 @@ func FromErrno(err error, op, path string) error {
 	case syscall.EFBIG:
 		e.Code, e.Message = TooLarge, fmt.Sprintf("%s %s: file too large", op, path)
 	case syscall.ENAMETOOLONG:
-		e.Code, e.Message = InvalidPath, fmt.Sprintf("%s: name too long", path)
+		e.Code, e.Message = NameTooLong, fmt.Sprintf("%s: name too long", path)
 	default:
 		e.Code, e.Message = Internal, fmt.Sprintf("%s %s: %v", op, path, en)
 	}

@@ -19,7 +19,10 @@ func TestErrno(t *testing.T) {
 		code policy.Code
 		want syscall.Errno
 	}{
-		{policy.InvalidPath, syscall.EINVAL},
+		// Refusing a name is never EINVAL: "rm -f" would exit 0 with the
+		// file still there.
+		{policy.InvalidPath, syscall.EPERM},
+		{policy.NameTooLong, syscall.ENAMETOOLONG},
 		{policy.NotFound, syscall.ENOENT},
 		{policy.Exists, syscall.EEXIST},
 		{policy.IsDir, syscall.EISDIR},
@@ -27,6 +30,7 @@ func TestErrno(t *testing.T) {
 		{policy.NotEmpty, syscall.ENOTEMPTY},
 		{policy.SymlinkRefused, syscall.EPERM},
 		{policy.HardlinkRefused, syscall.EPERM},
+		{policy.LinkUnsupported, syscall.EXDEV},
 		{policy.SpecialFileRefused, syscall.EPERM},
 		{policy.PermissionDenied, syscall.EACCES},
 		{policy.ReadOnly, syscall.EROFS},
@@ -112,7 +116,7 @@ func TestFromErrno(t *testing.T) {
 		{syscall.EDQUOT, policy.QuotaExceeded},
 		{syscall.ENOSPC, policy.QuotaExceeded},
 		{syscall.EFBIG, policy.TooLarge},
-		{syscall.ENAMETOOLONG, policy.InvalidPath},
+		{syscall.ENAMETOOLONG, policy.NameTooLong},
 		{syscall.EIO, policy.Internal},
 	}
 	for _, tc := range tests {

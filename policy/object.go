@@ -89,12 +89,14 @@ func CheckCreateKind(rel string, k Kind) error {
 	}
 }
 
-// CheckLink refuses every new hard link.
+// CheckLink refuses every new hard link, with LinkUnsupported (EXDEV), so
+// a program falls back to copying as it does across filesystems.
 func CheckLink(rel string) error {
-	return Errorf(HardlinkRefused, "%s: creating hard links is refused", rel)
+	return Errorf(LinkUnsupported, "%s: hard links are not made in the workspace; copy the file instead", rel)
 }
 
-// CheckChmod refuses setting setuid, setgid or sticky bits.
+// CheckChmod refuses setting setuid, setgid or sticky bits; the group and
+// other bits are dropped by OwnerPerm.
 func CheckChmod(rel string, perm uint32) error {
 	if perm&specialBits != 0 {
 		return Errorf(NotPermitted, "%s: setuid, setgid and sticky bits are never set", rel)
@@ -102,9 +104,18 @@ func CheckChmod(rel string, perm uint32) error {
 	return nil
 }
 
-// Permissions every object created through loomfs gets, whatever the caller
-// or its umask asked for (SPEC §2.1).
+// Permissions of what loomfs creates of its own accord: the tool door's new
+// files and directories, and loomfs's own state (SPEC §2.1).
 const (
 	FilePerm = 0o600
 	DirPerm  = 0o700
 )
+
+// OwnerPerm is the mode a file or directory gets when a program asks for
+// perm, by create, mkdir or chmod through the projection, or when the tool
+// door replaces a file of mode perm: the owner bits asked for, so an
+// executable stays executable, and never a group, other, setuid, setgid or
+// sticky bit.
+func OwnerPerm(perm uint32) uint32 {
+	return perm & 0o700
+}

@@ -81,8 +81,9 @@ func TestCheckCreateKindLinkChmod(t *testing.T) {
 			t.Errorf("CheckCreateKind(%s) code %q, want %q", k.kind, got, k.want)
 		}
 	}
-	if got := policy.CodeOf(policy.CheckLink("n")); got != policy.HardlinkRefused {
-		t.Errorf("CheckLink code %q, want hardlink_refused", got)
+	// A new hard link answers EXDEV, so programs copy instead.
+	if err := policy.CheckLink("n"); policy.CodeOf(err) != policy.LinkUnsupported || policy.Errno(err) != unix.EXDEV {
+		t.Errorf("CheckLink = %v (code %q, errno %v), want link_unsupported, EXDEV", err, policy.CodeOf(err), policy.Errno(err))
 	}
 	perms := []struct {
 		perm uint32
@@ -102,6 +103,27 @@ func TestCheckCreateKindLinkChmod(t *testing.T) {
 	}
 	if policy.FilePerm != 0o600 || policy.DirPerm != 0o700 {
 		t.Errorf("FilePerm %#o, DirPerm %#o; SPEC §2.1 says 0600 and 0700", policy.FilePerm, policy.DirPerm)
+	}
+}
+
+// TestOwnerPerm: the owner bits a program asks for are kept, and nothing
+// else ever (SPEC §2.1).
+func TestOwnerPerm(t *testing.T) {
+	for _, tc := range []struct{ asked, want uint32 }{
+		{0o755, 0o700},
+		{0o777, 0o700},
+		{0o644, 0o600},
+		{0o600, 0o600},
+		{0o444, 0o400},
+		{0o500, 0o500},
+		{0o070, 0},
+		{0o4755, 0o700},
+		{0o2775, 0o700},
+		{0o1777, 0o700},
+	} {
+		if got := policy.OwnerPerm(tc.asked); got != tc.want {
+			t.Errorf("OwnerPerm(%#o) = %#o, want %#o", tc.asked, got, tc.want)
+		}
 	}
 }
 

@@ -28,13 +28,14 @@ const (
 // CleanPath validates a model-supplied relative path and returns it in
 // canonical form ("." for the scope root, else "a/b/c"). "." components and
 // one trailing slash are accepted and dropped; everything else in SPEC §3.1
-// is refused with InvalidPath. mainScope reserves the top-level "subagents".
+// is refused with InvalidPath, or NameTooLong for a name or path over the
+// bounds. mainScope reserves the top-level "subagents".
 func CleanPath(raw string, mainScope bool) (string, error) {
 	if raw == "" {
 		return "", pathErr(raw, "path is empty; use \".\" for the workspace root")
 	}
 	if len(raw) > MaxPathBytes {
-		return "", pathErr("", "path is %d bytes; the limit is %d", len(raw), MaxPathBytes)
+		return "", tooLong("path is %d bytes; the limit is %d", len(raw), MaxPathBytes)
 	}
 	if raw[0] == '/' {
 		return "", pathErr(raw, "absolute paths are refused; give a path relative to the workspace root")
@@ -82,7 +83,7 @@ func CheckName(dir, name string, mainScope bool) error {
 		}
 	}
 	if len(Join(dir, name)) > MaxPathBytes {
-		return pathErr(name, "path would be longer than %d bytes", MaxPathBytes)
+		return tooLong("path would be longer than %d bytes", MaxPathBytes)
 	}
 	return nil
 }
@@ -123,7 +124,7 @@ func checkComponent(raw, c string) error {
 	case c == "..":
 		return pathErr(raw, "\"..\" components are refused; paths stay inside the workspace")
 	case len(c) > MaxNameBytes:
-		return pathErr("", "a path component is %d bytes; the limit is %d", len(c), MaxNameBytes)
+		return tooLong("a path component is %d bytes; the limit is %d", len(c), MaxNameBytes)
 	case !utf8.ValidString(c):
 		return pathErr("", "path is not valid UTF-8")
 	case isInternal(c):
@@ -154,6 +155,14 @@ func pathErr(raw, format string, args ...any) *Error {
 	} else {
 		e.Message = "invalid path: " + e.Message
 	}
+	return e
+}
+
+// tooLong refuses a name or a path over the bounds, with NameTooLong; the
+// path itself is never echoed.
+func tooLong(format string, args ...any) *Error {
+	e := pathErr("", format, args...)
+	e.Code = NameTooLong
 	return e
 }
 

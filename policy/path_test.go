@@ -15,8 +15,8 @@ import (
 type pathTestCase struct {
 	name string
 	raw  string
-	// want is the cleaned path; "" means the path is refused (invalid_path)
-	// in every scope.
+	// want is the cleaned path; "" means the path is refused (invalid_path,
+	// or name_too_long for one over the bounds) in every scope.
 	want string
 	// mainOnly: refused in a main scope, accepted as want in a child scope.
 	mainOnly bool
@@ -201,7 +201,7 @@ func TestPathCases(t *testing.T) {
 				// filesystem either (SPEC §3.1), and vice versa.
 				if tc.raw != "." && !strings.Contains(tc.raw, "/") {
 					err := policy.CheckName(".", tc.raw, main)
-					if want == "" && policy.CodeOf(err) != policy.InvalidPath {
+					if want == "" && !pathRefusal(err) {
 						t.Errorf("CheckName/%s(%q) = %v, want invalid_path", scope, tc.raw, err)
 					}
 					if want != "" && err != nil {
@@ -228,14 +228,34 @@ func checkClean(t *testing.T, what, raw, got string, err error, want string) {
 		return
 	}
 	var pe *policy.Error
-	if !errors.As(err, &pe) || pe.Code != policy.InvalidPath {
+	if !errors.As(err, &pe) || !pathRefusal(err) {
 		t.Errorf("%s(%q): err %#v, want *policy.Error with code invalid_path", what, raw, err)
 		return
+	}
+	if long := len(raw) > policy.MaxPathBytes || hasLongName(raw); long != (pe.Code == policy.NameTooLong) {
+		t.Errorf("%s(%q): code %s; name_too_long is for names and paths over the bounds only", what, raw, pe.Code)
 	}
 	if got != "" {
 		t.Errorf("%s(%q) returned %q together with an error", what, raw, got)
 	}
 	checkMessage(t, what, pe.Message)
+}
+
+// pathRefusal reports whether err refuses a path as SPEC §3.1 says:
+// invalid_path, or name_too_long for a name or path over the bounds.
+func pathRefusal(err error) bool {
+	c := policy.CodeOf(err)
+	return c == policy.InvalidPath || c == policy.NameTooLong
+}
+
+// hasLongName reports whether a component of raw is over MaxNameBytes.
+func hasLongName(raw string) bool {
+	for _, c := range strings.Split(raw, "/") {
+		if len(c) > policy.MaxNameBytes {
+			return true
+		}
+	}
+	return false
 }
 
 // checkMessage checks that a refusal can be shown to a model and written
@@ -283,6 +303,7 @@ func TestCheckName(t *testing.T) {
 		entry  string
 		main   bool
 		refuse bool
+		long   bool // refused as name_too_long (ENAMETOOLONG)
 	}{
 		{name: "plain name at the top", dir: ".", entry: "a.txt", main: true},
 		{name: "subagents at the top of a main scope", dir: ".", entry: "subagents", main: true, refuse: true},
@@ -297,17 +318,21 @@ func TestCheckName(t *testing.T) {
 		{name: "control character: C1 U+0085", dir: "a", entry: "x\u0085", main: false, refuse: true},
 		{name: "tilde at the top", dir: ".", entry: "~", main: false, refuse: true},
 		{name: "tilde below the top", dir: "a", entry: "~", main: false},
-		{name: "over-long component (256 bytes)", dir: "a", entry: name256, main: false, refuse: true},
+		{name: "over-long component (256 bytes)", dir: "a", entry: name256, main: false, refuse: true, long: true},
 		{name: "component of 255 bytes", dir: "a", entry: name255, main: false},
-		{name: "over-long path (4097 bytes) once joined", dir: path4096[:policy.MaxPathBytes-2], entry: "xy", main: false, refuse: true},
+		{name: "over-long path (4097 bytes) once joined", dir: path4096[:policy.MaxPathBytes-2], entry: "xy", main: false, refuse: true, long: true},
 		{name: "path of 4096 bytes once joined", dir: path4096[:policy.MaxPathBytes-3], entry: "xy", main: false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := policy.CheckName(tc.dir, tc.entry, tc.main)
 			if tc.refuse {
-				if policy.CodeOf(err) != policy.InvalidPath {
-					t.Fatalf("CheckName(%q, %q) = %v, want invalid_path", tc.dir, tc.entry, err)
+				want := policy.InvalidPath
+				if tc.long {
+					want = policy.NameTooLong
+				}
+				if policy.CodeOf(err) != want {
+					t.Fatalf("CheckName(%q, %q) = %v, want %s", tc.dir, tc.entry, err, want)
 				}
 				checkMessage(t, "CheckName", err.Error())
 				return

@@ -64,22 +64,28 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 		w.AdjustAt(rel, info.Size-int64(len(data)), -addFiles)
 		return WriteResult{}, policy.Errorf(policy.Cancelled, "write %s cancelled before it started", rel)
 	}
-	if err := w.replace(parent, name, rel, data, !exists); err != nil {
+	perm := uint32(policy.FilePerm)
+	if exists {
+		// A replace keeps the mode of the file it replaces (an
+		// executable stays one), within what policy.OwnerPerm allows.
+		perm = policy.OwnerPerm(info.Perm)
+	}
+	if err := w.replace(parent, name, rel, data, perm, !exists); err != nil {
 		w.AdjustAt(rel, info.Size-int64(len(data)), -addFiles)
 		return WriteResult{}, err
 	}
 	return WriteResult{Bytes: int64(len(data)), SHA256: hashBytes(data), Created: !exists}, nil
 }
 
-// replace writes data to a temporary file in parent and renames it to name.
-// With mustCreate the rename refuses to replace an object that appeared
-// meanwhile (RENAME_NOREPLACE).
-func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCreate bool) error {
+// replace writes data to a temporary file of mode perm in parent and
+// renames it to name. With mustCreate the rename refuses to replace an
+// object that appeared meanwhile (RENAME_NOREPLACE).
+func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool) error {
 	if err := w.ReadyToChange(); err != nil {
 		return err
 	}
 	pfd := int(parent.Fd())
-	tmp, tmpName, err := createTemp(pfd)
+	tmp, tmpName, err := createTemp(pfd, perm)
 	if err != nil {
 		return policy.FromErrno(err, "write", rel)
 	}
@@ -133,26 +139,26 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, mustCrea
 	return nil
 }
 
-// createTemp creates an unnamed file in dirfd (O_TMPFILE) or, where the
-// filesystem lacks it, a named one under the reserved prefix. Mode is
-// always 0600 whatever the umask.
-func createTemp(dirfd int) (*os.File, string, error) {
+// createTemp creates an unnamed file of mode perm in dirfd (O_TMPFILE) or,
+// where the filesystem lacks it, a named one under the reserved prefix.
+// The mode is perm whatever the umask.
+func createTemp(dirfd int, perm uint32) (*os.File, string, error) {
 	// O_PATH fds can't be used for O_TMPFILE; reopen the directory itself.
 	dfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err == nil {
-		fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, policy.FilePerm)
+		fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, perm)
 		unix.Close(dfd)
 		if terr == nil {
-			unix.Fchmod(fd, policy.FilePerm)
+			unix.Fchmod(fd, perm)
 			return os.NewFile(uintptr(fd), "tmpfile"), "", nil
 		}
 	}
 	name := tempName()
-	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
 	if err != nil {
 		return nil, "", err
 	}
-	unix.Fchmod(fd, policy.FilePerm)
+	unix.Fchmod(fd, perm)
 	return os.NewFile(uintptr(fd), name), name, nil
 }
 
