@@ -199,7 +199,8 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		file.Close()
 		return nil, 0, policy.Errno(err)
 	}
-	if !sameObject(n.StableAttr(), &sx) {
+	current := sameObject(n.StableAttr(), &sx)
+	if !current && !f.readsCurrent(n, &sx, flags) {
 		// The path holds another file than this node's: make the kernel
 		// look it up again.
 		file.Close()
@@ -229,6 +230,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		}
 	}
 	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags)
+	if !current {
+		// Every read(2) comes here, to the file opened, whatever the
+		// kernel still believes of the node's size and pages.
+		fuseFlags |= fuse.FOPEN_DIRECT_IO
+	}
 	if flags&unix.O_TRUNC != 0 {
 		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
 			h.close()
@@ -236,6 +242,22 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		}
 	}
 	return h, fuseFlags, 0
+}
+
+// readsCurrent reports whether an open of node n whose path now holds
+// another regular file, sx (a replace by rename, as the tool door's atomic
+// writes do), may read that file instead of answering ESTALE. The kernel
+// retries an open that got ESTALE only once, so a reader racing a stream
+// of replaces would otherwise see "Stale file handle" now and then. Only
+// plain reads qualify: the kernel appends and maps pages by what it knows
+// of the node (execve maps the file), and passthrough binds one backing
+// file to the node.
+func (f *fsys) readsCurrent(n *node, sx *unix.Statx_t, flags uint32) bool {
+	return int(flags)&unix.O_ACCMODE == unix.O_RDONLY &&
+		flags&(unix.O_TRUNC|fuse.FMODE_EXEC) == 0 &&
+		!f.opts.Passthrough &&
+		n.StableAttr().Mode == unix.S_IFREG &&
+		sx.Mode&unix.S_IFMT == unix.S_IFREG
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
