@@ -21,15 +21,18 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	f := n.fsys
 	h := handleOf(fh)
 	rel, inTree := n.relPath()
-	if !inTree && h == nil {
-		// fchmod and futimens on a file that was unlinked while open come
-		// without the file: they change it through one of its opens.
-		h = n.openHandle()
-		if h == nil {
+	// fchmod and futimens on a file that was unlinked while open come
+	// without the file: they change it through one of its opens.
+	unlinked := -1
+	switch {
+	case !inTree && h == nil:
+		fd, openRel, ok := n.dupOpen()
+		if !ok {
 			return syscall.ENOENT
 		}
-	}
-	if !inTree {
+		defer unix.Close(fd)
+		unlinked, rel = fd, openRel
+	case !inTree:
 		rel = h.rel
 	}
 	mode, setMode := in.GetMode()
@@ -55,7 +58,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	if err := f.access(ctx, rel, n.object(), 0); err != nil {
 		return f.refused(ctx, ev, err)
 	}
-	// Setting the owner already shown is a no-op (cp -p, tar do it).
+	// Setting the owner already shown is a no-op (cp -p, install, tar,
+	// rsync -a and shutil.copy2 do it); any other owner is refused.
 	if setUID && uid != f.uid || setGID && gid != f.gid {
 		return f.refused(ctx, ev, policy.CheckChown(rel))
 	}
@@ -79,8 +83,12 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 			}
 		}
 	}
-	if !setMode && !setSize && !setTimes && !setUID && !setGID {
-		// Nothing to change (ctime, kill-suid): describe the file.
+	if !setMode && !setSize && !setTimes {
+		// Nothing to change (the owner shown, ctime, kill-suid): describe
+		// the file.
+		if unlinked >= 0 {
+			return n.describe(unlinked, out)
+		}
 		return n.Getattr(ctx, fh, out)
 	}
 	var err error
@@ -101,6 +109,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	pathFD := false
 	if h != nil {
 		fd = h.fd
+	} else if unlinked >= 0 {
+		fd = unlinked
 	} else if !setSize && pathChanges() {
 		pfd, sx, err := f.ws.OpenPath(op, rel)
 		if err != nil {
@@ -156,28 +166,50 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 			return f.failed(ctx, ev, err)
 		}
 	}
+	return n.describe(fd, out)
+}
+
+// describe answers with the attributes of the node's file, open as fd.
+func (n *node) describe(fd int, out *fuse.AttrOut) syscall.Errno {
 	sx, err := statAt(fd, "")
 	if err != nil {
 		return policy.Errno(err)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
-	f.fillAttr(&sx, &out.Attr)
-	out.SetTimeout(f.timeout)
+	n.fsys.fillAttr(&sx, &out.Attr)
+	out.SetTimeout(n.fsys.timeout)
 	return 0
 }
 
-// openHandle returns an open of the node's file, or nil. It is asked only
-// for a node that left the tree, so walking every open file is rare.
-func (n *node) openHandle() *handle {
+// dupOpen returns a duplicate of the fd of one open of the node's file,
+// which the caller closes, and the path it was opened at. It is asked only
+// for a node that left the tree, so walking every open file is rare. The
+// fd is duplicated first and the open looked for again after: a handle
+// still open then was not closed yet when its fd was duplicated (close
+// drops it from fsys.open before closing the fd), so the duplicate is that
+// file and not a reused fd number.
+func (n *node) dupOpen() (fd int, rel string, ok bool) {
+	f := n.fsys
 	var found *handle
-	n.fsys.open.Range(func(k, _ any) bool {
+	f.open.Range(func(k, _ any) bool {
 		if h := k.(*handle); h.node == n {
 			found = h
 			return false
 		}
 		return true
 	})
-	return found
+	if found == nil {
+		return -1, "", false
+	}
+	fd, err := unix.FcntlInt(uintptr(found.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", false
+	}
+	if _, open := f.open.Load(found); !open {
+		unix.Close(fd)
+		return -1, "", false
+	}
+	return fd, found.rel, true
 }
 
 // openFailed answers an open of a node's own path that failed: ESTALE

@@ -343,10 +343,11 @@ chown 0:0 f 2>&1; chown :0 f 2>&1; true`)
 	}
 }
 
-// TestOpenUnlinked: fchmod, futimens and ftruncate on a file unlinked
-// while open use the open file.
+// TestOpenUnlinked: fstat, fchmod, fchown, futimens and ftruncate on a
+// file unlinked while open use the open file. Nothing is cached, so each
+// call reaches the mount.
 func TestOpenUnlinked(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, withOptions(func(o *Options) { o.CacheTimeout = -1 }))
 	mustWrite(t, e.path("f"), "content")
 	f, err := os.OpenFile(e.path("f"), os.O_RDWR, 0)
 	if err != nil {
@@ -362,6 +363,9 @@ func TestOpenUnlinked(t *testing.T) {
 	}
 	if err := unix.Ftruncate(fd, 3); err != nil {
 		t.Errorf("ftruncate: %v", err)
+	}
+	if err := unix.Fchown(fd, DefaultUID, DefaultGID); err != nil {
+		t.Errorf("fchown to the owner shown: %v", err)
 	}
 	when := time.Unix(1_600_000_000, 0)
 	ts := []unix.Timespec{unix.NsecToTimespec(when.UnixNano()), unix.NsecToTimespec(when.UnixNano())}

@@ -16,13 +16,18 @@
 // types, which track files by path string, call path-based syscalls and
 // forward raw ioctls, are never used.
 //
-// What the projection refuses: symlinks, hard links and special files
-// (EPERM); opening, following or writing objects someone else put in the
-// backing store (they are listed for what they are); names the tools could
-// not address, "subagents" at the top of a main scope and ".agentloom-*"
-// (EINVAL; ".agentloom-*" entries are not listed at all); setuid, setgid
+// What the projection refuses: symlinks and special files (EPERM); new
+// hard links (EXDEV, so programs fall back to copying); opening, following
+// or writing objects someone else put in the backing store, hard-linked
+// files among them (they are listed for what they are); names the tools
+// could not address, "subagents" at the top of a main scope and
+// ".agentloom-*" (EPERM, never EINVAL, which "rm -f" takes for a missing
+// file; ".agentloom-*" entries are not listed at all), and names over 255
+// bytes or paths over 4096 (ENAMETOOLONG, at lookup too); setuid, setgid
 // and sticky bits; ioctls (ENOTTY); extended attributes unless
-// Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT; moving
+// Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT;
+// fallocate(FALLOC_FL_KEEP_SIZE) past the end of a file (EOPNOTSUPP: the
+// quota counts apparent size and could not see the space); moving
 // a directory with path rules beneath it, or a file out of a "wo" subtree. Path rules answer EROFS
 // (ro), EACCES (wo, reading) and ENOENT (hidden); the per-file size limit
 // and the scope quota answer EFBIG and EDQUOT on write, truncate,
@@ -33,14 +38,25 @@
 // confirmation answers EPERM: the filesystem can't ask twice. A
 // quarantined scope answers EROFS to every change and still reads.
 //
+// Files loomfs places itself are not listed: policy.ReadyFile, served by
+// the mount alone, answers lookup, stat and open but no readdir, so git add
+// -A, tar and cp -r never take it. The generated README (policy.ReadmeFile)
+// is listed: it is meant to be read.
+//
 // # Identity and caching
 //
 // A node's inode number is the backing file's, and its generation the
 // backing file's birth time, so a file replaced by rename (as the tool
 // door's atomic writes do) is a new node. An operation on a node whose
-// path now holds another object answers ESTALE, and the kernel then looks
-// the path up again (the mechanism NFS uses), so an open or stat after a
-// replacement never serves the old file.
+// path now holds another object, or that left the tree, answers ESTALE,
+// and the kernel then looks the path up again (the mechanism NFS uses), so
+// an open or stat after a replacement never serves the old file. The
+// kernel retries only once, so a plain read-only open whose path now holds
+// another regular file opens that file instead (FOPEN_DIRECT_IO, so no
+// read depends on what the kernel still knows of the old node): a reader
+// racing a stream of replaces gets the old file or the new one, never an
+// error. An operation on a file unlinked while open (fchmod, futimens)
+// uses one of its opens.
 //
 // Entries and attributes are cached for one second (the libfuse default);
 // with no caching every syscall re-resolves every path component, which
@@ -55,11 +71,15 @@
 // uid (policy.CheckAccess), not by the kernel: default_permissions would
 // make the kernel fetch a directory's attributes again after every create
 // or unlink in it, two extra round trips per create/stat/delete cycle.
-// Every object is shown as the sandbox user's (Options.UID/GID), files
-// 0600 and directories 0700; that user gets the owner bits of the backing
-// object, other users nothing (EACCES, recorded; group bits give them
-// nothing either), root everything, and the root daemon does the real
-// I/O. The daemon sees a caller's uid, not its capabilities: a uid-0
+// Every object is shown as the sandbox user's (Options.UID/GID), with the
+// owner bits of the backing object and no group or other bits; chown to
+// that owner succeeds and changes nothing (cp -p, install, rsync -a), any
+// other owner is EPERM. Create, mkdir and chmod keep the owner bits asked
+// for (policy.OwnerPerm), so executables stay executable, and never set a
+// group, other, setuid, setgid or sticky bit. That user gets the owner
+// bits of the backing object, other users nothing (EACCES, recorded; group
+// bits give them nothing either), root everything, and the root daemon
+// does the real I/O. The daemon sees a caller's uid, not its capabilities: a uid-0
 // process without CAP_DAC_OVERRIDE counts as root here, which the
 // sandbox, never uid 0 (SPEC §5), does not meet. Two things follow from
 // the kernel no longer checking. A FIFO is opened by the kernel itself, as a pipe of its
