@@ -127,9 +127,9 @@ except OSError as e:
 	wantErrno(t, err, syscall.EPERM)
 }
 
-// TestReadyNotListed: the sentinel answers lookup and stat but readdir
-// never lists it, so git add -A, tar and cp -r leave it alone; the
-// generated README stays listed.
+// TestReadyNotListed: the sentinel and a health probe's file answer lookup
+// and stat but readdir never lists them, so git add -A, tar and cp -r
+// leave them alone; the generated README stays listed.
 func TestReadyNotListed(t *testing.T) {
 	e := newEnv(t)
 	if err := e.m.Probe(context.Background()); err != nil {
@@ -139,12 +139,19 @@ func TestReadyNotListed(t *testing.T) {
 		t.Fatalf("stat of the sentinel: %v", err)
 	}
 	mustWrite(t, e.path("src/main.go"), "package main\n")
+	// A health probe under way: its file is loomfs's too.
+	probe := ".loomfs-probe-0123456789abcdef"
+	e.m.fsys.probing.Store(&probe)
+	mustWrite(t, e.path(probe), "loomfs probe\n")
+	if _, err := os.Stat(e.path(probe)); err != nil {
+		t.Fatalf("stat of the probe's file: %v", err)
+	}
 	out, err := runIn(t, e.mnt, `ls -a; tar -cf ../listed.tar . && tar -tf ../listed.tar; cp -r . ../copy && ls -a ../copy`)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if strings.Contains(out, policy.ReadyFile) {
-		t.Errorf("the sentinel was listed, archived or copied:\n%s", out)
+	if strings.Contains(out, policy.ReadyFile) || strings.Contains(out, probe) {
+		t.Errorf("the sentinel or the probe's file was listed, archived or copied:\n%s", out)
 	}
 	if !strings.Contains(out, "main.go") {
 		t.Errorf("the tree was not listed:\n%s", out)

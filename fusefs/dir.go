@@ -83,8 +83,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 
 // load reads the whole directory, keeping the entries the tools could
 // address and the policy lists: never loomfs's own files or hidden paths.
-// policy.ReadyFile is not listed either (it answers lookup and stat only),
-// so git add -A, tar and cp -r never take it.
+// Nor are the files loomfs places at the top itself (fsys.placedHere).
 func (d *dirHandle) load() syscall.Errno {
 	f := d.node.fsys
 	if rel, ok := d.node.relPath(); ok {
@@ -111,6 +110,9 @@ func (d *dirHandle) load() syscall.Errno {
 			b = b[de.Parse(b):]
 			if de.Name != "." && de.Name != ".." {
 				if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
+					continue
+				}
+				if d.node == f.root && f.placedHere(de.Name) {
 					continue
 				}
 			}

@@ -42,6 +42,9 @@ type fsys struct {
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.
 	readySince atomic.Int64
+	// probing is the name of the health probe's file while a probe is
+	// under way: loomfs's own, so never listed.
+	probing atomic.Pointer[string]
 
 	// daemonReads counts read requests the daemon served (not the
 	// kernel through passthrough); tests use it.

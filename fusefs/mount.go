@@ -199,14 +199,21 @@ func (m *Mounted) Invalidate(rel string) {
 func (m *Mounted) Probe(ctx context.Context) error {
 	var b [8]byte
 	rand.Read(b[:])
-	path := filepath.Join(m.dir, ".loomfs-probe-"+hex.EncodeToString(b[:]))
+	name := ".loomfs-probe-" + hex.EncodeToString(b[:])
+	path := filepath.Join(m.dir, name)
 	want := []byte("loomfs probe " + hex.EncodeToString(b[:]) + "\n")
 	done := make(chan error, 1)
 	if m.fsys.opts.ReadOnly {
 		// Nothing can be written: a read-only mount is checked by reading.
 		go func() { _, err := os.ReadDir(m.dir); done <- err }()
 	} else {
-		go func() { done <- probe(path, want) }()
+		// Not listed while it exists: loomfs's own file.
+		m.fsys.probing.Store(&name)
+		go func() {
+			err := probe(path, want)
+			m.fsys.probing.CompareAndSwap(&name, nil)
+			done <- err
+		}()
 	}
 	select {
 	case err := <-done:

@@ -46,6 +46,18 @@ func (f *fsys) setReady(ok bool) {
 
 func (f *fsys) ready() bool { return f.readySince.Load() != 0 }
 
+// placedHere reports whether name, an entry at the top of the mount, is a
+// file loomfs itself places there and never lists: the sentinel (served by
+// the mount alone) and the file of a health probe under way. Both answer
+// lookup and stat; git add -A, tar and cp -r, which list, never meet them.
+func (f *fsys) placedHere(name string) bool {
+	if name == policy.ReadyFile {
+		return true
+	}
+	p := f.probing.Load()
+	return p != nil && *p == name
+}
+
 // lookupReady answers a lookup of the sentinel at the top of the mount.
 func (n *node) lookupReady(ctx context.Context, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
