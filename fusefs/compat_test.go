@@ -419,3 +419,28 @@ func TestFallocateKeepSize(t *testing.T) {
 		t.Error("the refused fallocate was not recorded")
 	}
 }
+
+// TestGitCloneKeepsModes: a repository holding executables clones into the
+// workspace with a clean status, and its scripts run.
+func TestGitCloneKeepsModes(t *testing.T) {
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("no git")
+	}
+	e := newEnv(t)
+	// The test runs as root; the mount shows the sandbox user as owner.
+	git += " -c safe.directory=* -c user.name=t -c user.email=t@t -c init.defaultBranch=main"
+	src := e.outside + "/src"
+	if out, err := runIn(t, e.outside, `mkdir src && cd src && `+git+` init -q &&
+printf '#!/bin/sh\necho tool ran\n' > tool.sh && chmod 755 tool.sh && echo data > data.txt &&
+`+git+` add -A && `+git+` commit -qm one`); err != nil {
+		t.Fatalf("source repository: %v\n%s", err, out)
+	}
+	out, err := runIn(t, e.mnt, git+` clone -q `+src+` repo && cd repo && ./tool.sh && `+git+` status --porcelain && echo status done`)
+	if err != nil {
+		t.Fatalf("clone: %v\n%s", err, out)
+	}
+	if out != "tool ran\nstatus done\n" {
+		t.Errorf("clone, run and status printed:\n%s", out)
+	}
+}
