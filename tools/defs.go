@@ -109,7 +109,7 @@ func Definitions(pol *policy.Policy) []Definition {
 				"offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based; default 1."},
 				"limit":  {"type": "integer", "minimum": 1, "description": fmt.Sprintf("Most lines to return; default %d.", defaultReadLines)},
 			})},
-		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). Files are created 0600, missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
+		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). New files are created 0600 and a replaced file keeps its mode; missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
 			schema([]string{"path", "content"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to write."),
 				"content":         {"type": "string", "description": "The whole new content."},

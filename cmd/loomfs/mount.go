@@ -38,9 +38,10 @@ then unmount it. Every operation through the mount is checked by the same
 policy as the tools and recorded in the volume's audit log.
 
 The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
-(the sandbox user), files 0600 and directories 0700. A stale mount left at
-MOUNTPOINT by a daemon that died is cleared first. "mounted SCOPE at DIR" is
-printed on stderr once the mount is ready.`,
+(the sandbox user), with their owner bits only: a program keeps the owner
+bits it asks for, never a group, other, setuid, setgid or sticky bit. A
+stale mount left at MOUNTPOINT by a daemon that died is cleared first.
+"mounted SCOPE at DIR" is printed on stderr once the mount is ready.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.UID == 0 || opts.GID == 0 {
