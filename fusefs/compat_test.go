@@ -47,11 +47,12 @@ echo x > g && chmod 777 g && stat -c '%n %a' g
 mkdir -m 755 d && mkdir -m 500 r && stat -c '%n %a' d r planted
 cp /bin/true copied && ./copied && echo copied ran
 printf '#!/bin/sh\necho script ran\n' > s && chmod +x s && ./s
+mkdir x && tar -cf x.tar s && tar -xf x.tar -C x && x/s | sed 's/script/extracted/'
 `+build)
 	if err != nil {
 		t.Fatalf("as the sandbox user: %v\n%s", err, out)
 	}
-	for _, want := range []string{"created 700", "readonly 400", "f 700", "g 700", "d 700", "r 500", "planted 600", "copied ran", "script ran", "built ran", "app 700"} {
+	for _, want := range []string{"created 700", "readonly 400", "f 700", "g 700", "d 700", "r 500", "planted 600", "copied ran", "script ran", "extracted ran", "built ran", "app 700"} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
