@@ -27,7 +27,17 @@ const maxContext = 10
 // number of directories.
 type globPattern []string
 
-func newGlob(pattern string) globPattern { return strings.Split(pattern, "/") }
+// newGlob splits pattern; a run of "**" matches what one does.
+func newGlob(pattern string) globPattern {
+	var g globPattern
+	for _, c := range strings.Split(pattern, "/") {
+		if c == "**" && len(g) > 0 && g[len(g)-1] == "**" {
+			continue
+		}
+		g = append(g, c)
+	}
+	return g
+}
 
 // match reports whether the slash-separated path name matches. It keeps the
 // set of name prefixes the pattern so far can match, one pattern component
@@ -68,6 +78,10 @@ func globMatch(pattern, name string) bool { return newGlob(pattern).match(name) 
 func checkGlob(pattern string) error {
 	if pattern == "" {
 		return policy.Errorf(policy.InvalidInput, "pattern is empty")
+	}
+	if len(pattern) > policy.MaxPathBytes {
+		// As long as the longest path: enough, and it bounds a match's work.
+		return policy.Errorf(policy.InvalidInput, "glob is %d bytes; the limit is %d", len(pattern), policy.MaxPathBytes)
 	}
 	if strings.HasPrefix(pattern, "/") {
 		return policy.Errorf(policy.InvalidInput, "glob %q is absolute; give a pattern relative to path", pattern)

@@ -94,8 +94,11 @@ func TestGlobManyDoubleStarsOnADeepTree(t *testing.T) {
 	os.WriteFile(filepath.Join(deep, "leaf.txt"), []byte("needle\n"), 0o600)
 	budget := tb.WS.Policy().Limits.GrepBudget
 	for _, n := range []int{8, 10, 12} {
-		for _, tail := range []string{"nothing", "leaf.txt"} {
-			pattern := strings.Repeat("**/", n) + tail
+		for _, shape := range []struct{ seg, tail string }{
+			{"**/", "nothing"}, {"**/", "leaf.txt"}, {"**/d/", "nothing"}, {"**/d/", "leaf.txt"},
+		} {
+			tail := shape.tail
+			pattern := strings.Repeat(shape.seg, n) + tail
 			want := 0
 			if tail == "leaf.txt" {
 				want = 1
@@ -112,12 +115,20 @@ func TestGlobManyDoubleStarsOnADeepTree(t *testing.T) {
 			if len(r["matches"].([]any)) != want {
 				t.Fatalf("grep with glob %q: %v", pattern, r)
 			}
-			t.Logf("%d \"**/\" then %s on 40 levels: glob %v, grep %v", n, tail, took, tookGrep)
+			t.Logf("%d %q then %s on 40 levels: glob %v, grep %v", n, shape.seg, tail, took, tookGrep)
 			if took > budget || tookGrep > budget {
 				t.Fatalf("%q took %v (glob) and %v (grep), over the budget of %v", pattern, took, tookGrep, budget)
 			}
 		}
 	}
+	// As many as fit in a path's length.
+	start := time.Now()
+	g := mustCall(t, tb, Glob, map[string]any{"pattern": strings.Repeat("**/", 1300) + "leaf.txt"})
+	if len(g["matches"].([]any)) != 1 || time.Since(start) > budget {
+		t.Fatalf("1300 \"**/\": %v after %v", g, time.Since(start))
+	}
+	_, err := call(t, tb, Glob, map[string]any{"pattern": strings.Repeat("**/", 1400) + "leaf.txt"})
+	wantCode(t, err, policy.InvalidInput)
 }
 
 // TestSearchBudget: glob and grep stop at the call's budget, and say that
