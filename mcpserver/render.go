@@ -108,13 +108,16 @@ func renderGrep(res json.RawMessage) (string, error) {
 	for _, s := range []struct {
 		n    int
 		what string
-	}{{r.SkippedBinary, "binary"}, {r.SkippedLarge, "too large"}, {r.SkippedRefused, "refused"}} {
+	}{{r.SkippedBinary, "binary"}, {r.SkippedLarge, "too large"}, {r.SkippedRefused, "refused"}, {r.SkippedDeep, "too deep to name"}} {
 		if s.n > 0 {
 			fmt.Fprintf(&b, ", %d skipped as %s", s.n, s.what)
 		}
 	}
 	b.WriteString(")\n")
-	if r.Truncated {
+	switch {
+	case r.MatchesOmitted > 0:
+		fmt.Fprintf(&b, "(truncated: %s not shown; narrow the pattern, path or glob)\n", plural(r.MatchesOmitted, "more matching line", "more matching lines"))
+	case r.Truncated:
 		b.WriteString("(truncated: results were cut; narrow the pattern, path or glob)\n")
 	}
 	return b.String(), nil
@@ -170,12 +173,15 @@ func renderGlob(res json.RawMessage) (string, error) {
 	if err := json.Unmarshal(res, &r); err != nil {
 		return "", err
 	}
-	if len(r.Matches) == 0 {
-		return "no paths match\n", nil
+	s := "no paths match\n"
+	if len(r.Matches) > 0 {
+		s = strings.Join(r.Matches, "\n") + "\n"
 	}
-	s := strings.Join(r.Matches, "\n") + "\n"
 	if r.Truncated {
 		s += fmt.Sprintf("(truncated: %d shown; narrow the pattern)\n", len(r.Matches))
+	}
+	if r.SkippedDeep > 0 {
+		s += fmt.Sprintf("(%s skipped: paths too deep to name)\n", plural(r.SkippedDeep, "entry", "entries"))
 	}
 	return s, nil
 }

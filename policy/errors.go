@@ -95,6 +95,31 @@ func AsError(err error) *Error {
 	return &Error{Code: Internal, Message: "internal error: " + err.Error(), Err: err}
 }
 
+// operatorTrouble holds the codes of failures a model can't fix, each with
+// the message a model reads instead of the failure's own text: that text
+// comes from the system (a write error, an engine's answer) and names host
+// paths, devices and sockets no model or container may see.
+var operatorTrouble = map[Code]string{
+	Internal:           "loomfs hit an internal error on this call; re-read what it concerns before retrying, and tell the operator if it persists (the detail is in loomfs's log)",
+	AuditUnavailable:   "the audit log can't be written (the volume may be full), so the call was refused; retry later, and tell the operator if it persists",
+	VolumeUnavailable:  "the workspace's storage volume is unavailable, so the call was refused; retry later, and tell the operator if it persists",
+	SandboxUnavailable: "commands can't run: no sandbox is available to this workspace; use the file tools, or retry later and tell the operator if it persists",
+}
+
+// Public returns err as a model may see it: the boundary every door's
+// answer passes. A refusal loomfs wrote for a model is returned as it is;
+// operator trouble (internal errors, an unwritable audit log or volume, a
+// missing sandbox) gets a fixed message that says what to do, and the
+// original, with its detail, is kept in Err for the operator's log.
+func Public(err error) *Error {
+	pe := AsError(err)
+	msg, ok := operatorTrouble[pe.Code]
+	if !ok || pe.Message == msg {
+		return pe
+	}
+	return &Error{Code: pe.Code, Message: msg, SHA256: pe.SHA256, Count: pe.Count, Token: pe.Token, Err: pe}
+}
+
 // errnos maps each code to what the filesystem answers. It is the only such
 // table: the FUSE door calls Errno and never picks an errno of its own.
 // Refusing a name is EPERM, never EINVAL: "rm -f" takes EINVAL for a

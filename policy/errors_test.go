@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,5 +202,56 @@ func TestErrorJSON(t *testing.T) {
 	var back policy.Error
 	if err := json.Unmarshal([]byte(want), &back); err != nil || back.Code != policy.Conflict || back.SHA256 != e.SHA256 {
 		t.Errorf("round trip: %+v, %v", back, err)
+	}
+}
+
+// TestPublicKeepsHostPathsOut: no message a model sees names a host path.
+// Operator trouble is answered with a fixed message, its cause kept in Err
+// for the operator's log; a refusal written for a model passes unchanged.
+func TestPublicKeepsHostPathsOut(t *testing.T) {
+	// A real write error on a full device, as an audit log on a full volume
+	// gives: "write /dev/full: no space left on device".
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer full.Close()
+	_, werr := full.Write([]byte("x"))
+	if werr == nil || !strings.Contains(werr.Error(), "/dev/full") {
+		t.Fatalf("write to /dev/full: %v", werr)
+	}
+	cases := []struct {
+		name string
+		err  error
+		code policy.Code
+	}{
+		{"an unwritable audit log", &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written: " + werr.Error(), Err: werr}, policy.AuditUnavailable},
+		{"an error of another kind", fmt.Errorf("open journal: %w", werr), policy.Internal},
+		{"an errno loomfs has no code for", policy.FromErrno(&fs.PathError{Op: "read", Path: "/dev/full", Err: syscall.EIO}, "read", "/dev/full"), policy.Internal},
+		{"a volume gone", policy.Errorf(policy.VolumeUnavailable, "shared volume unavailable: /dev/full is not a mount point"), policy.VolumeUnavailable},
+		{"an engine that does not answer", &policy.Error{Code: policy.SandboxUnavailable, Message: "no sandbox engine: dial unix /dev/full: connection refused", Err: werr}, policy.SandboxUnavailable},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pe := policy.Public(c.err)
+			if pe.Code != c.code {
+				t.Fatalf("code %s, want %s", pe.Code, c.code)
+			}
+			if strings.Contains(pe.Message, "/dev") || pe.Message == "" {
+				t.Fatalf("model-facing message %q carries a host path", pe.Message)
+			}
+			b, _ := json.Marshal(pe)
+			if strings.Contains(string(b), "/dev") {
+				t.Fatalf("model-facing JSON %s carries a host path", b)
+			}
+			// The operator's log still gets the detail.
+			if !strings.Contains(fmt.Sprint(pe.Err), "/dev/full") {
+				t.Fatalf("the cause is lost for the operator: %v", pe.Err)
+			}
+		})
+	}
+	refusal := policy.Errorf(policy.NotFound, "notes.md: no such file or directory")
+	if pe := policy.Public(refusal); pe != refusal {
+		t.Fatalf("a refusal for the model was rewritten: %#v", pe)
 	}
 }

@@ -18,6 +18,11 @@ func FuzzCleanPath(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, raw string, main bool) {
 		out, err := policy.CleanPath(raw, main)
+		// CleanTarget cleans the same way and only remembers the slash.
+		if tg, terr := policy.CleanTarget(raw, main); (terr == nil) != (err == nil) || tg.Rel != out ||
+			tg.Dir && !strings.HasSuffix(raw, "/") && !strings.HasSuffix(raw, "/.") {
+			t.Fatalf("CleanTarget(%q) = %+v, %v; CleanPath %q, %v", raw, tg, terr, out, err)
+		}
 		if err != nil {
 			var pe *policy.Error
 			if !errors.As(err, &pe) || !pathRefusal(err) {

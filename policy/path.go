@@ -27,9 +27,10 @@ const (
 
 // CleanPath validates a model-supplied relative path and returns it in
 // canonical form ("." for the scope root, else "a/b/c"). "." components and
-// one trailing slash are accepted and dropped; everything else in SPEC §3.1
-// is refused with InvalidPath, or NameTooLong for a name or path over the
-// bounds. mainScope reserves the top-level "subagents".
+// one trailing slash are accepted and dropped (CleanTarget remembers the
+// slash); everything else in SPEC §3.1 is refused with InvalidPath, or
+// NameTooLong for a name or path over the bounds. mainScope reserves the
+// top-level "subagents".
 func CleanPath(raw string, mainScope bool) (string, error) {
 	if raw == "" {
 		return "", pathErr(raw, "path is empty; use \".\" for the workspace root")
@@ -65,6 +66,40 @@ func CleanPath(raw string, mainScope bool) (string, error) {
 	return strings.Join(parts, "/"), nil
 }
 
+// Target is a cleaned path together with what its spelling asks of the
+// object there. A path ending in "/" (or "/.") names a directory, as it does
+// for the kernel, so a file at "notes.txt/" is refused with NotDir instead of
+// being read or replaced as if the slash were not there.
+type Target struct {
+	Rel string // as CleanPath returns it
+	Dir bool   // the spelling names a directory
+}
+
+// CleanTarget is CleanPath remembering a trailing slash.
+func CleanTarget(raw string, mainScope bool) (Target, error) {
+	rel, err := CleanPath(raw, mainScope)
+	if err != nil {
+		return Target{}, err
+	}
+	dir := rel != "." && (strings.HasSuffix(raw, "/") || strings.HasSuffix(raw, "/."))
+	return Target{Rel: rel, Dir: dir}, nil
+}
+
+// CheckKind refuses what the spelling does not allow: anything but a
+// directory where it names one, and, where nothing exists yet, creating a
+// file under a directory's spelling. found is false when nothing is there.
+func (t Target) CheckKind(op Op, kind Kind, found bool) error {
+	switch {
+	case !t.Dir:
+		return nil
+	case found && kind != KindDir:
+		return Errorf(NotDir, "%s/: a path ending in \"/\" names a directory, and %s is a %s; drop the trailing slash", t.Rel, t.Rel, kind)
+	case !found && op == OpWrite:
+		return Errorf(NotDir, "%s/: a path ending in \"/\" names a directory, so no file is created there; drop the trailing slash", t.Rel)
+	}
+	return nil
+}
+
 // CheckName validates one name about to be created in directory dir (a
 // cleaned path). It refuses what CleanPath would refuse, so that every object
 // created through the filesystem can be addressed by the tools.
@@ -87,6 +122,11 @@ func CheckName(dir, name string, mainScope bool) error {
 	}
 	return nil
 }
+
+// Addressable reports whether rel, a path found on the backing store, is
+// short enough for the tools to name. A tree planted on the host can go
+// deeper; walkers skip such a subtree and count it instead of failing.
+func Addressable(rel string) bool { return len(rel) <= MaxPathBytes }
 
 // Visible reports whether an existing entry called name is shown in
 // listings. loomfs's own files are never shown.

@@ -387,3 +387,44 @@ func TestSplitJoin(t *testing.T) {
 		t.Errorf(`Join("", "a") = %q, want "a"`, got)
 	}
 }
+
+// TestTargetTrailingSlash: a trailing slash names a directory, so a file
+// there is refused with not_dir, never read or replaced without the slash.
+func TestTargetTrailingSlash(t *testing.T) {
+	cases := []struct {
+		name, raw string
+		op        policy.Op
+		kind      policy.Kind
+		found     bool
+		want      policy.Code // "" accepted
+	}{
+		{"file without slash", "tf.txt", policy.OpRead, policy.KindRegular, true, ""},
+		{"file with trailing slash", "tf.txt/", policy.OpRead, policy.KindRegular, true, policy.NotDir},
+		{"file with trailing slash dot", "tf.txt/.", policy.OpWrite, policy.KindRegular, true, policy.NotDir},
+		{"file below with trailing slash", "a/tf.txt/", policy.OpStat, policy.KindRegular, true, policy.NotDir},
+		{"symlink with trailing slash", "ln/", policy.OpDelete, policy.KindSymlink, true, policy.NotDir},
+		{"directory with trailing slash", "d/", policy.OpList, policy.KindDir, true, ""},
+		{"new file with trailing slash", "new.txt/", policy.OpWrite, 0, false, policy.NotDir},
+		{"new directory with trailing slash", "new/", policy.OpCreate, 0, false, ""},
+		{"missing file with trailing slash", "gone/", policy.OpRead, 0, false, ""},
+		{"root with trailing slash", "./", policy.OpList, policy.KindDir, true, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tg, err := policy.Default().Target(c.op, c.raw)
+			if err != nil {
+				t.Fatalf("Target(%q): %v", c.raw, err)
+			}
+			if want := strings.TrimSuffix(strings.TrimSuffix(c.raw, "."), "/"); tg.Rel != want && tg.Rel != "." {
+				t.Fatalf("Target(%q).Rel = %q, want %q", c.raw, tg.Rel, want)
+			}
+			err = tg.CheckKind(c.op, c.kind, c.found)
+			if got := policy.CodeOf(err); got != c.want {
+				t.Fatalf("CheckKind(%q) = %v, want %q", c.raw, err, c.want)
+			}
+			if err != nil && !strings.Contains(err.Error(), "trailing slash") {
+				t.Fatalf("message does not say what to do: %v", err)
+			}
+		})
+	}
+}

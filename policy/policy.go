@@ -125,13 +125,19 @@ func (p *Policy) ModeOf(rel string) Mode {
 }
 
 // Path cleans a model-supplied path and checks that op may be made on it.
-// It is the first question every tool asks.
 func (p *Policy) Path(op Op, raw string) (string, error) {
-	rel, err := CleanPath(raw, p.MainScope)
+	t, err := p.Target(op, raw)
+	return t.Rel, err
+}
+
+// Target is Path remembering whether the spelling names a directory: the
+// first question every tool asks, before Target.CheckKind on what is there.
+func (p *Policy) Target(op Op, raw string) (Target, error) {
+	t, err := CleanTarget(raw, p.MainScope)
 	if err != nil {
-		return "", err
+		return Target{}, err
 	}
-	return rel, p.Check(op, rel)
+	return t, p.Check(op, t.Rel)
 }
 
 // Check decides whether op may be made at the cleaned path rel under the

@@ -69,7 +69,7 @@ var (
 // model reads is what is enforced.
 func Definitions(pol *policy.Policy) []Definition {
 	l := pol.Limits
-	paths := "Paths are relative to the workspace root; absolute paths, \"..\", symlinks, hard links and special files are refused."
+	paths := "Paths are relative to the workspace root, and one ending in \"/\" names a directory; absolute paths, \"..\", symlinks, hard links and special files are refused."
 	if rules := policy.RulesSummary(pol); rules != "" {
 		paths += " Path rules in force: " + rules
 	}
@@ -88,13 +88,13 @@ func Definitions(pol *policy.Policy) []Definition {
 			})},
 		{Stat, fmt.Sprintf("Describe one workspace path: type, size, mode, mtime, and the sha256 of a regular file up to %s. Symlinks and special files are described, never followed. %s", text, paths),
 			schema([]string{"path"}, map[string]prop{"path": pathProp("Path to describe.")})},
-		{Glob, fmt.Sprintf("Find workspace paths matching a glob pattern (\"*\", \"?\", \"[a-z]\", and \"**\" for any number of directories), sorted, at most %d; truncated says more exist. Never follows symlinks. %s", l.GlobResults, paths),
+		{Glob, fmt.Sprintf("Find workspace paths matching a glob pattern (\"*\", \"?\", \"[a-z]\", and \"**\" for any number of directories), sorted, at most %d, within a %s budget per call; truncated says more exist. Never follows symlinks. %s", l.GlobResults, l.GrepBudget, paths),
 			schema([]string{"pattern"}, map[string]prop{
 				"pattern": {"type": "string", "description": "Glob relative to path, e.g. \"**/*.go\" or \"src/*.py\"."},
 				"path":    pathProp("Directory to search from; default \".\"."),
 				"limit":   {"type": "integer", "minimum": 1, "maximum": l.GlobResults, "description": fmt.Sprintf("Most paths to return (default and maximum %d).", l.GlobResults)},
 			})},
-		{Grep, fmt.Sprintf("Search file contents with a regular expression (RE2 syntax; backreferences and lookaround also work, with a %s per-match limit and a %s budget per call). Returns path, line number and line text for at most %d matching lines; skips binary files and files over %s and says how many; reads at most %s in all; truncated says results were cut. %s", l.RegexTimeout, l.GrepBudget, l.GrepMatches, text, policy.Bytes(l.GrepScan), paths),
+		{Grep, fmt.Sprintf("Search file contents with a regular expression (RE2 syntax; backreferences and lookaround also work, with a %s per-match limit and a %s budget per call). Returns path, line number and line text for at most %d matching lines; skips binary files and files over %s and says how many; reads at most %s in all; truncated says results were cut, and matches_omitted how many matching lines were left out. %s", l.RegexTimeout, l.GrepBudget, l.GrepMatches, text, policy.Bytes(l.GrepScan), paths),
 			schema([]string{"pattern"}, map[string]prop{
 				"pattern":     {"type": "string", "description": "Regular expression, matched line by line."},
 				"path":        pathProp("File or directory to search; default \".\"."),

@@ -55,7 +55,7 @@ func handleList(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	rel, err := pol.Path(policy.OpList, orDot(in.Path))
+	rel, err := t.resolve(policy.OpList, orDot(in.Path))
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +63,17 @@ func handleList(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	out := ListResult{Path: rel, Entries: []Entry{}, Total: len(infos)}
+	out := ListResult{Path: rel, Entries: []Entry{}}
+	named := infos[:0]
 	for _, info := range infos {
+		if !policy.Addressable(policy.Join(rel, info.Name)) {
+			out.SkippedDeep++
+			continue
+		}
+		named = append(named, info)
+	}
+	out.Total = len(named)
+	for _, info := range named {
 		if len(out.Entries) == limit {
 			out.Truncated = true
 			break
@@ -83,7 +92,7 @@ func handleStat(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err := decode(input, &in); err != nil {
 		return nil, err
 	}
-	rel, err := t.WS.Policy().Path(policy.OpStat, in.Path)
+	rel, err := t.resolve(policy.OpStat, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +125,7 @@ func handleRead(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if in.Offset < 0 || in.Limit < 0 {
 		return nil, policy.Errorf(policy.InvalidInput, "offset and limit must be positive (offset is the first line, 1-based)")
 	}
-	rel, err := t.WS.Policy().Path(policy.OpRead, in.Path)
+	rel, err := t.resolve(policy.OpRead, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +183,7 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	if in.Content == nil {
 		return nil, policy.Errorf(policy.InvalidInput, "content is required (use \"\" for an empty file)")
 	}
-	rel, err := t.WS.Policy().Path(policy.OpWrite, in.Path)
+	rel, err := t.resolve(policy.OpWrite, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +222,7 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, policy.Errorf(policy.NoChange, "old_text and new_text are the same; the edit would change nothing")
 	}
 	pol := t.WS.Policy()
-	rel, err := pol.Path(policy.OpWrite, in.Path)
+	rel, err := t.resolve(policy.OpWrite, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +277,7 @@ func handleMkdir(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	if err := decode(input, &in); err != nil {
 		return nil, err
 	}
-	rel, err := t.WS.Policy().Path(policy.OpCreate, in.Path)
+	rel, err := t.resolve(policy.OpCreate, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +298,7 @@ func handleDelete(ctx context.Context, t *Toolbox, input json.RawMessage) (any, 
 	if err := decode(input, &in); err != nil {
 		return nil, err
 	}
-	rel, err := t.WS.Policy().Path(policy.OpDelete, in.Path)
+	rel, err := t.resolve(policy.OpDelete, in.Path)
 	if err != nil {
 		return nil, err
 	}
@@ -338,6 +347,27 @@ func handleCommand(ctx context.Context, t *Toolbox, input json.RawMessage) (any,
 	}
 	t.changed(".")
 	return res, nil
+}
+
+// resolve is every tool's first step: raw cleaned and op checked by the
+// policy, then what the spelling asks of the object there ("notes.txt/"
+// names a directory: not_dir for a file, never the file read or replaced).
+func (t *Toolbox) resolve(op policy.Op, raw string) (string, error) {
+	tg, err := t.WS.Policy().Target(op, raw)
+	if err != nil || !tg.Dir {
+		return tg.Rel, err
+	}
+	info, err := t.WS.Lstat(tg.Rel)
+	switch {
+	case err == nil:
+		err = tg.CheckKind(op, info.Kind, true)
+	case policy.CodeOf(err) == policy.NotFound:
+		err = tg.CheckKind(op, 0, false)
+	}
+	if err != nil {
+		return "", err
+	}
+	return tg.Rel, nil
 }
 
 func orDot(p string) string {

@@ -10,6 +10,9 @@ type ListResult struct {
 	Entries   []Entry `json:"entries"`
 	Total     int     `json:"total"`
 	Truncated bool    `json:"truncated"`
+	// SkippedDeep counts entries whose path is longer than the tools can
+	// name (policy.MaxPathBytes), left out of Entries.
+	SkippedDeep int `json:"skipped_deep,omitempty"`
 }
 
 // GlobResult is what workspace_glob returns.
@@ -19,6 +22,9 @@ type GlobResult struct {
 	Matches   []string `json:"matches"`
 	Total     int      `json:"total"`
 	Truncated bool     `json:"truncated"`
+	// SkippedDeep counts entries whose path is longer than the tools can
+	// name (policy.MaxPathBytes); their subtrees are not walked.
+	SkippedDeep int `json:"skipped_deep,omitempty"`
 }
 
 // GrepResult is what workspace_grep returns.
@@ -33,6 +39,12 @@ type GrepResult struct {
 	SkippedRefused int         `json:"skipped_refused"`
 	BytesScanned   int64       `json:"bytes_scanned"`
 	Truncated      bool        `json:"truncated"`
+	// MatchesOmitted counts matching lines found but not returned (the
+	// match cap); when the scan or walk cap also cut the search, more may
+	// exist.
+	MatchesOmitted int `json:"matches_omitted"`
+	// SkippedDeep counts entries too deep to name, as in GlobResult.
+	SkippedDeep int `json:"skipped_deep"`
 }
 
 // ReadResult is what workspace_read returns.

@@ -23,36 +23,65 @@ import (
 
 const maxContext = 10
 
-// globMatch matches a slash-separated path against a pattern whose "**"
-// components match any number of directories.
-func globMatch(pattern, name string) bool {
-	return matchParts(strings.Split(pattern, "/"), strings.Split(name, "/"))
+// globPattern is a glob split into its components, where "**" matches any
+// number of directories.
+type globPattern []string
+
+// newGlob splits pattern; a run of "**" matches what one does.
+func newGlob(pattern string) globPattern {
+	var g globPattern
+	for _, c := range strings.Split(pattern, "/") {
+		if c == "**" && len(g) > 0 && g[len(g)-1] == "**" {
+			continue
+		}
+		g = append(g, c)
+	}
+	return g
 }
 
-func matchParts(pat, name []string) bool {
-	for len(pat) > 0 {
-		if pat[0] == "**" {
-			for i := 0; i <= len(name); i++ {
-				if matchParts(pat[1:], name[i:]) {
-					return true
+// match reports whether the slash-separated path name matches. It keeps the
+// set of name prefixes the pattern so far can match, one pattern component
+// at a time, so it makes at most len(pattern)×len(name) component matches
+// however many "**" there are; trying each split recursively, as a
+// backtracking matcher does, is exponential in the number of "**" on a deep
+// tree (an agent can make one).
+func (g globPattern) match(name string) bool {
+	parts := strings.Split(name, "/")
+	// ok[j]: the pattern so far matches parts[:j].
+	ok := make([]bool, len(parts)+1)
+	next := make([]bool, len(parts)+1)
+	ok[0] = true
+	for _, p := range g {
+		if p == "**" {
+			seen := false
+			for j, o := range ok {
+				seen = seen || o
+				next[j] = seen
+			}
+		} else {
+			next[0] = false
+			for j := 1; j <= len(parts); j++ {
+				next[j] = false
+				if ok[j-1] {
+					next[j], _ = path.Match(p, parts[j-1])
 				}
 			}
-			return false
 		}
-		if len(name) == 0 {
-			return false
-		}
-		if ok, _ := path.Match(pat[0], name[0]); !ok {
-			return false
-		}
-		pat, name = pat[1:], name[1:]
+		ok, next = next, ok
 	}
-	return len(name) == 0
+	return ok[len(parts)]
 }
+
+// globMatch matches a slash-separated path against a glob.
+func globMatch(pattern, name string) bool { return newGlob(pattern).match(name) }
 
 func checkGlob(pattern string) error {
 	if pattern == "" {
 		return policy.Errorf(policy.InvalidInput, "pattern is empty")
+	}
+	if len(pattern) > policy.MaxPathBytes {
+		// As long as the longest path: enough, and it bounds a match's work.
+		return policy.Errorf(policy.InvalidInput, "glob is %d bytes; the limit is %d", len(pattern), policy.MaxPathBytes)
 	}
 	if strings.HasPrefix(pattern, "/") {
 		return policy.Errorf(policy.InvalidInput, "glob %q is absolute; give a pattern relative to path", pattern)
@@ -93,23 +122,34 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err := checkGlob(in.Pattern); err != nil {
 		return nil, err
 	}
-	base, err := pol.Path(policy.OpList, orDot(in.Path))
+	base, err := t.resolve(policy.OpList, orDot(in.Path))
 	if err != nil {
 		return nil, err
 	}
+	budget := pol.Limits.GrepBudget
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
 	pattern := strings.TrimPrefix(path.Clean(in.Pattern), "./")
+	glob := newGlob(pattern)
 	deep := strings.Contains(pattern, "**")
 	depth := strings.Count(pattern, "/") + 1
 	var matches []string
-	visited, walkCut := 0, false
+	visited, walkCut, skippedDeep := 0, false, 0
 	err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		visited++
 		if visited > pol.Limits.WalkEntries {
 			walkCut = true
 			return errStop
 		}
+		if !policy.Addressable(rel) {
+			skippedDeep++
+			return store.SkipDir
+		}
 		r := relTo(base, rel)
-		if globMatch(pattern, r) {
+		if glob.match(r) {
 			matches = append(matches, rel)
 		}
 		if info.Kind == policy.KindDir && !deep && strings.Count(r, "/")+1 >= depth {
@@ -118,10 +158,13 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil
 	})
 	if err != nil && err != errStop {
+		if ctx.Err() != nil {
+			return nil, budgetErr(Glob, budget)
+		}
 		return nil, err
 	}
 	sort.Strings(matches)
-	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut}
+	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut, SkippedDeep: skippedDeep}
 	if len(matches) > limit {
 		matches, out.Truncated = matches[:limit], true
 	}
@@ -166,7 +209,12 @@ type backtracking struct {
 	deadline time.Time
 }
 
-var errRegexTimeout = errors.New("regex timeout")
+// The two limits that stop a search, told apart so the answer names the
+// one that did.
+var (
+	errMatchLimit = errors.New("a match ran past the per-match limit")
+	errBudget     = errors.New("the call's time budget ran out")
+)
 
 func (m backtracking) next(b []byte, off int) (int, error) {
 	for off < len(b) {
@@ -179,11 +227,14 @@ func (m backtracking) next(b []byte, off int) (int, error) {
 		line := b[off:end]
 		if len(line) <= m.maxLine {
 			if time.Now().After(m.deadline) {
-				return -1, errRegexTimeout
+				return -1, errBudget
 			}
 			ok, err := m.re.MatchString(string(line))
 			if err != nil {
-				return -1, errRegexTimeout
+				if time.Now().After(m.deadline) {
+					return -1, errBudget
+				}
+				return -1, errMatchLimit
 			}
 			if ok {
 				return off, nil
@@ -214,7 +265,8 @@ func compile(pattern string, ignoreCase bool, l policy.Limits, deadline time.Tim
 	if err2 != nil {
 		return nil, policy.Errorf(policy.InvalidInput, "pattern does not compile: %v", err)
 	}
-	re2x.MatchTimeout = l.RegexTimeout
+	// No single match outlasts the call's budget either.
+	re2x.MatchTimeout = max(min(l.RegexTimeout, time.Until(deadline)), time.Millisecond)
 	return backtracking{re: re2x, maxLine: l.GrepLine, deadline: deadline}, nil
 }
 
@@ -239,10 +291,12 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if in.Context < 0 || in.Context > maxContext {
 		return nil, policy.Errorf(policy.InvalidInput, "context must be 0–%d lines", maxContext)
 	}
+	var glob func(rel string) bool
 	if in.Glob != "" {
 		if err := checkGlob(in.Glob); err != nil {
 			return nil, err
 		}
+		glob = grepGlob(in.Glob)
 	}
 	budget := l.GrepBudget
 	ctx, cancel := context.WithTimeout(ctx, budget)
@@ -252,7 +306,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	base, err := pol.Path(policy.OpRead, orDot(in.Path))
+	base, err := t.resolve(policy.OpRead, orDot(in.Path))
 	if err != nil {
 		return nil, err
 	}
@@ -274,10 +328,17 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	} else {
 		visited := 0
 		err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			visited++
 			if visited > l.WalkEntries {
 				out.Truncated = true
 				return errStop
+			}
+			if !policy.Addressable(rel) {
+				out.SkippedDeep++
+				return store.SkipDir
 			}
 			if info.Kind != policy.KindRegular {
 				if info.Kind != policy.KindDir {
@@ -285,7 +346,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				}
 				return nil
 			}
-			if in.Glob != "" && !grepGlob(in.Glob, relTo(base, rel)) {
+			if glob != nil && !glob(relTo(base, rel)) {
 				return nil
 			}
 			if pol.Check(policy.OpRead, rel) != nil || policy.CheckObject(policy.OpRead, rel, info.Object()) != nil {
@@ -301,13 +362,14 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		})
 		if err != nil && err != errStop {
 			if ctx.Err() != nil {
-				return nil, timeoutErr(budget)
+				return nil, budgetErr(Grep, budget)
 			}
 			return nil, err
 		}
 	}
 
 	results := make([][]GrepMatch, len(files))
+	found := make([]int, len(files))  // matching lines, returned or not
 	flags := make([]byte, len(files)) // 1 binary, 2 large, 3 refused
 	var mu sync.Mutex
 	var scanned int64
@@ -333,7 +395,7 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				next++
 				scanned += files[i].size
 				mu.Unlock()
-				ms, flag, err := grepFile(ctx, t.WS, files[i].rel, m, in.Context, limit, &buf, l)
+				ms, n, flag, err := grepFile(ctx, t.WS, files[i].rel, m, in.Context, limit, &buf, l)
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -342,14 +404,18 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 					mu.Unlock()
 					return
 				}
-				results[i], flags[i] = ms, flag
+				results[i], found[i], flags[i] = ms, n, flag
 			}
 		}()
 	}
 	wg.Wait()
 	if firstErr != nil {
-		if firstErr == errRegexTimeout || ctx.Err() != nil {
-			return nil, timeoutErr(budget)
+		var ml *matchLimitError
+		switch {
+		case errors.As(firstErr, &ml):
+			return nil, policy.Errorf(policy.Timeout, "search stopped: the pattern ran past its per-match limit of %s on a line of %s (backreferences and lookaround use a backtracking engine, which can take exponential time); simplify the pattern or narrow path/glob", l.RegexTimeout, ml.rel)
+		case firstErr == errBudget || ctx.Err() != nil:
+			return nil, budgetErr(Grep, budget)
 		}
 		return nil, firstErr
 	}
@@ -368,53 +434,67 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		}
 		for _, mt := range ms {
 			if len(out.Matches) == limit {
-				out.Truncated = true
 				break
 			}
 			out.Matches = append(out.Matches, mt)
 		}
+		out.MatchesOmitted += found[i]
 		if flags[i] == 0 || ms != nil {
 			out.FilesSearched++
 		}
 	}
+	// Matching lines found beyond the cap; the search may also have
+	// stopped early (the scan or walk cap), leaving more unknown.
+	out.MatchesOmitted -= len(out.Matches)
+	out.Truncated = out.Truncated || out.MatchesOmitted > 0
 	out.BytesScanned = min(scanned, l.GrepScan)
 	return out, nil
 }
 
-func timeoutErr(budget time.Duration) error {
-	return policy.Errorf(policy.Timeout, "search stopped: it exceeded its time budget of %s (a backtracking pattern can take exponential time); simplify the pattern or narrow path/glob", budget)
+// matchLimitError says a backtracking match on a line of rel ran past the
+// per-match limit.
+type matchLimitError struct{ rel string }
+
+func (e *matchLimitError) Error() string { return errMatchLimit.Error() + " in " + e.rel }
+
+// budgetErr answers a search stopped by the call's time budget.
+func budgetErr(tool string, budget time.Duration) error {
+	return policy.Errorf(policy.Timeout, "%s stopped: it ran past the call's time budget of %s; narrow path or the pattern", tool, budget)
 }
 
-// grepGlob matches a file against the glob filter: by name when the glob
-// has no "/", by path below the search root otherwise.
-func grepGlob(glob, rel string) bool {
+// grepGlob returns the glob filter for files: by name when the glob has no
+// "/", by path below the search root otherwise.
+func grepGlob(glob string) func(rel string) bool {
 	if !strings.Contains(glob, "/") {
-		_, name := policy.Split(rel)
-		ok, _ := path.Match(glob, name)
-		return ok
+		return func(rel string) bool {
+			_, name := policy.Split(rel)
+			ok, _ := path.Match(glob, name)
+			return ok
+		}
 	}
-	return globMatch(glob, rel)
+	return newGlob(glob).match
 }
 
 // grepFile searches one file. It opens the file with the same checks as
 // every read and reads at most the text limit.
-func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, nctx, limit int, buf *[]byte, l policy.Limits) ([]GrepMatch, byte, error) {
+// It returns at most limit matches and how many lines matched in all.
+func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, nctx, limit int, buf *[]byte, l policy.Limits) ([]GrepMatch, int, byte, error) {
 	if ctx.Err() != nil {
-		return nil, 0, errRegexTimeout
+		return nil, 0, 0, errBudget
 	}
 	f, info, err := ws.Open(policy.OpRead, rel, unix.O_RDONLY)
 	if err != nil {
 		switch policy.CodeOf(err) {
 		case policy.NotFound:
-			return nil, 0, nil // removed meanwhile
+			return nil, 0, 0, nil // removed meanwhile
 		case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied:
-			return nil, 3, nil
+			return nil, 0, 3, nil
 		}
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	defer f.Close()
 	if l.CheckText(rel, info.Size) != nil {
-		return nil, 2, nil
+		return nil, 0, 2, nil
 	}
 	b := (*buf)[:0]
 	if int64(cap(b)) < info.Size+1 {
@@ -424,25 +504,31 @@ func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, n
 	b, err = readAll(f, b, l.TextBytes+1)
 	*buf = b
 	if err != nil {
-		return nil, 0, policy.FromErrno(err, "read", rel)
+		return nil, 0, 0, policy.FromErrno(err, "read", rel)
 	}
 	if l.CheckText(rel, int64(len(b))) != nil {
-		return nil, 2, nil
+		return nil, 0, 2, nil
 	}
 	head := b
 	if len(head) > 8192 {
 		head = head[:8192]
 	}
 	if bytes.IndexByte(head, 0) >= 0 {
-		return nil, 1, nil
+		return nil, 0, 1, nil
 	}
+	// Past the cap, matching lines are still counted, so a cut result can
+	// say how many it left out.
 	var out []GrepMatch
+	n := 0
 	off := 0
 	lineNo, lineOff := 1, 0 // line number of position lineOff
-	for off <= len(b) && len(out) < limit {
+	for off <= len(b) {
 		at, err := m.next(b, off)
+		if err == errMatchLimit {
+			return nil, 0, 0, &matchLimitError{rel}
+		}
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		if at < 0 {
 			break
@@ -454,6 +540,11 @@ func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, n
 		} else {
 			end += at
 		}
+		n++
+		off = end + 1
+		if len(out) == limit {
+			continue
+		}
 		lineNo += bytes.Count(b[lineOff:start], []byte{'\n'})
 		lineOff = start
 		gm := GrepMatch{Path: rel, Line: lineNo, Text: clip(b[start:end])}
@@ -461,9 +552,8 @@ func grepFile(ctx context.Context, ws *store.Workspace, rel string, m matcher, n
 			gm.Before, gm.After = around(b, start, end, nctx)
 		}
 		out = append(out, gm)
-		off = end + 1
 	}
-	return out, 0, nil
+	return out, n, 0, nil
 }
 
 func readAll(r io.Reader, b []byte, maxBytes int64) ([]byte, error) {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -49,6 +51,9 @@ type Toolbox struct {
 	// Changed is told of every path the tools changed, so an in-process
 	// FUSE projection can drop its caches.
 	Changed func(rel string)
+	// Log receives what a model must not read: the detail of operator
+	// trouble (host paths, system errors). nil: discarded.
+	Log *zap.Logger
 	// LockWait bounds the wait for the scope lock (default 30 s).
 	LockWait time.Duration
 	// TraceID and Actor are copied into every audit record.
@@ -59,8 +64,24 @@ type Toolbox struct {
 }
 
 // Call runs the named tool with JSON input. callID, if set, makes the call
-// replayable (SPEC §4). The result is JSON; a refusal is a *policy.Error.
+// replayable (SPEC §4). The result is JSON; a refusal is a *policy.Error
+// as a model may read it (policy.Public): operator trouble is logged to Log
+// with its detail and answered without it.
 func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+	res, err := t.audited(ctx, name, callID, input)
+	if err != nil {
+		orig, pe := policy.AsError(err), policy.Public(err)
+		if pe.Message != orig.Message {
+			t.log().Warn("tool call failed", zap.String("tool", name), zap.String("call_id", callID),
+				zap.String("code", string(orig.Code)), zap.Error(orig))
+		}
+		return nil, pe
+	}
+	return res, nil
+}
+
+// audited runs the call between its audit records.
+func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
 	start := time.Now()
 	h, ok := handlers[name]
 	if !ok {
@@ -216,6 +237,13 @@ func (t *Toolbox) sink() audit.Sink {
 		return audit.Discard
 	}
 	return t.Audit
+}
+
+func (t *Toolbox) log() *zap.Logger {
+	if t.Log == nil {
+		return zap.NewNop()
+	}
+	return t.Log
 }
 
 func (t *Toolbox) changed(rel string) {

@@ -84,7 +84,13 @@ func printToolError(cmd *cobra.Command, err error) error {
 	if _, ok := err.(usageError); ok {
 		return err
 	}
-	b, _ := json.Marshal(map[string]any{"error": policy.AsError(err)})
+	// What a model may read goes to stdout (policy.Public); the detail it
+	// must not read, to the operator's stderr.
+	pe := policy.Public(err)
+	if orig := policy.AsError(err); orig.Message != pe.Message {
+		fmt.Fprintf(cmd.ErrOrStderr(), "loomfs: %s: %s\n", orig.Code, orig.Message)
+	}
+	b, _ := json.Marshal(map[string]any{"error": pe})
 	fmt.Fprintln(cmd.OutOrStdout(), string(b))
 	return exitError{exitRefused}
 }

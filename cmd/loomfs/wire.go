@@ -51,6 +51,7 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 			Audit:    log,
 			Commands: cmds,
 			Actor:    actorOf(ws.Scope()),
+			Log:      g.log,
 		},
 	}
 	s.close = func() {
