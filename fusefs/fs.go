@@ -39,6 +39,14 @@ type fsys struct {
 	// asynchronously, and drops what is pending when the mount goes).
 	open sync.Map // *handle → struct{}
 
+	// locked holds the files with POSIX locks held through the mount, so
+	// an unmount can release them; flushes the lock owner of each FLUSH
+	// being served (lock.go). flushCount counts FLUSH requests; tests use
+	// it.
+	locked     sync.Map // *nodeLocks → struct{}
+	flushes    sync.Map // request's cancel channel → lock owner
+	flushCount atomic.Int64
+
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.
 	readySince atomic.Int64
