@@ -156,6 +156,9 @@ func TestPOSIXLocks(t *testing.T) {
 			if got := helper(t, "setlk", nil, e.path("db")); got != "locked" {
 				t.Fatalf("after the owner closed another fd: %s, want the lock free", got)
 			}
+			if n := ownerFiles(e); n != 0 {
+				t.Fatalf("%d lock owners' files still open after the close", n)
+			}
 		},
 		"closing the fd that took the lock releases it": func(t *testing.T, e *env) {
 			f, err := os.OpenFile(e.path("db"), os.O_RDWR, 0)
@@ -169,6 +172,32 @@ func TestPOSIXLocks(t *testing.T) {
 			eventually(t, "the lock outlived the close of its only fd", func() bool {
 				return helper(t, "setlk", nil, e.path("db")) == "locked"
 			})
+			if n := ownerFiles(e); n != 0 {
+				t.Fatalf("%d lock owners' files still open after the release", n)
+			}
+		},
+		"an unmount releases the locks held": func(t *testing.T, e *env) {
+			f, err := os.OpenFile(e.path("db"), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := setlk(f, unix.F_WRLCK, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			e.m.releaseOpen()
+			if n := ownerFiles(e); n != 0 {
+				t.Fatalf("%d lock owners' files still open after the unmount's release", n)
+			}
+			host, err := os.OpenFile(e.host("db"), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer host.Close()
+			lk := unix.Flock_t{Type: unix.F_WRLCK}
+			if err := unix.FcntlFlock(host.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+				t.Fatalf("the backing file is still locked after the unmount's release: %v", err)
+			}
 		},
 		"unlocking part of a range keeps the rest": func(t *testing.T, e *env) {
 			f := openRW(t, e.path("db"))
