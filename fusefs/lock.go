@@ -70,30 +70,24 @@ func (n *node) locksOf() *nodeLocks {
 func (h *handle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
 	var fl syscall.Flock_t
 	lk.ToFlockT(&fl)
-	nl := h.node.locks.Load()
-	if nl == nil {
-		// Nothing is locked through this mount: ask the backing file.
-		if err := syscall.FcntlFlock(uintptr(h.fd), unix.F_OFD_GETLK, &fl); err != nil {
-			return policy.Errno(err)
-		}
-		out.FromFlockT(&fl)
-		out.Pid = holderPid(&fl)
-		return 0
-	}
-	nl.mu.Lock()
-	defer nl.mu.Unlock()
 	// Asked on the owner's own description, the kernel leaves out the
-	// owner's own locks, as POSIX does.
+	// owner's own locks, as POSIX does; an owner with none asks on the
+	// handle's fd, which holds no record lock.
 	fd := h.fd
-	if o := nl.owners[owner]; o != nil {
-		fd = o.fd
+	nl := h.node.locks.Load()
+	if nl != nil {
+		nl.mu.Lock()
+		defer nl.mu.Unlock()
+		if o := nl.owners[owner]; o != nil {
+			fd = o.fd
+		}
 	}
 	if err := syscall.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &fl); err != nil {
 		return policy.Errno(err)
 	}
 	out.FromFlockT(&fl)
 	out.Pid = holderPid(&fl)
-	if fl.Type != unix.F_UNLCK && fl.Pid == -1 {
+	if nl != nil && fl.Type != unix.F_UNLCK && fl.Pid == -1 {
 		// An open file description lock: if it is another owner's in
 		// this mount, its process is known.
 		for id, o := range nl.owners {
@@ -148,6 +142,9 @@ func (h *handle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, flag
 	try := func() error {
 		if flags&fuse.FUSE_LK_FLOCK != 0 {
 			return h.flock(lk.Typ)
+		}
+		if lk.Typ == unix.F_UNLCK && h.node.locks.Load() == nil {
+			return nil // nothing was ever locked here
 		}
 		return h.node.locksOf().set(h, owner, lk)
 	}

@@ -249,6 +249,11 @@ func TestNoFlushUnlessLocked(t *testing.T) {
 	e := newEnv(t)
 	mustWrite(t, e.path("plain"), "x")
 	mustWrite(t, e.path("locked"), "x")
+	// An unlock of what was never locked locks nothing.
+	p := openRW(t, e.path("plain"))
+	if err := setlk(p, unix.F_UNLCK, 0, 0); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 20; i++ {
 		b, err := os.ReadFile(e.path("plain"))
 		if err != nil || len(b) != 1 {
