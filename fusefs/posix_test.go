@@ -57,7 +57,7 @@ var refusedPosix = map[string]expectedRefusal{
 			t.Errorf("mode %v, want %o", fi.Mode(), policy.FilePerm)
 		}
 	}},
-	"FcntlFlockLocksFile": {"fcntl locks have POSIX semantics (issue 14): the case wants a second fd of the same process refused, which POSIX and every local filesystem grant; other processes are refused (TestPOSIXLocks)", func(t *testing.T, mnt string) {
+	"FcntlFlockLocksFile": {"fcntl locks have POSIX semantics: the case wants a second fd of the same process refused, which POSIX and every local filesystem grant; other processes are refused (TestPOSIXLocks)", func(t *testing.T, mnt string) {
 		mustWrite(t, mnt+"/test", "")
 		f1, err := os.OpenFile(mnt+"/test", os.O_RDWR, 0)
 		if err != nil {
