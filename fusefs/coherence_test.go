@@ -154,7 +154,8 @@ func TestCASRace(t *testing.T) {
 
 // TestTwoMountsLock: two mounts of one scope, each over its own Workspace,
 // exclude each other with flock and with fcntl locks, because locks are
-// taken on the backing file.
+// taken on the backing file (fcntl ones as open file description locks of
+// each lock owner, which another mount sees as held by no process).
 func TestTwoMountsLock(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -227,12 +228,32 @@ func TestTwoMountsLock(t *testing.T) {
 		if err := unix.FcntlFlock(f2.Fd(), unix.F_GETLK, &probe); err != nil {
 			t.Fatal(err)
 		}
-		if probe.Type != unix.F_WRLCK {
-			t.Errorf("F_GETLK through the second mount shows type %d, want the first's write lock", probe.Type)
+		if probe.Type != unix.F_WRLCK || probe.Pid != 0 {
+			t.Errorf("F_GETLK through the second mount shows type %d pid %d, want the first's write lock and pid 0 (held in another mount)", probe.Type, probe.Pid)
+		}
+		// The same process still excludes itself across mounts: the two
+		// mounts' lock owners are different files for the backing store.
+		waited := make(chan error, 1)
+		go func() {
+			w := unix.Flock_t{Type: unix.F_WRLCK}
+			waited <- unix.FcntlFlock(f2.Fd(), unix.F_SETLKW, &w)
+		}()
+		select {
+		case err := <-waited:
+			t.Fatalf("F_SETLKW through the second mount returned %v while the first held the lock", err)
+		case <-time.After(200 * time.Millisecond):
 		}
 		un := unix.Flock_t{Type: unix.F_UNLCK}
 		if err := unix.FcntlFlock(f1.Fd(), unix.F_SETLK, &un); err != nil {
 			t.Fatal(err)
+		}
+		select {
+		case err := <-waited:
+			if err != nil {
+				t.Fatalf("F_SETLKW after release: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("F_SETLKW through the second mount never got the lock after the first released it")
 		}
 		if err := unix.FcntlFlock(f2.Fd(), unix.F_SETLK, &try); err != nil {
 			t.Fatalf("lock after release: %v", err)

@@ -111,17 +111,38 @@
 // (store.Workspace.NoteOpen, NoteClose), and a snapshot looks at its file
 // each time until the release: RELEASE comes after close(2) has returned,
 // and nothing is sent at close(2) itself (FOPEN_NOFLUSH: a FLUSH would be
-// one more round trip per file, for nothing). A change is refused (EIO,
+// one more round trip per file; only files that have held POSIX locks are
+// sent one, see Locks). A change is refused (EIO,
 // volume_unavailable) when the journal can't be opened to take its line.
 //
 // # Locks
 //
-// flock and fcntl locks taken in the mount are taken on the backing file
-// (flock and open file description locks on the handle's own fd), so two
-// mounts of one scope, and any process locking the backing file, exclude
-// each other. fcntl locks therefore behave as open file description locks:
-// two opens conflict even within one process, and closing one open drops
-// only its own locks.
+// Locks taken in the mount are taken on the backing file, so two mounts of
+// one scope, processes on other nodes and any process locking the backing
+// file exclude each other. flock locks are taken on the handle's own fd.
+// fcntl record locks (F_SETLK, F_SETLKW, F_GETLK, lockf) have POSIX
+// semantics: they belong to the kernel's lock owner (one per process, its
+// file table), not to the open. For each owner holding locks on a file the
+// mount opens a description of its own on the backing file (through
+// /proc/self/fd, never by path) and takes the owner's locks there as open
+// file description locks; it is closed when the owner holds no lock on the
+// file any more. So a second fd of the same process takes a range the
+// first holds, a forked child conflicts with its parent, and F_GETLK
+// reports another owner's lock, not the caller's own. The pid F_GETLK
+// reports is the holder's when the lock was taken through this mount, and
+// 0 when it is held elsewhere as an open file description lock (another
+// mount, another node, the tool door), which belongs to no process; the
+// deadlock detection of POSIX locks (EDEADLK) is not available.
+//
+// Closing any fd of the owner releases its locks on the file: the kernel
+// sends FLUSH with the lock owner at each close(2), but only for files
+// opened without FOPEN_NOFLUSH, and a file is opened that way until it is
+// first locked in the mount, so the close of a file never locked costs no
+// round trip. A file opened before the first lock was taken on it is
+// closed without FLUSH; the locks taken through it are released when the
+// kernel releases it (after the last close of its description, shortly
+// after close(2) returned), and closing it releases nothing taken through
+// other fds. An unmount releases every lock held through the mount.
 //
 // # Passthrough
 //

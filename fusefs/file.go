@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"errors"
 	"os"
 	"sync/atomic"
 	"syscall"
@@ -30,9 +29,11 @@ type handle struct {
 	writable bool
 	// passthrough: the kernel reads this file from the backing fd itself.
 	passthrough bool
-	opened      time.Time
-	read        atomic.Int64
-	written     atomic.Int64
+	// noflush: the kernel sends no FLUSH at close(2) (see lock.go).
+	noflush bool
+	opened  time.Time
+	read    atomic.Int64
+	written atomic.Int64
 	// change is the open in the change journal, for a writable open: the
 	// journal covers every write until the release ends it.
 	change *store.Open
@@ -46,9 +47,6 @@ var (
 	_ = (fs.FileReleaser)((*handle)(nil))
 	_ = (fs.FileLseeker)((*handle)(nil))
 	_ = (fs.FileAllocater)((*handle)(nil))
-	_ = (fs.FileGetlker)((*handle)(nil))
-	_ = (fs.FileSetlker)((*handle)(nil))
-	_ = (fs.FileSetlkwer)((*handle)(nil))
 )
 
 // passthroughHandle is a file opened read-only on a passthrough mount: the
@@ -99,10 +97,15 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handl
 		h.change = n.fsys.ws.NoteOpen(h.path)
 	}
 	n.fsys.open.Store(h, struct{}{})
-	// The kernel need not send FLUSH at each close(2): nothing is done
-	// there (locks are the open's own, writes are noted from the open to
-	// the release), and it would cost a round trip per file closed.
-	fuseFlags := uint32(fuse.FOPEN_NOFLUSH)
+	// The kernel need not send FLUSH at each close(2) (writes are noted
+	// from the open to the release), and it would cost a round trip per
+	// file closed; only a file that has held POSIX locks needs it, to
+	// release the closing owner's locks.
+	var fuseFlags uint32
+	if n.locks.Load() == nil {
+		fuseFlags = fuse.FOPEN_NOFLUSH
+		h.noflush = true
+	}
 	if n.fsys.opts.Passthrough {
 		if h.writable {
 			// Every write(2) must reach the checks below.
@@ -416,6 +419,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 // through this open. why says what ended it when the kernel did not (an
 // unmount with the file still open).
 func (h *handle) release(ctx context.Context, why string) {
+	if nl := h.node.locks.Load(); nl != nil && h.noflush {
+		nl.released(h)
+	}
 	h.close()
 	h.node.fsys.ws.NoteClose(h.change)
 	read, written := h.read.Load(), h.written.Load()
@@ -489,80 +495,6 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		return policy.Errno(err)
 	}
 	return 0
-}
-
-// Locks are taken on the backing file, so they hold against every other
-// user of it: another mount of the scope, or the tool door.
-
-func (h *handle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	var fl syscall.Flock_t
-	lk.ToFlockT(&fl)
-	if err := syscall.FcntlFlock(uintptr(h.fd), unix.F_OFD_GETLK, &fl); err != nil {
-		return policy.Errno(err)
-	}
-	out.FromFlockT(&fl)
-	return 0
-}
-
-func (h *handle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lock(ctx, lk, flags, false)
-}
-
-func (h *handle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.lock(ctx, lk, flags, true)
-}
-
-// lock takes or releases a lock on the backing file: flock(2) for flock
-// requests, an open file description lock for fcntl ones. A waiting lock is
-// retried rather than blocked on, so an interrupted caller is answered
-// EINTR at once.
-func (h *handle) lock(ctx context.Context, lk *fuse.FileLock, flags uint32, wait bool) syscall.Errno {
-	try := func() error {
-		if flags&fuse.FUSE_LK_FLOCK != 0 {
-			var op int
-			switch lk.Typ {
-			case syscall.F_RDLCK:
-				op = unix.LOCK_SH | unix.LOCK_NB
-			case syscall.F_WRLCK:
-				op = unix.LOCK_EX | unix.LOCK_NB
-			case syscall.F_UNLCK:
-				op = unix.LOCK_UN
-			default:
-				return unix.EINVAL
-			}
-			return unix.Flock(h.fd, op)
-		}
-		var fl syscall.Flock_t
-		lk.ToFlockT(&fl)
-		return syscall.FcntlFlock(uintptr(h.fd), unix.F_OFD_SETLK, &fl)
-	}
-	delay := time.Millisecond
-	var timer *time.Timer
-	for {
-		err := try()
-		if err == nil {
-			return 0
-		}
-		busy := errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES)
-		if !wait || !busy {
-			if busy {
-				return syscall.EAGAIN
-			}
-			return policy.Errno(err)
-		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			return syscall.EINTR
-		case <-timer.C:
-		}
-		delay = min(2*delay, 50*time.Millisecond)
-	}
 }
 
 // CopyFileRange copies between two files open in the mount inside the

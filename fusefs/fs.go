@@ -39,6 +39,14 @@ type fsys struct {
 	// asynchronously, and drops what is pending when the mount goes).
 	open sync.Map // *handle → struct{}
 
+	// locked holds the files with POSIX locks held through the mount, so
+	// an unmount can release them; flushes the lock owner of each FLUSH
+	// being served (lock.go). flushCount counts FLUSH requests; tests use
+	// it.
+	locked     sync.Map // *nodeLocks → struct{}
+	flushes    sync.Map // request's cancel channel → lock owner
+	flushCount atomic.Int64
+
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.
 	readySince atomic.Int64
@@ -179,12 +187,28 @@ func detail(e *audit.Event, key string, v any) {
 	e.Detail[key] = v
 }
 
-// refused records a refusal and returns what the caller answers.
+// refused records a refusal, tells Options.Refused, and returns what the
+// caller answers.
 func (f *fsys) refused(ctx context.Context, e audit.Event, err error) syscall.Errno {
 	e.Result, e.Code = "refused", string(policy.CodeOf(err))
 	// The operation is refused whether or not this record is kept.
 	_ = f.sink.Record(ctx, e)
-	return policy.Errno(err)
+	errno := policy.Errno(err)
+	if f.opts.Refused != nil {
+		pe := policy.AsError(err)
+		f.opts.Refused(Refusal{Op: e.Op, Path: e.Path, Errno: errno, Code: pe.Code, Message: pe.Message})
+	}
+	return errno
+}
+
+// Refusal is one request the mount refused: what a program in the
+// projection met, told the way the tools tell it.
+type Refusal struct {
+	Op      string        // the filesystem operation, as in the audit record: "write", "link", "open"
+	Path    string        // cleaned, relative to the scope
+	Errno   syscall.Errno // what the request was answered
+	Code    policy.Code
+	Message string // the policy's message, the one the tools give
 }
 
 // begin records a change about to be made; if the record can't be kept,

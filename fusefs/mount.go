@@ -77,14 +77,19 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if !opts.Passthrough {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
-	server, err := fs.Mount(dir, f.root, &fs.Options{
+	raw := fs.NewNodeFS(f.root, &fs.Options{
 		MountOptions: mo,
 		// No EntryTimeout or AttrTimeout: every reply sets its own
 		// (fsys.setEntry), since go-fuse would replace a zero one.
 		NullPermissions: true,
 		RootStableAttr:  &rootAttr,
 	})
+	server, err := fuse.NewServer(flushOwners{RawFileSystem: raw, f: f}, dir, &mo)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
 	if err := fuseCloseOnExec(); err != nil {
@@ -157,6 +162,10 @@ func (m *Mounted) releaseOpen() {
 		if _, ok := m.fsys.open.LoadAndDelete(k); ok {
 			k.(*handle).release(context.Background(), "unmount")
 		}
+		return true
+	})
+	m.fsys.locked.Range(func(k, _ any) bool {
+		k.(*nodeLocks).dropAll()
 		return true
 	})
 }

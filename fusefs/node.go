@@ -32,6 +32,10 @@ type node struct {
 	// object: what the kernel would have checked from its attribute
 	// cache, and what access checks on this directory use.
 	perm atomic.Uint32
+
+	// locks is the POSIX locks held through the mount on this file, nil
+	// until its first (lock.go).
+	locks atomic.Pointer[nodeLocks]
 }
 
 var (

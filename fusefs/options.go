@@ -57,6 +57,11 @@ type Options struct {
 	// tool call (a sandbox command) the mount serves.
 	TraceID, CallID string
 
+	// Refused, if set, is told of every request the mount refuses, as it
+	// refuses it (from the request's goroutine: it must not block), so
+	// that a command's result can explain what the policy refused it.
+	Refused func(Refusal)
+
 	// Debug logs every FUSE request and reply to stderr.
 	Debug bool
 }

@@ -71,6 +71,25 @@ var refusedPosix = map[string]expectedRefusal{
 			t.Errorf("mode %v, want %v", fi.Mode(), want)
 		}
 	}},
+	"FcntlFlockLocksFile": {"fcntl locks have POSIX semantics: the case wants a second fd of the same process refused, which POSIX and every local filesystem grant; other processes are refused (TestPOSIXLocks)", func(t *testing.T, mnt string) {
+		mustWrite(t, mnt+"/test", "")
+		f1, err := os.OpenFile(mnt+"/test", os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f1.Close()
+		f2, err := os.OpenFile(mnt+"/test", os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f2.Close()
+		if err := syscall.FcntlFlock(f1.Fd(), syscall.F_SETLK, &syscall.Flock_t{Type: syscall.F_WRLCK}); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.FcntlFlock(f2.Fd(), syscall.F_SETLK, &syscall.Flock_t{Type: syscall.F_RDLCK}); err != nil {
+			t.Fatalf("second fd of the lock's own process: %v, want the lock", err)
+		}
+	}},
 }
 
 // refusedWithoutXattrs lists the cases that need extended attributes,

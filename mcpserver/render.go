@@ -251,5 +251,14 @@ func renderCommand(res json.RawMessage) (string, error) {
 			fmt.Fprintf(&b, "(%s truncated)\n", s.name)
 		}
 	}
+	if ev := r.PolicyEvents; ev.Total > 0 {
+		fmt.Fprintf(&b, "--- refused by the workspace policy: %s ---\n", plural(ev.Total, "operation", "operations"))
+		for _, e := range ev.Events {
+			fmt.Fprintf(&b, "%s %s: %s (%s): %s\n", e.Op, e.Path, e.Errno, e.Code, e.Message)
+		}
+		if ev.Dropped > 0 {
+			fmt.Fprintf(&b, "(%d more not listed)\n", ev.Dropped)
+		}
+	}
 	return b.String(), nil
 }

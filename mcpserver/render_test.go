@@ -51,7 +51,10 @@ func TestRender(t *testing.T) {
 		{"delete", tools.Delete, `{"path":"d","deleted":true}`, []string{"deleted d"}, nil},
 		{"command", tools.Command, `{"exit_code":2,"stdout":"out","stderr":"err\n","stderr_truncated":true,"duration_ms":12}`,
 			[]string{"exit code 2 (12 ms)\n", "--- stdout ---\nout\n", "--- stderr ---\nerr\n(stderr truncated)"}, nil},
-		{"command that timed out", tools.Command, `{"exit_code":-1,"timed_out":true,"duration_ms":1000}`, []string{"timed out after 1000 ms"}, []string{"stdout"}},
+		{"command with refusals", tools.Command,
+			`{"exit_code":1,"duration_ms":5,"policy_events":{"events":[{"op":"write","path":"big","errno":"EDQUOT","code":"quota_exceeded","message":"quota exceeded: workspace total 1 KiB (used 1 KiB, write of 4 KiB refused)"}],"total":51,"dropped":50}}`,
+			[]string{"--- refused by the workspace policy: 51 operations ---\n", "write big: EDQUOT (quota_exceeded): quota exceeded: workspace total 1 KiB (used 1 KiB, write of 4 KiB refused)\n", "(50 more not listed)"}, nil},
+		{"command that timed out", tools.Command, `{"exit_code":-1,"timed_out":true,"duration_ms":1000}`, []string{"timed out after 1000 ms"}, []string{"stdout", "refused"}},
 		{"unknown shape falls back to JSON", tools.Read, `[1,2]`, []string{"[1,2]"}, nil},
 		{"unknown tool falls back to JSON", "other", `{"a":1}`, []string{`{"a":1}`}, nil},
 	}

@@ -34,6 +34,9 @@ type CallInfo struct {
 	CallID    string
 	Run       string
 	Container string
+	// Refused is to be told of every refusal the projection makes, for
+	// the command's policy_events; it may be called concurrently.
+	Refused func(tools.PolicyEvent)
 }
 
 // Commands runs workspace_command calls (SPEC §5): for each, it mounts the
@@ -69,7 +72,8 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	}
 	defer os.Remove(mp)
 	name := NewContainerName(ws.Scope().Hash())
-	proj, err := c.Mount(ctx, ws, mp, CallInfo{CallID: req.CallID, Run: c.Run, Container: name})
+	var refused refusals
+	proj, err := c.Mount(ctx, ws, mp, CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.add})
 	if err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
 	}
@@ -105,6 +109,8 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		StderrTruncated: res.StderrTruncated,
 		Container:       res.ContainerName,
 		DurationMS:      res.Duration.Milliseconds(),
+		// The container is gone: nothing more reaches the projection.
+		PolicyEvents: refused.events(),
 	}
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -116,6 +122,28 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		return out, err
 	}
 	return out, nil
+}
+
+// refusals collects the refusals of one command's projection.
+type refusals struct {
+	mu sync.Mutex
+	ev tools.PolicyEvents
+}
+
+func (r *refusals) add(e tools.PolicyEvent) {
+	r.mu.Lock()
+	r.ev.Add(e)
+	r.mu.Unlock()
+}
+
+func (r *refusals) events() tools.PolicyEvents {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.ev
+	if ev.Events == nil {
+		ev.Events = []tools.PolicyEvent{}
+	}
+	return ev
 }
 
 // markerHooks keeps the execution marker in the scope's state directory.

@@ -35,6 +35,54 @@ type CommandResult struct {
 	StderrTruncated bool   `json:"stderr_truncated"`
 	Container       string `json:"container,omitempty"`
 	DurationMS      int64  `json:"duration_ms"`
+	// PolicyEvents are the refusals the command met in the workspace.
+	PolicyEvents PolicyEvents `json:"policy_events"`
+}
+
+// PolicyEvents are the refusals a command met in its projection of the
+// workspace. Refusals of the same operation on the same path for the same
+// reason are one event with a count (a program retrying a write that
+// meets the quota is refused once per write); MaxPolicyEvents events are
+// listed, and Total and Dropped count every refusal.
+type PolicyEvents struct {
+	Events  []PolicyEvent `json:"events"`
+	Total   int           `json:"total"`
+	Dropped int           `json:"dropped"`
+}
+
+// PolicyEvent is one refusal: the filesystem operation, the path in the
+// workspace, the errno the program got, the code and message a tool would
+// have given (the first one's, when Count is more than 1), and how many
+// times it happened.
+type PolicyEvent struct {
+	Op      string `json:"op"`
+	Path    string `json:"path"`
+	Errno   string `json:"errno"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Count   int    `json:"count"`
+}
+
+// MaxPolicyEvents is how many events a command's result lists; the
+// refusals of the others are counted in Dropped.
+const MaxPolicyEvents = 50
+
+// Add counts the refusal e, into a listed event of the same operation,
+// path and code or a new one while fewer than MaxPolicyEvents are listed.
+func (p *PolicyEvents) Add(e PolicyEvent) {
+	p.Total++
+	for i := range p.Events {
+		if x := &p.Events[i]; x.Op == e.Op && x.Path == e.Path && x.Code == e.Code && x.Errno == e.Errno {
+			x.Count++
+			return
+		}
+	}
+	if len(p.Events) >= MaxPolicyEvents {
+		p.Dropped++
+		return
+	}
+	e.Count = 1
+	p.Events = append(p.Events, e)
 }
 
 // CommandRunner runs a command in a sandbox over the workspace. The caller

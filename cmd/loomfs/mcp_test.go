@@ -413,4 +413,16 @@ func TestMCPCommandInSandbox(t *testing.T) {
 	if res.IsError || r.Stdout != "hi\n" {
 		t.Fatalf("command after the cancel: %q", mcpText(res))
 	}
+
+	// What the policy refused the command is in the result and the text.
+	res = mcpCall(t, cs, tools.Command, map[string]any{"command": "ln out.txt hard"})
+	r = tools.CommandResult{}
+	mcpStructured(t, res, &r)
+	ev := r.PolicyEvents
+	if ev.Total != 1 || len(ev.Events) != 1 || ev.Events[0].Op != "link" || ev.Events[0].Path != "hard" || ev.Events[0].Code != "hardlink_refused" {
+		t.Fatalf("policy_events of a refused ln: %+v", ev)
+	}
+	if text := mcpText(res); !strings.Contains(text, "refused by the workspace policy: 1 operation") || !strings.Contains(text, "link hard: EPERM (hardlink_refused)") {
+		t.Fatalf("the text does not tell the refusal: %q", text)
+	}
 }

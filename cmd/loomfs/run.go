@@ -33,7 +33,10 @@ guards against a lost container (see "loomfs quarantine --help").
 
 The command's stdout and stderr are printed as they were captured (capped,
 head and tail kept); loomfs exits with the command's exit code, 124 if it
-timed out, and 1 if it was refused.`,
+timed out, and 1 if it was refused. With --json the whole result is printed,
+with policy_events: what the workspace policy refused the command (operation,
+path, errno, code and message), which the command itself saw only as an
+errno.`,
 		Example: `  loomfs run --scope acme/coder/s1 -- python3 -c 'print(open("notes.md").read())'
   loomfs run --scope acme/coder/s1 --timeout 5 -- sh -c 'ls -la'`,
 		Args: func(cmd *cobra.Command, args []string) error {

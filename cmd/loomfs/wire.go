@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/fusefs"
@@ -120,9 +122,25 @@ func (g *globals) newCommands(ctx context.Context, ws *store.Workspace, log *aud
 				Audit:      log,
 				Actor:      a,
 				CallID:     call.CallID,
+				Refused:    policyEvent(call.Refused),
 			})
 		},
 	}, nil
+}
+
+// policyEvent hands each refusal of a command's projection to refused,
+// told the way a tool result tells it.
+func policyEvent(refused func(tools.PolicyEvent)) func(fusefs.Refusal) {
+	if refused == nil {
+		return nil
+	}
+	return func(r fusefs.Refusal) {
+		errno := unix.ErrnoName(r.Errno)
+		if errno == "" {
+			errno = strconv.Itoa(int(r.Errno))
+		}
+		refused(tools.PolicyEvent{Op: r.Op, Path: r.Path, Errno: errno, Code: string(r.Code), Message: r.Message})
+	}
 }
 
 // auditAdmin records an administrator's command; a failure is reported,
