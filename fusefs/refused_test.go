@@ -35,7 +35,7 @@ func TestRefusedHook(t *testing.T) {
 		{"write", "big", syscall.EFBIG, policy.TooLarge, ""},
 		{"write", "d", syscall.EDQUOT, policy.QuotaExceeded, "quota exceeded: workspace total 3 MiB (used "},
 		{"create", "data/new", syscall.EROFS, policy.ReadOnly, "data"},
-		{"link", "hard", syscall.EPERM, "", ""},
+		{"link", "hard", syscall.EXDEV, policy.LinkUnsupported, "copy the file instead"},
 	}
 	for _, w := range want {
 		found := false

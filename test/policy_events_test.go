@@ -45,7 +45,7 @@ for i in $(seq 60); do ln f h$i 2>/dev/null; done; exit 0`
 	for _, w := range []struct{ op, path, errno, code, message string }{
 		{"write", "big", "EDQUOT", "quota_exceeded", "quota exceeded: workspace total 1 MiB (used "},
 		{"create", "data/new", "EROFS", "read_only", `data/new is read-only (path rule "data/ ro")`},
-		{"link", "hard", "EPERM", "hardlink_refused", "creating hard links is refused"},
+		{"link", "hard", "EXDEV", "link_unsupported", "hard links are not made in the workspace; copy the file instead"},
 	} {
 		found := false
 		for _, e := range ev.Events {

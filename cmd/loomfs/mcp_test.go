@@ -419,10 +419,10 @@ func TestMCPCommandInSandbox(t *testing.T) {
 	r = tools.CommandResult{}
 	mcpStructured(t, res, &r)
 	ev := r.PolicyEvents
-	if ev.Total != 1 || len(ev.Events) != 1 || ev.Events[0].Op != "link" || ev.Events[0].Path != "hard" || ev.Events[0].Code != "hardlink_refused" {
+	if ev.Total != 1 || len(ev.Events) != 1 || ev.Events[0].Op != "link" || ev.Events[0].Path != "hard" || ev.Events[0].Code != "link_unsupported" {
 		t.Fatalf("policy_events of a refused ln: %+v", ev)
 	}
-	if text := mcpText(res); !strings.Contains(text, "refused by the workspace policy: 1 operation") || !strings.Contains(text, "link hard: EPERM (hardlink_refused)") {
+	if text := mcpText(res); !strings.Contains(text, "refused by the workspace policy: 1 operation") || !strings.Contains(text, "link hard: EXDEV (link_unsupported)") {
 		t.Fatalf("the text does not tell the refusal: %q", text)
 	}
 }
