@@ -55,6 +55,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		return f.refused(ctx, ev, policy.CheckChown(rel))
 	}
 	if setMode {
+		if n.StableAttr().Mode == unix.S_IFLNK {
+			// As on Linux's own filesystems: a symlink's mode can't be
+			// changed. Here it would also take the link's marker away.
+			return f.refused(ctx, ev, policy.Errorf(policy.Unsupported, "%s is a symbolic link; its mode can't be changed", rel))
+		}
 		if err := policy.CheckChmod(rel, mode); err != nil {
 			return f.refused(ctx, ev, err)
 		}

@@ -111,6 +111,9 @@ func (d *dirHandle) load() syscall.Errno {
 				if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
 					continue
 				}
+				if de.Mode == unix.S_IFREG && d.isLink(de.Name) {
+					de.Mode = unix.S_IFLNK
+				}
 			}
 			de.Off = uint64(len(d.entries) + 1)
 			d.entries = append(d.entries, de)
@@ -121,6 +124,15 @@ func (d *dirHandle) load() syscall.Errno {
 	}
 	d.loaded = true
 	return 0
+}
+
+// isLink reports whether the regular file name is an emulated link, so
+// readdir gives it the type DT_LNK that lstat will show. The type and mode
+// are all it asks for, the least a statx can ask.
+func (d *dirHandle) isLink(name string) bool {
+	var sx unix.Statx_t
+	err := unix.Statx(d.fd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_MODE, &sx)
+	return err == nil && isLink(&sx)
 }
 
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
