@@ -167,10 +167,17 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 }
 
 // openFailed answers an open of a node's own path that failed: ESTALE
-// when the path is gone (the kernel then looks it up again), a recorded
+// when the path is gone or holds a link now (the kernel then looks it up
+// again), a recorded
 // refusal, or the error.
 func (f *fsys) openFailed(ctx context.Context, ev audit.Event, err error) syscall.Errno {
-	if policy.CodeOf(err) == policy.NotFound {
+	switch policy.CodeOf(err) {
+	case policy.NotFound:
+		return syscall.ESTALE
+	case policy.SymlinkRefused:
+		// The node is a file or a directory (the kernel opens no link),
+		// but its path holds a link now: replaced by rename. Looked up
+		// again, the link is followed, or refused, as a link.
 		return syscall.ESTALE
 	}
 	if refusal(err) {
