@@ -29,6 +29,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		selfCheck time.Duration
 		profile   string
 		procs     int
+		follow    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -40,12 +41,19 @@ policy as the tools and recorded in the volume's audit log.
 The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
 (the sandbox user), files 0600 and directories 0700. A stale mount left at
 MOUNTPOINT by a daemon that died is cleared first. "mounted SCOPE at DIR" is
-printed on stderr once the mount is ready.`,
+printed on stderr once the mount is ready.
+
+Symbolic links made in the workspace (policy "symlinks: emulate") are shown
+as links, but not followed unless --follow-links is given: a process that
+follows a link resolves it against its own root, and on the host a link to
+/etc/passwd is the host's. Give --follow-links for a mount served to a
+container, whose processes resolve links against the container's view.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.UID == 0 || opts.GID == 0 {
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
+			opts.NoFollowLinks = !follow
 			setProcs(procs, cmd.Flags().Changed("procs"))
 			if profile != "" {
 				f, err := os.Create(profile)
@@ -69,6 +77,7 @@ printed on stderr once the mount is ready.`,
 	f.BoolVar(&opts.ReadOnly, "read-only", false, "refuse every change (EROFS)")
 	f.BoolVar(&opts.UserXattrs, "user-xattrs", false, `serve extended attributes in the "user." namespace (every other is refused)`)
 	f.BoolVar(&opts.Passthrough, "passthrough", false, "let the kernel read files opened read-only from the backing store (Linux 6.9+); writes always come to the daemon")
+	f.BoolVar(&follow, "follow-links", false, "let processes follow the symbolic links made in the workspace (readlink answers); without it links are shown but not followed, since on the host an absolute target names a host file")
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for performance work)")
 	addProcsFlag(f, &procs)
