@@ -16,9 +16,10 @@
 // types, which track files by path string, call path-based syscalls and
 // forward raw ioctls, are never used.
 //
-// What the projection refuses: symlinks, hard links and special files
-// (EPERM); opening, following or writing objects someone else put in the
-// backing store (they are listed for what they are); names the tools could
+// What the projection refuses: hard links and special files (EPERM), and
+// symlinks when the policy says "symlinks: refuse"; opening, following or
+// writing objects someone else put in the backing store, real symlinks
+// among them (they are listed for what they are); names the tools could
 // not address, "subagents" at the top of a main scope and ".agentloom-*"
 // (EINVAL; ".agentloom-*" entries are not listed at all); setuid, setgid
 // and sticky bits; ioctls (ENOTTY); extended attributes unless
@@ -32,6 +33,23 @@
 // Deleting, overwriting or moving away what a subtree marks for two-step
 // confirmation answers EPERM: the filesystem can't ask twice. A
 // quarantined scope answers EROFS to every change and still reads.
+//
+// # Symbolic links
+//
+// With "symlinks: emulate" (the default) symlink(2) makes an emulated link
+// through the store (store.Workspace.PlaceLink): on the backing store a
+// regular file holding the target, marked with the sticky bit, never a
+// symlink. The mount shows such a file as a symlink (S_IFLNK, mode 0777,
+// size the target's length, DT_LNK in readdir; its node type is the
+// link's, so a file replaced by a link is a new node), answers readlink
+// with its target, and lets rename, unlink and times change it; its mode
+// can't be changed (EOPNOTSUPP), so the marker can't be taken away or set
+// by chmod. The kernel then follows the link in the caller's own view: in
+// a sandbox that is the container's, so a link reaches only what the
+// container already sees. On the host a link with an absolute target
+// names a host file, so a host-side mount sets Options.NoFollowLinks and
+// answers readlink with EPERM. With "symlinks: refuse" symlink(2) answers
+// EPERM and links made earlier are shown but not followed.
 //
 // # Identity and caching
 //
