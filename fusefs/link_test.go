@@ -155,6 +155,21 @@ func TestLinks(t *testing.T) {
 		if len(e.sink.find("symlink", "ok", "rel")) != 1 {
 			t.Errorf("the link's creation was not recorded")
 		}
+		noted := map[string]bool{}
+		fs, err := e.ws.ReadJournal(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			for _, c := range f.Changes {
+				noted[c.Path] = true
+			}
+		}
+		for _, rel := range []string{"rel", "abs", "dirlink", "moved", "sub/moved"} {
+			if !noted[rel] {
+				t.Errorf("%s is not in the change journal", rel)
+			}
+		}
 	})
 	noBackingSymlink(t, e)
 }
@@ -302,5 +317,6 @@ func TestVenv(t *testing.T) {
 	if err != nil || !strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "python") {
 		t.Errorf("venv/bin/python -> %q %v", target, err)
 	}
+	t.Logf("venv/bin/python -> %s, resolved by the host here", target)
 	noBackingSymlink(t, e)
 }
