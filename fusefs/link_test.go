@@ -320,3 +320,46 @@ func TestVenv(t *testing.T) {
 	t.Logf("venv/bin/python -> %s, resolved by the host here", target)
 	noBackingSymlink(t, e)
 }
+
+// TestLinksInArchivesAndCopies: tar -x, Python's tarfile and cp -a of a
+// tree holding links give the same tree in the mount as in a plain
+// directory: each link a link, with its target.
+func TestLinksInArchivesAndCopies(t *testing.T) {
+	e := newEnv(t)
+	src := filepath.Join(t.TempDir(), "src")
+	mustWrite(t, filepath.Join(src, "dir/file"), "x")
+	for link, target := range map[string]string{"to-file": "dir/file", "to-dir": "dir", "dangling": "nowhere", "abs": "/etc/hostname", "dir/up": "../to-file"} {
+		if err := os.Symlink(target, filepath.Join(src, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	archive := filepath.Join(t.TempDir(), "tree.tar")
+	if out, err := exec.Command("tar", "-cf", archive, "-C", src, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar -c: %v\n%s", err, out)
+	}
+	// What find says of a tree: type, path and link target.
+	tree := func(dir string) string {
+		out, err := exec.Command("find", dir, "-mindepth", "1", "-printf", "%y %P %l\n").CombinedOutput()
+		if err != nil {
+			t.Fatalf("find: %v\n%s", err, out)
+		}
+		return strings.Join(sorted(strings.Split(strings.TrimSpace(string(out)), "\n")), "\n")
+	}
+	want := tree(src)
+	for name, script := range map[string]string{
+		"tar":     `mkdir t && tar --no-same-owner -xf "$0" -C t`,
+		"tarfile": `mkdir t && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("t", filter="tar")' "$0"`,
+		"cp -a":   `cp -a --no-preserve=ownership "$1" t`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command("sh", "-c", `cd "$2" && rm -rf t && `+script, archive, src, e.mnt)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if got := tree(e.path("t")); got != want {
+				t.Errorf("tree in the mount:\n%s\nwant:\n%s", got, want)
+			}
+		})
+	}
+	noBackingSymlink(t, e)
+}

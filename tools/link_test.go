@@ -35,11 +35,17 @@ func TestEmulatedLinks(t *testing.T) {
 		t.Fatalf("stat: %v", s)
 	}
 
+	mustCall(t, tb, Mkdir, map[string]any{"path": "d"})
+	if _, err := tb.WS.Symlink(context.Background(), "dirlink", "d"); err != nil {
+		t.Fatal(err)
+	}
 	for _, op := range []struct {
 		tool string
 		in   map[string]any
 	}{
 		{Read, map[string]any{"path": "lnk"}},
+		{Write, map[string]any{"path": "dirlink/new", "content": "x"}},
+		{Read, map[string]any{"path": "dirlink/new"}},
 		{Write, map[string]any{"path": "lnk", "content": "x"}},
 		{Edit, map[string]any{"path": "lnk", "old_text": "CANARY", "new_text": "x"}},
 		{Grep, map[string]any{"pattern": "CANARY", "path": "lnk"}},
@@ -53,11 +59,11 @@ func TestEmulatedLinks(t *testing.T) {
 		wantCode(t, err, policy.SymlinkRefused)
 	}
 	g := mustCall(t, tb, Grep, map[string]any{"pattern": "CANARY|secret"})
-	if len(g["matches"].([]any)) != 1 || g["skipped_refused"] != float64(1) {
+	if len(g["matches"].([]any)) != 1 || g["skipped_refused"] != float64(2) {
 		t.Fatalf("grep: %v", g)
 	}
 	gl := mustCall(t, tb, Glob, map[string]any{"pattern": "*"})
-	if gl["total"] != float64(2) {
+	if gl["total"] != float64(4) {
 		t.Fatalf("glob lists %v, want the file and the link", gl["matches"])
 	}
 
