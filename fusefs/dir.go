@@ -26,6 +26,10 @@ type dirHandle struct {
 	entries []fuse.DirEntry
 	loaded  bool
 	pos     int
+	// seen is the regular file Readdirent last described, and seenSx
+	// what statx said of it then.
+	seen   string
+	seenSx unix.Statx_t
 }
 
 var (
@@ -111,9 +115,6 @@ func (d *dirHandle) load() syscall.Errno {
 				if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
 					continue
 				}
-				if de.Mode == unix.S_IFREG && d.isLink(de.Name) {
-					de.Mode = unix.S_IFLNK
-				}
 			}
 			de.Off = uint64(len(d.entries) + 1)
 			d.entries = append(d.entries, de)
@@ -124,15 +125,6 @@ func (d *dirHandle) load() syscall.Errno {
 	}
 	d.loaded = true
 	return 0
-}
-
-// isLink reports whether the regular file name is an emulated link, so
-// readdir gives it the type DT_LNK that lstat will show. The type and mode
-// are all it asks for, the least a statx can ask.
-func (d *dirHandle) isLink(name string) bool {
-	var sx unix.Statx_t
-	err := unix.Statx(d.fd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_MODE, &sx)
-	return err == nil && isLink(&sx)
 }
 
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
@@ -148,6 +140,18 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	}
 	de := d.entries[d.pos]
 	d.pos++
+	if de.Mode == unix.S_IFREG {
+		// An emulated link is a regular file on the backing store: readdir
+		// gives it the DT_LNK lstat will show. A READDIRPLUS looks the
+		// entry up next (Lookup), which takes this stat instead of its own.
+		d.seen = ""
+		if sx, err := statAt(d.fd, de.Name); err == nil {
+			d.seen, d.seenSx = de.Name, sx
+			if isLink(&sx) {
+				de.Mode = unix.S_IFLNK
+			}
+		}
+	}
 	return &de, 0
 }
 
@@ -170,6 +174,8 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	f := d.node.fsys
 	d.mu.Lock()
 	dir := d.rel
+	sx, seen := d.seenSx, d.seen == name
+	d.seen = ""
 	d.mu.Unlock()
 	rel := policy.Join(dir, name)
 	if policy.CheckName(dir, name, f.pol.MainScope) != nil {
@@ -182,9 +188,11 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if err != nil {
 		return nil, policy.Errno(err)
 	}
-	sx, err := statAt(d.fd, name)
-	if err != nil {
-		return nil, policy.Errno(err)
+	if !seen {
+		var err error
+		if sx, err = statAt(d.fd, name); err != nil {
+			return nil, policy.Errno(err)
+		}
 	}
 	if err := f.lookFIFO(ctx, rel, &sx); err != nil {
 		return nil, policy.Errno(err)
