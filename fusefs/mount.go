@@ -68,7 +68,10 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		// No xattrs: ENOSYS once, and the kernel stops asking.
 		DisableXAttrs: !opts.UserXattrs,
 		EnableLocks:   true,
-		MaxWrite:      1 << 20,
+		// An emulated link's target never changes (no door writes through
+		// a link; a new link is a new file): the kernel may keep it.
+		EnableSymlinkCaching: ws.Policy().EmulatesLinks() && !opts.NoFollowLinks,
+		MaxWrite:             1 << 20,
 		Debug:         opts.Debug,
 	}
 	if opts.ReadOnly {
