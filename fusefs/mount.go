@@ -72,7 +72,7 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		// a link; a new link is a new file): the kernel may keep it.
 		EnableSymlinkCaching: ws.Policy().EmulatesLinks() && !opts.NoFollowLinks,
 		MaxWrite:             1 << 20,
-		Debug:         opts.Debug,
+		Debug:                opts.Debug,
 	}
 	if opts.ReadOnly {
 		mo.DirectMountFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY
