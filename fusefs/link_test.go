@@ -363,3 +363,22 @@ func TestLinksInArchivesAndCopies(t *testing.T) {
 	}
 	noBackingSymlink(t, e)
 }
+
+// TestLinksUnderPathRules: a link's target is what it holds, so it is read
+// under the path's mode: not in a write-only subtree, where a link can
+// still be made; in a read-only one it is read but never made.
+func TestLinksUnderPathRules(t *testing.T) {
+	e := newEnv(t, withRules(testRules...))
+	plantRuleDirs(t, e)
+	plantLink(t, e, "data/link", "file")
+	if b, err := os.ReadFile(e.path("data/link")); err != nil || string(b) != "data content\n" {
+		t.Errorf("following a link in data/: %q %v", b, err)
+	}
+	wantErrno(t, os.Symlink("file", e.path("data/new")), syscall.EROFS)
+	if err := os.Symlink("file", e.path("output/link")); err != nil {
+		t.Fatalf("a link in output/: %v", err)
+	}
+	_, err := os.Readlink(e.path("output/link"))
+	wantErrno(t, err, syscall.EACCES)
+	wantErrno(t, os.Symlink("x", e.path(".meta/link")), syscall.ENOENT)
+}

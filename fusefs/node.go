@@ -276,7 +276,9 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	case f.opts.NoFollowLinks:
 		return nil, f.refused(ctx, ev, policy.Errorf(policy.SymlinkRefused, "%s is a symbolic link; this mount does not follow links", rel))
 	}
-	if err := f.admit(policy.OpStat, rel); err != nil {
+	// A target is what the link holds: reading it is a read, refused in
+	// a write-only subtree as reading a file is.
+	if err := f.admit(policy.OpRead, rel); err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
 	target, info, err := f.ws.ReadLink(rel)

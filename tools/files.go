@@ -40,7 +40,11 @@ func entryOf(ws *store.Workspace, rel string, info store.Info) Entry {
 	if info.Kind == policy.KindLink {
 		// A link loomfs made: listed with its target, never followed. One
 		// it can't read (hard-linked, or marked on the host with no valid
-		// target) has no target and says why.
+		// target) has no target and says why; in a write-only subtree the
+		// target, what the link holds, is not shown.
+		if ws.Policy().Check(policy.OpRead, rel) != nil {
+			return e
+		}
 		target, _, err := ws.ReadLink(rel)
 		if err != nil {
 			e.Refused = string(policy.CodeOf(err))

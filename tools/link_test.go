@@ -97,3 +97,21 @@ func TestLinkMarkerNotForgedByTools(t *testing.T) {
 		t.Errorf("stat f: %v", s)
 	}
 }
+
+// TestLinkTargetUnderWriteOnly: in a write-only subtree a link is listed,
+// but its target, what it holds, is not shown.
+func TestLinkTargetUnderWriteOnly(t *testing.T) {
+	pol := policy.Default()
+	if err := pol.SetRules([]policy.Rule{{Prefix: "out", Mode: policy.ModeWO}}); err != nil {
+		t.Fatal(err)
+	}
+	tb, _ := newBox(t, pol)
+	mustCall(t, tb, Mkdir, map[string]any{"path": "out"})
+	if _, err := tb.WS.Symlink(context.Background(), "out/l", "secret"); err != nil {
+		t.Fatal(err)
+	}
+	s := mustCall(t, tb, Stat, map[string]any{"path": "out/l"})
+	if s["type"] != "symlink" || s["target"] != nil {
+		t.Fatalf("stat in a write-only subtree: %v", s)
+	}
+}
