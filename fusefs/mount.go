@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -266,7 +267,14 @@ func probe(path string, want []byte) (err error) {
 	if err != nil {
 		return err
 	}
-	got, err := os.ReadFile(path)
+	// The daemon runs on the host: were the probe's name replaced by a
+	// link meanwhile, it must not be followed to a host file.
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	got, err := io.ReadAll(io.LimitReader(r, int64(len(want))+1))
+	r.Close()
 	if err != nil {
 		return err
 	}
