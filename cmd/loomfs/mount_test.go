@@ -157,6 +157,29 @@ func scopeDir(t *testing.T, root string) string {
 	return filepath.Join(root, sc.Dir())
 }
 
+// TestMountFollowLinks: with --follow-links a host-side mount follows the
+// links made in the workspace (for a mount served to a container).
+func TestMountFollowLinks(t *testing.T) {
+	root, mnt := mountDirs(t)
+	p := startMount(t, root, mountScope, mnt, "--follow-links")
+	if err := os.WriteFile(filepath.Join(mnt, "file"), []byte("hi"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("file", filepath.Join(mnt, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "link")); err != nil || string(b) != "hi" {
+		t.Errorf("through the link: %q %v", b, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(scopeDir(t, root), "link")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("backing store holds the link as %v %v", fi.Mode(), err)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.output())
+	}
+}
+
 // TestMountCommand: serves, refuses what the policy refuses, unmounts
 // cleanly on SIGTERM and on SIGINT, and records in the audit log.
 func TestMountCommand(t *testing.T) {
