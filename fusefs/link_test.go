@@ -382,3 +382,47 @@ func TestLinksUnderPathRules(t *testing.T) {
 	wantErrno(t, err, syscall.EACCES)
 	wantErrno(t, os.Symlink("x", e.path(".meta/link")), syscall.ENOENT)
 }
+
+// TestLinksGitAndNpm: git checks links out as links with a clean status,
+// and npm links a package's bin into node_modules/.bin, in the mount.
+func TestLinksGitAndNpm(t *testing.T) {
+	if _, err := exec.LookPath("npm"); err != nil {
+		// scripts/setup installs no Node.js on the host; the sandbox
+		// image tests run npm in a container.
+		t.Skip("npm is not installed on this host")
+	}
+	e := newEnv(t)
+	repo := filepath.Join(t.TempDir(), "repo")
+	pkg := filepath.Join(t.TempDir(), "pkg")
+	mustWrite(t, filepath.Join(repo, "dir/file"), "x\n")
+	mustWrite(t, filepath.Join(pkg, "package.json"), `{"name": "hello", "version": "1.0.0", "bin": {"hello": "hello.js"}}`)
+	mustWrite(t, filepath.Join(pkg, "hello.js"), "#!/usr/bin/env node\nconsole.log('hello from bin')\n")
+	for _, c := range []struct{ name, dir, script string }{
+		{"git", repo, `git init -q && ln -s dir/file link && git add -A && git -c user.email=t@t -c user.name=t commit -qm init`},
+		{"npm pack", pkg, `npm pack --silent >/dev/null`},
+	} {
+		cmd := exec.Command("sh", "-c", c.script)
+		cmd.Dir = c.dir
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", c.name, err, out)
+		}
+	}
+	t.Run("git clone", func(t *testing.T) {
+		script := `git clone -q "$0" clone && cd clone && git -c safe.directory='*' status --porcelain && readlink link && cat link`
+		out, err := runIn(t, e.mnt, strings.ReplaceAll(script, `"$0"`, repo))
+		if err != nil || out != "dir/file\nx\n" {
+			t.Errorf("clone: %v\n%q", err, out)
+		}
+	})
+	t.Run("npm install", func(t *testing.T) {
+		cmd := exec.Command("sh", "-c", `mkdir app && cd app && echo '{}' > package.json && npm install --silent --no-audit --no-fund --offline "$0"/hello-1.0.0.tgz && readlink node_modules/.bin/hello`, pkg)
+		cmd.Dir = e.mnt
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "npm_config_cache="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "../hello/hello.js") {
+			t.Fatalf("npm install: %v\n%s", err, out)
+		}
+	})
+	noBackingSymlink(t, e)
+}
