@@ -350,8 +350,12 @@ func TestLinksInArchivesAndCopies(t *testing.T) {
 		"tar":     `mkdir t && tar --no-same-owner -xf "$0" -C t`,
 		"tarfile": `mkdir t && python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("t", filter="tar")' "$0"`,
 		"cp -a":   `cp -a --no-preserve=ownership "$1" t`,
+		"unzip":   `(cd "$1" && zip -qry "$0.zip" .) && unzip -q "$0.zip" -d t`,
 	} {
 		t.Run(name, func(t *testing.T) {
+			if _, err := exec.LookPath("zip"); err != nil && name == "unzip" {
+				t.Skip("zip is not installed on this host")
+			}
 			cmd := exec.Command("sh", "-c", `cd "$2" && rm -rf t && `+script, archive, src, e.mnt)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("%v\n%s", err, out)
