@@ -168,8 +168,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 
 // openFailed answers an open of a node's own path that failed: ESTALE
 // when the path is gone or holds a link now (the kernel then looks it up
-// again), a recorded
-// refusal, or the error.
+// again), a recorded refusal, or the error.
 func (f *fsys) openFailed(ctx context.Context, ev audit.Event, err error) syscall.Errno {
 	switch policy.CodeOf(err) {
 	case policy.NotFound:
