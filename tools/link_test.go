@@ -115,3 +115,26 @@ func TestLinkTargetUnderWriteOnly(t *testing.T) {
 		t.Fatalf("stat in a write-only subtree: %v", s)
 	}
 }
+
+// TestLinkDeleteConfirmed: deleting a link where the policy asks for
+// confirmation takes the two steps, as deleting a file does.
+func TestLinkDeleteConfirmed(t *testing.T) {
+	pol := policy.Default()
+	if err := pol.SetSubtrees([]policy.Subtree{{Prefix: "out", Confirm: []policy.Op{policy.OpDelete}}}); err != nil {
+		t.Fatal(err)
+	}
+	tb, dir := newBox(t, pol)
+	mustCall(t, tb, Mkdir, map[string]any{"path": "out"})
+	if _, err := tb.WS.Symlink(context.Background(), "out/l", "x"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := call(t, tb, Delete, map[string]any{"path": "out/l"})
+	pe := wantCode(t, err, policy.ConfirmationRequired)
+	if _, err := os.Lstat(filepath.Join(dir, "out/l")); err != nil {
+		t.Fatalf("the link went before confirmation: %v", err)
+	}
+	mustCall(t, tb, Delete, map[string]any{"path": "out/l", "confirm_token": pe.Token})
+	if _, err := os.Lstat(filepath.Join(dir, "out/l")); !os.IsNotExist(err) {
+		t.Fatalf("the link is still there: %v", err)
+	}
+}
