@@ -64,6 +64,11 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		return f.refused(ctx, ev, policy.CheckChown(rel))
 	}
 	if setMode {
+		if n.StableAttr().Mode == unix.S_IFLNK {
+			// As on Linux's own filesystems: a symlink's mode can't be
+			// changed. Here it would also take the link's marker away.
+			return f.refused(ctx, ev, policy.Errorf(policy.Unsupported, "%s is a symbolic link; its mode can't be changed", rel))
+		}
 		if err := policy.CheckChmod(rel, mode); err != nil {
 			return f.refused(ctx, ev, err)
 		}
@@ -213,10 +218,16 @@ func (n *node) dupOpen() (fd int, rel string, ok bool) {
 }
 
 // openFailed answers an open of a node's own path that failed: ESTALE
-// when the path is gone (the kernel then looks it up again), a recorded
-// refusal, or the error.
+// when the path is gone or holds a link now (the kernel then looks it up
+// again), a recorded refusal, or the error.
 func (f *fsys) openFailed(ctx context.Context, ev audit.Event, err error) syscall.Errno {
-	if policy.CodeOf(err) == policy.NotFound {
+	switch policy.CodeOf(err) {
+	case policy.NotFound:
+		return syscall.ESTALE
+	case policy.SymlinkRefused:
+		// The node is a file or a directory (the kernel opens no link),
+		// but its path holds a link now: replaced by rename. Looked up
+		// again, the link is followed, or refused, as a link.
 		return syscall.ESTALE
 	}
 	if refusal(err) {

@@ -26,6 +26,10 @@ type dirHandle struct {
 	entries []fuse.DirEntry
 	loaded  bool
 	pos     int
+	// seen is the regular file Readdirent last described, and seenSx
+	// what statx said of it then.
+	seen   string
+	seenSx unix.Statx_t
 }
 
 var (
@@ -137,6 +141,18 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	}
 	de := d.entries[d.pos]
 	d.pos++
+	if de.Mode == unix.S_IFREG {
+		// An emulated link is a regular file on the backing store: readdir
+		// gives it the DT_LNK lstat will show. A READDIRPLUS looks the
+		// entry up next (Lookup), which takes this stat instead of its own.
+		d.seen = ""
+		if sx, err := statAt(d.fd, de.Name); err == nil {
+			d.seen, d.seenSx = de.Name, sx
+			if isLink(&sx) {
+				de.Mode = unix.S_IFLNK
+			}
+		}
+	}
 	return &de, 0
 }
 
@@ -159,6 +175,8 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	f := d.node.fsys
 	d.mu.Lock()
 	dir := d.rel
+	sx, seen := d.seenSx, d.seen == name
+	d.seen = ""
 	d.mu.Unlock()
 	rel := policy.Join(dir, name)
 	if err := policy.CheckName(dir, name, f.pol.MainScope); err != nil {
@@ -171,9 +189,11 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if err != nil {
 		return nil, policy.Errno(err)
 	}
-	sx, err := statAt(d.fd, name)
-	if err != nil {
-		return nil, policy.Errno(err)
+	if !seen {
+		var err error
+		if sx, err = statAt(d.fd, name); err != nil {
+			return nil, policy.Errno(err)
+		}
 	}
 	if err := f.lookFIFO(ctx, rel, &sx); err != nil {
 		return nil, policy.Errno(err)

@@ -16,14 +16,15 @@
 // types, which track files by path string, call path-based syscalls and
 // forward raw ioctls, are never used.
 //
-// What the projection refuses: symlinks and special files (EPERM); new
-// hard links (EXDEV, so programs fall back to copying); opening, following
-// or writing objects someone else put in the backing store, hard-linked
-// files among them (they are listed for what they are); names the tools
-// could not address, "subagents" at the top of a main scope and
-// ".agentloom-*" (EPERM, never EINVAL, which "rm -f" takes for a missing
-// file; ".agentloom-*" entries are not listed at all), and names over 255
-// bytes or paths over 4096 (ENAMETOOLONG, at lookup too); setuid, setgid
+// What the projection refuses: special files (EPERM), and symlinks when
+// the policy says "symlinks: refuse"; new hard links (EXDEV, so programs
+// fall back to copying); opening, following or writing objects someone
+// else put in the backing store, real symlinks and hard-linked files among
+// them (they are listed for what they are); names the tools could not
+// address, "subagents" at the top of a main scope and ".agentloom-*"
+// (EPERM, never EINVAL, which "rm -f" takes for a missing file;
+// ".agentloom-*" entries are not listed at all), and names over 255 bytes
+// or paths over 4096 (ENAMETOOLONG, at lookup too); setuid, setgid
 // and sticky bits; ioctls (ENOTTY); extended attributes unless
 // Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT;
 // fallocate(FALLOC_FL_KEEP_SIZE) past the end of a file (EOPNOTSUPP: the
@@ -42,6 +43,29 @@
 // the mount alone, answers lookup, stat and open but no readdir, so git add
 // -A, tar and cp -r never take it. The generated README (policy.ReadmeFile)
 // is listed: it is meant to be read.
+//
+// # Symbolic links
+//
+// With "symlinks: emulate" (the default) symlink(2) makes an emulated link
+// through the store (store.Workspace.PlaceLink): on the backing store a
+// regular file holding the target, marked with the sticky bit, never a
+// symlink. The mount shows such a file as a symlink (S_IFLNK, mode 0777,
+// size the target's length, DT_LNK in readdir; its node type is the
+// link's, so a file replaced by a link is a new node), answers readlink
+// with its target, and lets rename, unlink and times change it; its mode
+// can't be changed (EOPNOTSUPP), so the marker can't be taken away or set
+// by chmod. The kernel then follows the link in the caller's own view: in
+// a sandbox that is the container's, so a link reaches only what the
+// container already sees. On the host a link with an absolute target
+// names a host file, so a host-side mount sets Options.NoFollowLinks and
+// answers readlink with EPERM. With "symlinks: refuse" symlink(2) answers
+// EPERM and links made earlier are shown but not followed. A link's
+// target never changes (no door writes through a link, and a new link is
+// a new file), so the kernel keeps the targets it read (FUSE
+// CACHE_SYMLINKS): following a link costs 2 µs instead of 21 µs. A link
+// replaced by another door is a new inode, seen once the entry is looked
+// up again: at once after Mounted.Invalidate, within the entry's second
+// otherwise, as for files.
 //
 // # Identity and caching
 //

@@ -265,7 +265,7 @@ func setUint[T ~uint32 | ~uint64](p *T, v uint32) { *p = T(v) }
 // stableAttr is a node's identity: the backing inode number and, as the
 // generation, its birth time, so a reused inode number is a new node.
 func stableAttr(sx *unix.Statx_t) fs.StableAttr {
-	sa := fs.StableAttr{Mode: uint32(sx.Mode) & unix.S_IFMT, Ino: sx.Ino}
+	sa := fs.StableAttr{Mode: typeOf(sx), Ino: sx.Ino}
 	if sx.Mask&unix.STATX_BTIME != 0 {
 		sa.Gen = uint64(sx.Btime.Sec)*1e9 + uint64(sx.Btime.Nsec)
 	}
@@ -273,6 +273,21 @@ func stableAttr(sx *unix.Statx_t) fs.StableAttr {
 		sa.Ino--
 	}
 	return sa
+}
+
+// isLink reports whether sx describes an emulated symbolic link: a
+// regular file carrying policy.LinkMarker (store/link.go).
+func isLink(sx *unix.Statx_t) bool {
+	return uint32(sx.Mode)&unix.S_IFMT == unix.S_IFREG && uint32(sx.Mode)&policy.LinkMarker != 0
+}
+
+// typeOf is the file type the mount shows for sx: S_IFLNK for an emulated
+// link, the backing object's type otherwise.
+func typeOf(sx *unix.Statx_t) uint32 {
+	if isLink(sx) {
+		return unix.S_IFLNK
+	}
+	return uint32(sx.Mode) & unix.S_IFMT
 }
 
 // sameObject reports whether sx still describes the object of identity sa.
@@ -294,6 +309,11 @@ func (f *fsys) fillAttr(sx *unix.Statx_t, out *fuse.Attr) {
 	out.Mtime, out.Mtimensec = uint64(sx.Mtime.Sec), sx.Mtime.Nsec
 	out.Ctime, out.Ctimensec = uint64(sx.Ctime.Sec), sx.Ctime.Nsec
 	out.Mode = uint32(sx.Mode) &^ 0o077
+	if isLink(sx) {
+		// An emulated link, shown as the symlink it stands for; its size
+		// is its target's length, as a symlink's is.
+		out.Mode = unix.S_IFLNK | 0o777
+	}
 	out.Nlink = sx.Nlink
 	out.Uid, out.Gid = f.uid, f.gid
 	out.Rdev = 0

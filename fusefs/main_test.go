@@ -78,6 +78,7 @@ type envConfig struct {
 	limits   func(*policy.Limits)
 	opts     Options
 	scope    store.Scope
+	symlinks policy.Symlinks
 }
 
 type envOption func(*envConfig)
@@ -130,6 +131,9 @@ func newEnv(t testing.TB, options ...envOption) *env {
 	}
 	if cfg.limits != nil {
 		cfg.limits(&pol.Limits)
+	}
+	if cfg.symlinks != "" {
+		pol.Symlinks = cfg.symlinks
 	}
 	ws, err := vol.Open(ctx, cfg.scope, pol)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -68,8 +69,11 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		// No xattrs: ENOSYS once, and the kernel stops asking.
 		DisableXAttrs: !opts.UserXattrs,
 		EnableLocks:   true,
-		MaxWrite:      1 << 20,
-		Debug:         opts.Debug,
+		// An emulated link's target never changes (no door writes through
+		// a link; a new link is a new file): the kernel may keep it.
+		EnableSymlinkCaching: ws.Policy().EmulatesLinks() && !opts.NoFollowLinks,
+		MaxWrite:             1 << 20,
+		Debug:                opts.Debug,
 	}
 	if opts.ReadOnly {
 		mo.DirectMountFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY
@@ -279,7 +283,14 @@ func probe(path string, want []byte) (err error) {
 	if err != nil {
 		return err
 	}
-	got, err := os.ReadFile(path)
+	// The daemon runs on the host: were the probe's name replaced by a
+	// link meanwhile, it must not be followed to a host file.
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	got, err := io.ReadAll(io.LimitReader(r, int64(len(want))+1))
+	r.Close()
 	if err != nil {
 		return err
 	}

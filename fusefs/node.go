@@ -272,15 +272,83 @@ func (n *node) Access(ctx context.Context, mask uint32) syscall.Errno {
 	return policy.Errno(n.fsys.access(ctx, rel, n.object(), policy.Access(mask&7)))
 }
 
+// Readlink answers the target of an emulated link. With links refused
+// by the policy, or not followed by this mount, a link is shown but not
+// followed, as a symlink planted in the backing store is.
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	f := n.fsys
-	rel, _ := n.relPath()
-	err := policy.CheckObject(policy.OpRead, rel, policy.Object{Kind: policy.KindSymlink})
-	return nil, f.refused(ctx, f.event(ctx, "readlink", rel), err)
+	rel, ok := n.relPath()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	ev := f.event(ctx, "readlink", rel)
+	switch {
+	case !f.pol.EmulatesLinks():
+		return nil, f.refused(ctx, ev, policy.Errorf(policy.SymlinkRefused, "%s is a symbolic link; the policy refuses symbolic links (symlinks: refuse), so it is not followed", rel))
+	case f.opts.NoFollowLinks:
+		return nil, f.refused(ctx, ev, policy.Errorf(policy.SymlinkRefused, "%s is a symbolic link; this mount does not follow links", rel))
+	}
+	// A target is what the link holds: reading it is a read, refused in
+	// a write-only subtree as reading a file is.
+	if err := f.admit(policy.OpRead, rel); err != nil {
+		return nil, f.refused(ctx, ev, err)
+	}
+	target, info, err := f.ws.ReadLink(rel)
+	switch {
+	case policy.CodeOf(err) == policy.NotFound:
+		return nil, syscall.ESTALE
+	case err != nil && refusal(err):
+		return nil, f.refused(ctx, ev, err)
+	case err != nil:
+		return nil, policy.Errno(err)
+	case info.Stat.Ino != n.StableAttr().Ino:
+		return nil, syscall.ESTALE
+	}
+	return []byte(target), 0
 }
 
+// Symlink makes an emulated link (store.Workspace.PlaceLink): the backing
+// store gets a marked regular file holding target, never a symlink.
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	return nil, n.refuseCreate(ctx, "symlink", name, policy.KindSymlink)
+	f := n.fsys
+	rel, err := n.childRel(name)
+	ev := f.event(ctx, "symlink", rel)
+	if err == nil {
+		err = f.pol.CheckSymlink(rel, target)
+	}
+	if err == nil {
+		err = n.checkDir(ctx, rel, policy.MayWrite|policy.MayExec)
+	}
+	if err == nil {
+		err = f.admit(policy.OpCreate, rel)
+	}
+	if err != nil {
+		return nil, f.refused(ctx, ev, err)
+	}
+	detail(&ev, "target", target)
+	parent, base, err := n.parentOf(rel)
+	if err != nil {
+		return nil, f.failed(ctx, ev, err)
+	}
+	defer parent.Close()
+	size := int64(len(target))
+	if err := f.ws.ReserveAt(rel, size, 1); err != nil {
+		return nil, f.refused(ctx, ev, err)
+	}
+	if e := f.begin(ctx, ev); e != 0 {
+		f.ws.AdjustAt(rel, -size, -1)
+		return nil, e
+	}
+	if _, err := f.ws.PlaceLink(parent, base, rel, target); err != nil {
+		f.ws.AdjustAt(rel, -size, -1)
+		return nil, f.failed(ctx, ev, err)
+	}
+	f.ws.NoteChange(rel, false)
+	sx, err := statAt(int(parent.Fd()), base)
+	if err != nil {
+		return nil, policy.Errno(err)
+	}
+	return n.child(ctx, rel, &sx, out)
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -655,7 +723,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	f.ws.NoteChange(newRel, subtree)
 	if replaced && !exchange && dst.Ino != src.Ino {
 		obj := objectOf(&dst)
-		if obj.Kind == policy.KindRegular {
+		if obj.Kind == policy.KindRegular || obj.Kind == policy.KindLink {
 			f.ws.AdjustAt(newRel, -obj.Size, -1)
 		} else {
 			f.ws.AdjustAt(newRel, 0, -1)

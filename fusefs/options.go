@@ -43,6 +43,14 @@ type Options struct {
 	// through the daemon.
 	Passthrough bool
 
+	// NoFollowLinks shows emulated symbolic links but answers readlink
+	// with EPERM, so no path walked through the mount is sent elsewhere by
+	// a link. A mount on the host wants it: there a link to /etc/passwd,
+	// followed by a host process, names the host's own file. A sandbox's
+	// mount does not: inside the container a link resolves against the
+	// container's own view.
+	NoFollowLinks bool
+
 	// CacheTimeout is the kernel's entry and attribute cache lifetime;
 	// 0 means DefaultCacheTimeout, negative means no caching.
 	CacheTimeout time.Duration

@@ -24,15 +24,6 @@ type expectedRefusal struct {
 
 // refusedPosix lists every posixtest case that needs what loomfs refuses.
 var refusedPosix = map[string]expectedRefusal{
-	"SymlinkReadlink": {"SPEC §3.2: symlinks can't be created", func(t *testing.T, mnt string) {
-		wantErrno(t, os.Symlink("/foobar", mnt+"/link"), syscall.EPERM)
-	}},
-	"SetattrSymlink": {"SPEC §3.2: symlinks can't be created", func(t *testing.T, mnt string) {
-		wantErrno(t, os.Symlink("doesnotexist", mnt+"/link"), syscall.EPERM)
-	}},
-	"OpenSymlinkRace": {"SPEC §3.2: symlinks can't be created (the race itself is TestSwapRace)", func(t *testing.T, mnt string) {
-		wantErrno(t, os.Symlink("/etc/passwd", mnt+"/OpenSymlinkRace.tmp"), syscall.EPERM)
-	}},
 	"Link": {"SPEC §3.2: hard links can't be created (EXDEV, so programs copy)", func(t *testing.T, mnt string) {
 		mustWrite(t, mnt+"/target", "hello")
 		wantErrno(t, os.Link(mnt+"/target", mnt+"/link"), syscall.EXDEV)

@@ -50,11 +50,15 @@ type refusalCase struct {
 	want  syscall.Errno
 	// audited: the daemon sees the call and must record the refusal.
 	audited bool
+	// linksRefused: a refusal only with "symlinks: refuse"; emulated
+	// links are made (TestLinks).
+	linksRefused bool
 }
 
 var refusalCases = []refusalCase{
-	{name: "symlink/ln -s", cmd: "ln -s target link", want: syscall.EPERM, audited: true},
-	{name: "symlink/to outside", cmd: "ln -s /etc/passwd link", want: syscall.EPERM, audited: true},
+	{name: "symlink/ln -s", cmd: "ln -s target link", want: syscall.EPERM, audited: true, linksRefused: true},
+	{name: "symlink/to outside", cmd: "ln -s /etc/passwd link", want: syscall.EPERM, audited: true, linksRefused: true},
+	{name: "symlink/write through an emulated link", setup: plantEmulatedLink("link", "f"), cmd: "echo x > link", want: syscall.EPERM, audited: true, linksRefused: true},
 	{name: "hardlink/ln", setup: writeFile("f", "x"), cmd: "ln f hard", want: syscall.EXDEV, audited: true},
 	{name: "fifo/mkfifo", cmd: "mkfifo fifo", want: syscall.EPERM, audited: true},
 	{name: "device/mknod char", cmd: "mknod null c 1 3", want: syscall.EPERM, audited: true},
@@ -166,16 +170,30 @@ func runIn(t *testing.T, dir, script string) (string, error) {
 	return stderr.String(), err
 }
 
+func plantEmulatedLink(rel, target string) func(*testing.T, *env) {
+	return func(t *testing.T, e *env) { plantLink(t, e, rel, target) }
+}
+
 // TestRefusals makes each refusal the way a program would and checks the
-// errno it gets and the audit record the daemon left.
+// errno it gets and the audit record the daemon left, with emulated links
+// and with links refused.
 func TestRefusals(t *testing.T) {
+	for _, links := range []policy.Symlinks{policy.SymlinksEmulate, policy.SymlinksRefuse} {
+		t.Run(string(links), func(t *testing.T) { testRefusals(t, links) })
+	}
+}
+
+func testRefusals(t *testing.T, links policy.Symlinks) {
 	for _, c := range refusalCases {
+		if c.linksRefused && links != policy.SymlinksRefuse {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			rules := testRules
 			if c.rules != nil {
 				rules = c.rules
 			}
-			e := newEnv(t, withRules(rules...), withLimits(testLimits))
+			e := newEnv(t, withRules(rules...), withLimits(testLimits), withSymlinks(links))
 			if c.setup != nil {
 				c.setup(t, e)
 			}

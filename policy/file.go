@@ -29,6 +29,7 @@ import (
 //	    max_bytes: 512 MiB  # cap on what the subtree holds
 //	    max_files: 10000
 //	    clear_at_run_end: true
+//	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -192,8 +193,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		entries    []entry
 		limitsNode *yaml.Node
 		readme     *bool
+		symlinks   Symlinks
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme"}, func(key string, k, v *yaml.Node) error {
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks"}, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -219,6 +221,15 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 				return p.errf(v, "readme must be true or false")
 			}
 			readme = &b
+		case "symlinks":
+			s, err := p.str(v, "symlinks")
+			if err != nil {
+				return err
+			}
+			symlinks = Symlinks(s)
+			if symlinks != SymlinksEmulate && symlinks != SymlinksRefuse {
+				return p.errf(v, "symlinks %q is not one of emulate, refuse", s)
+			}
 		}
 		return nil
 	})
@@ -239,6 +250,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if readme != nil {
 		pol.Readme = *readme
+	}
+	if symlinks != "" {
+		pol.Symlinks = symlinks
 	}
 	return pol, nil
 }

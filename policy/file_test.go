@@ -193,6 +193,7 @@ func TestFileRefused(t *testing.T) {
 		{"empty file", "", 0, "empty"},
 		{"only a comment", "# nothing\n", 0, "empty"},
 		{"a list, not a mapping", "- a\n- b\n", 1, "must be a mapping"},
+		{"unknown symlinks setting", "symlinks: follow\n", 1, `symlinks "follow" is not one of emulate, refuse`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -334,5 +335,28 @@ func TestReadmeKey(t *testing.T) {
 	}
 	if _, err := policy.Parse("p.yaml", []byte("readme: maybe\n")); err == nil || !strings.Contains(err.Error(), "p.yaml:1") {
 		t.Fatalf("bad readme value: %v", err)
+	}
+}
+
+func TestSymlinksKey(t *testing.T) {
+	for _, c := range []struct {
+		file     string
+		emulates bool
+	}{
+		{"preset: open\n", true},
+		{"symlinks: emulate\n", true},
+		{"preset: standard\nsymlinks: refuse\n", false},
+	} {
+		pol, err := policy.Parse("p.yaml", []byte(c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pol.EmulatesLinks() != c.emulates {
+			t.Errorf("%q: emulates links %v", c.file, pol.EmulatesLinks())
+		}
+		err = pol.CheckSymlink("l", "/etc/passwd")
+		if c.emulates && err != nil || !c.emulates && policy.CodeOf(err) != policy.SymlinkRefused {
+			t.Errorf("%q: CheckSymlink: %v", c.file, err)
+		}
 	}
 }

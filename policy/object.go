@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"strings"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -14,9 +16,12 @@ const (
 	KindFIFO
 	KindSocket
 	KindDevice
+	// KindLink is an emulated symbolic link: on the backing store a
+	// regular file marked with LinkMarker, holding the target.
+	KindLink
 )
 
-var kindNames = [...]string{"file", "dir", "symlink", "fifo", "socket", "device"}
+var kindNames = [...]string{"file", "dir", "symlink", "fifo", "socket", "device", "symlink"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -34,6 +39,9 @@ func ObjectOf(st *unix.Stat_t) Object {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		o.Kind = KindRegular
+		if st.Mode&LinkMarker != 0 {
+			o.Kind = KindLink
+		}
 	case unix.S_IFDIR:
 		o.Kind = KindDir
 	case unix.S_IFLNK:
@@ -60,6 +68,19 @@ func CheckObject(op Op, rel string, obj Object) error {
 	switch obj.Kind {
 	case KindSymlink:
 		return Errorf(SymlinkRefused, "%s is a symlink; loomfs never follows, reads, writes or removes symlinks", rel)
+	case KindLink:
+		if obj.Nlink > 1 {
+			return Errorf(HardlinkRefused, "%s has %d hard links; files with more than one link are refused", rel, obj.Nlink)
+		}
+		// The link itself may be removed, moved and given times (touch
+		// -h, tar); it is never read or written through.
+		if op == OpDelete || op == OpRename || op == OpSetattr {
+			return nil
+		}
+		if op == OpList {
+			return Errorf(NotDir, "%s is a symbolic link, not a directory; the tools never follow links", rel)
+		}
+		return Errorf(SymlinkRefused, "%s is a symbolic link; the tools never follow links: stat or list it to see its target, and use the target's own path", rel)
 	case KindFIFO, KindSocket, KindDevice:
 		return Errorf(SpecialFileRefused, "%s is a %s; only regular files and directories can be used", rel, obj.Kind)
 	case KindRegular:
@@ -77,7 +98,8 @@ func CheckObject(op Op, rel string, obj Object) error {
 }
 
 // CheckCreateKind refuses creating anything but a regular file or a
-// directory: no symlinks, hardlinks, FIFOs, sockets or devices.
+// directory: no real symlinks, hardlinks, FIFOs, sockets or devices. An
+// emulated link is asked about with Policy.CheckSymlink.
 func CheckCreateKind(rel string, k Kind) error {
 	switch k {
 	case KindRegular, KindDir:
@@ -87,6 +109,47 @@ func CheckCreateKind(rel string, k Kind) error {
 	default:
 		return Errorf(SpecialFileRefused, "%s: creating a %s is refused; only regular files and directories", rel, k)
 	}
+}
+
+// The emulated symbolic link (SPEC §3.2). The backing store never holds a
+// symlink: a link made in the projection is a regular file holding its
+// target, marked with the sticky bit. Nothing on the host follows a
+// regular file, and no agent can make the mark: every create and chmod
+// through either door clears the setuid, setgid and sticky bits, so only
+// loomfs's own link creation sets it. A sticky regular file someone else
+// planted on the host is taken for a link too; that is harmless, as a
+// link only names a path the one following it could name itself.
+const (
+	LinkMarker = unix.S_ISVTX
+	// LinkPerm is the backing file's mode: the marker, readable and
+	// writable by the daemon's user only.
+	LinkPerm = LinkMarker | FilePerm
+	// MaxLinkTarget is the longest target a symlink holds (PATH_MAX less
+	// its NUL).
+	MaxLinkTarget = 4095
+)
+
+// CheckLinkTarget refuses a target no symlink can hold: empty, longer
+// than MaxLinkTarget or holding a NUL byte.
+func CheckLinkTarget(rel, target string) error {
+	switch {
+	case target == "":
+		return Errorf(NotFound, "%s: a symbolic link needs a target", rel)
+	case len(target) > MaxLinkTarget:
+		return Errorf(InvalidInput, "%s: a symbolic link target is at most %d bytes (this one has %d)", rel, MaxLinkTarget, len(target))
+	case strings.IndexByte(target, 0) >= 0:
+		return Errorf(InvalidInput, "%s: a symbolic link target can't hold a NUL byte", rel)
+	}
+	return nil
+}
+
+// CheckSymlink asks whether a symbolic link may be made at rel: only when
+// the policy emulates links, and never with a target no link can hold.
+func (p *Policy) CheckSymlink(rel, target string) error {
+	if !p.EmulatesLinks() {
+		return CheckCreateKind(rel, KindSymlink)
+	}
+	return CheckLinkTarget(rel, target)
 }
 
 // CheckLink refuses every new hard link, with LinkUnsupported (EXDEV), so

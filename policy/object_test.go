@@ -236,3 +236,46 @@ func TestMoveChownXattr(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckObjectLink: an emulated link (a regular file with the marker,
+// as ObjectOf sees it) is removed, moved and given times as itself, and
+// never read or written through (SPEC §3.2).
+func TestCheckObjectLink(t *testing.T) {
+	var st unix.Stat_t
+	st.Mode, st.Nlink, st.Size = unix.S_IFREG|policy.LinkPerm, 1, 11
+	link := policy.ObjectOf(&st)
+	if link.Kind != policy.KindLink || link.Kind.String() != "symlink" {
+		t.Fatalf("a marked regular file is %v", link.Kind)
+	}
+	hard := link
+	hard.Nlink = 2
+	for _, c := range []struct {
+		op   policy.Op
+		obj  policy.Object
+		want policy.Code
+	}{
+		{policy.OpStat, link, ""},
+		{policy.OpDelete, link, ""},
+		{policy.OpRename, link, ""},
+		{policy.OpSetattr, link, ""},
+		{policy.OpRead, link, policy.SymlinkRefused},
+		{policy.OpWrite, link, policy.SymlinkRefused},
+		{policy.OpCreate, link, policy.SymlinkRefused},
+		{policy.OpList, link, policy.NotDir},
+		{policy.OpStat, hard, ""},
+		{policy.OpRead, hard, policy.HardlinkRefused},
+		{policy.OpDelete, hard, policy.HardlinkRefused},
+	} {
+		if got := policy.CodeOf(policy.CheckObject(c.op, "l", c.obj)); got != c.want {
+			t.Errorf("CheckObject(%s, nlink %d) code %q, want %q", c.op, c.obj.Nlink, got, c.want)
+		}
+	}
+	for _, target := range []string{"", "a\x00b", string(make([]byte, policy.MaxLinkTarget+1))} {
+		if policy.CheckLinkTarget("l", target) == nil {
+			t.Errorf("target of %d bytes accepted", len(target))
+		}
+	}
+	if err := policy.CheckLinkTarget("l", "/etc/passwd"); err != nil {
+		t.Error(err)
+	}
+}

@@ -58,11 +58,30 @@ type Policy struct {
 	// Subtrees holds what the policy file says of a subtree besides its
 	// mode: caps, confirmation, clearing at run end (subtree.go).
 	Subtrees []Subtree
+	// Symlinks says whether programs in the projection may make symbolic
+	// links (SymlinksEmulate, the default when empty) or not.
+	Symlinks Symlinks
 }
+
+// Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
+type Symlinks string
+
+const (
+	// SymlinksEmulate lets a program in the projection make a symbolic
+	// link, stored as an inert marked file (LinkMarker), never a symlink.
+	SymlinksEmulate Symlinks = "emulate"
+	// SymlinksRefuse refuses making links (EPERM); links made earlier are
+	// shown but not followed, as a symlink planted in the backing store is.
+	SymlinksRefuse Symlinks = "refuse"
+)
+
+// EmulatesLinks reports whether links are made and followed in the
+// projection.
+func (p *Policy) EmulatesLinks() bool { return p.Symlinks != SymlinksRefuse }
 
 // Default returns the open layout: everything rw, default limits.
 func Default() *Policy {
-	return &Policy{Limits: DefaultLimits()}
+	return &Policy{Limits: DefaultLimits(), Symlinks: SymlinksEmulate}
 }
 
 // WithScope returns a copy of p for a main scope or a child scope.

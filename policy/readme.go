@@ -211,8 +211,17 @@ func WorkspaceReadme(pol *Policy) string {
 		fmt.Fprintf(&b, "%s\n\n", c)
 	}
 
+	if pol.EmulatesLinks() {
+		b.WriteString("## Symbolic links\n\n")
+		b.WriteString("Commands may make symbolic links (ln -s, virtualenvs, node_modules/.bin); inside a command they work as on any filesystem. The tools list them with type \"symlink\" and their target, and never follow them: read or write the target's own path.\n\n")
+	}
+
 	b.WriteString("## Always refused\n\n")
-	b.WriteString("Absolute paths and \"..\"; symlinks, hard links, FIFOs, sockets and devices (shown, never followed or opened); setuid, setgid and sticky bits; names starting with \".agentloom-\"")
+	links := "symlinks"
+	if pol.EmulatesLinks() {
+		links = "symlinks not made in the workspace"
+	}
+	fmt.Fprintf(&b, "Absolute paths and \"..\"; %s, hard links, FIFOs, sockets and devices (shown, never followed or opened); setuid, setgid and sticky bits; names starting with \".agentloom-\"", links)
 	if pol.MainScope {
 		b.WriteString("; a top-level \"subagents\" (reserved for the files of child agents)")
 	}

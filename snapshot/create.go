@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -191,7 +192,7 @@ func namedOf(entries []Entry, stats []indexEntry, gone map[int]bool, now int64) 
 			continue
 		}
 		st := stats[i]
-		if e.Type == typeFile {
+		if e.hasContent() {
 			st.sha, st.size = e.SHA256, e.Size
 			if st.ctime >= now {
 				st.kind = kindRacy
@@ -281,6 +282,24 @@ func cursorOf(files []store.JournalFile) map[string]int64 {
 	return c
 }
 
+// openContent opens what the entry e holds: a file's content, or a
+// link's target (an emulated link is never opened as a file).
+func openContent(view *store.Workspace, e Entry) (io.Reader, store.Info, error) {
+	if e.Type == typeLink {
+		target, info, err := view.ReadLink(e.Path)
+		return strings.NewReader(target), info, err
+	}
+	f, info, err := view.Open(policy.OpRead, e.Path, unix.O_RDONLY)
+	if err == nil && info.Kind != policy.KindRegular {
+		f.Close()
+		err = policy.Errorf(policy.Conflict, "%s is no longer a regular file", e.Path)
+	}
+	if err != nil {
+		return nil, info, err
+	}
+	return f, info, nil
+}
+
 // storeFiles reads the files at todo (indexes into entries), stores their
 // content and fills in their hash, size and stat. Files removed since the
 // walk are marked gone; files that became unusable are skipped.
@@ -303,11 +322,7 @@ func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []
 			defer wg.Done()
 			for i := range next {
 				e := &entries[i]
-				f, info, err := view.Open(policy.OpRead, e.Path, unix.O_RDONLY)
-				if err == nil && info.Kind != policy.KindRegular {
-					f.Close()
-					err = policy.Errorf(policy.Conflict, "%s is no longer a regular file", e.Path)
-				}
+				src, info, err := openContent(view, *e)
 				if err != nil {
 					mu.Lock()
 					if policy.CodeOf(err) != policy.NotFound {
@@ -317,8 +332,10 @@ func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []
 					mu.Unlock()
 					continue
 				}
-				sha, n, isNew, err := r.storeBlob(f, len(todo) <= syncEachMax)
-				f.Close()
+				sha, n, isNew, err := r.storeBlob(src, len(todo) <= syncEachMax)
+				if c, ok := src.(io.Closer); ok {
+					c.Close()
+				}
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {
@@ -361,7 +378,7 @@ const syncEachMax = 256
 // storeBlob copies src into a blob named by its sha256, fsyncing it if
 // sync is set. isNew is false when that content was stored already (the
 // copy is then dropped).
-func (r *Repo) storeBlob(src *os.File, sync bool) (sha string, n int64, isNew bool, err error) {
+func (r *Repo) storeBlob(src io.Reader, sync bool) (sha string, n int64, isNew bool, err error) {
 	bfd := int(r.blobs.Fd())
 	tmp := tmpName()
 	fd, err := unix.Openat(bfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o400)
@@ -495,11 +512,14 @@ func (s *scanned) add(rel string, info store.Info, dev uint64, old *state) error
 		s.stats = append(s.stats, entryOf(kindDir, info, ""))
 		return nil
 	}
-	if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
+	typ := typeFile
+	if info.Kind == policy.KindLink && info.Nlink == 1 {
+		typ = typeLink // kept, with its target as its content
+	} else if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
 		skip(string(policy.CodeOf(err)))
 		return nil
 	}
-	e := Entry{Path: rel, Type: typeFile, Size: info.Size, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()}
+	e := Entry{Path: rel, Type: typ, Size: info.Size, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()}
 	if ie, ok := old.lookup(rel); ok && ie.matches(&info.Stat) {
 		e.SHA256 = ie.sha
 	} else {

@@ -9,7 +9,7 @@
 //
 //	blobs/ab/ab12…     file contents, named by their sha256
 //	snapshots/ID.json  a snapshot's manifest (id, scope, label, run, counts)
-//	snapshots/ID.files.json  its entries: path, type, size, mode, mtime, sha256
+//	snapshots/ID.files.json  its entries: path, type (file, dir, symlink), size, mode, mtime, sha256
 //	index              (path, size, mtime, ctime, inode) → sha256 of the last snapshot
 //
 // A snapshot is incremental: a file whose size, times and inode match the
@@ -22,7 +22,9 @@
 //
 // Symlinks, hard-linked files, FIFOs, sockets, devices and setuid or
 // setgid files are skipped and listed in the manifest as skipped; so is a
-// directory on another filesystem. Owner, group and times of directories
+// directory on another filesystem. An emulated link (store/link.go) is
+// kept, as an entry of type "symlink" whose blob is its target, and is
+// restored as the same marked file, never as a symlink. Owner, group and times of directories
 // are not kept; a restored file gets its recorded owner permission bits
 // (at most 0700) and modification time.
 //

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -102,7 +103,12 @@ func (e indexEntry) entry(path string) Entry {
 	if e.kind == kindDir {
 		return Entry{Path: path, Type: typeDir, Perm: e.perm, MTime: e.mtime}
 	}
-	return Entry{Path: path, Type: typeFile, Size: e.size, Perm: e.perm, MTime: e.mtime, SHA256: e.sha}
+	typ := typeFile
+	if e.perm&policy.LinkMarker != 0 {
+		// A link is a file of the index whose mode has the marker.
+		typ = typeLink
+	}
+	return Entry{Path: path, Type: typ, Size: e.size, Perm: e.perm, MTime: e.mtime, SHA256: e.sha}
 }
 
 // matches reports whether st is the file the entry describes, unchanged.

@@ -63,7 +63,7 @@ type Skipped struct {
 // Entry is one file or directory of a snapshot.
 type Entry struct {
 	Path   string `json:"path"`
-	Type   string `json:"type"` // "file" or "dir"
+	Type   string `json:"type"` // "file", "dir" or "symlink"
 	Size   int64  `json:"size,omitempty"`
 	Perm   uint32 `json:"perm"`
 	MTime  int64  `json:"mtime_ns"`
@@ -73,7 +73,14 @@ type Entry struct {
 const (
 	typeFile = "file"
 	typeDir  = "dir"
+	// typeLink is an emulated symbolic link (store/link.go): its blob is
+	// the target, and it is restored as a link, never as a symlink.
+	typeLink = "symlink"
 )
+
+// hasContent reports whether e has a blob: a file's content or a link's
+// target.
+func (e Entry) hasContent() bool { return e.Type == typeFile || e.Type == typeLink }
 
 const manifestVersion = 1
 

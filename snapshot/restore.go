@@ -63,7 +63,10 @@ func Restore(ctx context.Context, ws *store.Workspace, id string, opt RestoreOpt
 		if err := checkEntryPath(e.Path); err != nil {
 			return nil, fmt.Errorf("snapshot %s is damaged: %w", id, err)
 		}
-		if e.Type == typeFile {
+		if e.Type == typeLink && (e.Size < 1 || e.Size > policy.MaxLinkTarget) {
+			return nil, fmt.Errorf("snapshot %s is damaged: the link %s has a target of %d bytes; nothing was changed", id, e.Path, e.Size)
+		}
+		if e.hasContent() {
 			var st unix.Stat_t
 			if len(e.SHA256) != 64 || unix.Fstatat(int(repo.blobs.Fd()), blobPath(e.SHA256), &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 				return nil, fmt.Errorf("snapshot %s is damaged: the content of %s (sha256 %.12s…) is missing; nothing was changed", id, e.Path, e.SHA256)
@@ -144,7 +147,7 @@ func (r *Repo) fill(ctx context.Context, dir *os.File, entries []Entry, files *[
 			}
 			unix.Fchmod(fd, policy.DirPerm)
 			stack = append(stack, openDir{e.Path, fd})
-		case typeFile:
+		case typeFile, typeLink:
 			st, err := r.restoreFile(top.fd, name, e)
 			if err != nil {
 				return err
@@ -183,7 +186,13 @@ func (r *Repo) restoreFile(dirfd int, name string, e Entry) (unix.Stat_t, error)
 	if got := hex.EncodeToString(h.Sum(nil)); got != e.SHA256 || n != e.Size {
 		return st, fmt.Errorf("restore %s: stored content is damaged (sha256 %s, want %s); nothing was changed", e.Path, got, e.SHA256)
 	}
-	if err := unix.Fchmod(fd, e.Perm&0o700); err != nil {
+	perm := e.Perm & 0o700
+	if e.Type == typeLink {
+		// The link's marker is what makes it a link again; only a
+		// manifest loomfs wrote, under the volume root, can ask for it.
+		perm = policy.LinkPerm
+	}
+	if err := unix.Fchmod(fd, perm); err != nil {
 		return st, fmt.Errorf("restore %s: %w", e.Path, err)
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(e.MTime), unix.NsecToTimespec(e.MTime)}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
@@ -529,5 +531,80 @@ func indexOverManyRounds(t *testing.T, full bool) {
 		if files != len(want) {
 			t.Fatalf("round %d: manifest has %d files, disk %d", round, files, len(want))
 		}
+	}
+}
+
+// TestEmulatedLinks: a snapshot keeps an emulated link, by a walk and by
+// the change journal, and restore brings it back as a link: a marked
+// file, never a symlink.
+func TestEmulatedLinks(t *testing.T) {
+	ctx := context.Background()
+	s := newScope(t)
+	s.write(t, "src/target.txt", []byte("x"))
+	if _, err := s.ws.Symlink(ctx, "src/link", "target.txt"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Skipped) != 0 {
+		t.Fatalf("skipped %v", first.Skipped)
+	}
+	must(t, s.ws.Remove(ctx, "src/link", nil))
+	if _, err := s.ws.Symlink(ctx, "src/abs", "/etc/passwd"); err != nil {
+		t.Fatal(err)
+	}
+	second, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Walk != "journal" || second.Hashed != 1 {
+		t.Errorf("second snapshot: walk %q, %d read; want the journal's one change", second.Walk, second.Hashed)
+	}
+	wantLinks := func(links map[string]string, gone ...string) {
+		t.Helper()
+		for rel, target := range links {
+			got, _, err := s.ws.ReadLink(rel)
+			if err != nil || got != target {
+				t.Errorf("%s: link to %q (%v), want %q", rel, got, err, target)
+			}
+			var st unix.Stat_t
+			must(t, unix.Lstat(filepath.Join(s.dir, rel), &st))
+			if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o7777 != policy.LinkPerm {
+				t.Errorf("%s restored with mode %o", rel, st.Mode)
+			}
+		}
+		for _, rel := range gone {
+			if _, err := os.Lstat(filepath.Join(s.dir, rel)); !os.IsNotExist(err) {
+				t.Errorf("%s is there: %v", rel, err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		m     *snapshot.Manifest
+		links map[string]string
+		gone  string
+	}{
+		{first, map[string]string{"src/link": "target.txt"}, "src/abs"},
+		{second, map[string]string{"src/abs": "/etc/passwd"}, "src/link"},
+	} {
+		if _, err := snapshot.Restore(ctx, s.ws, c.m.ID, snapshot.RestoreOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		wantLinks(c.links, c.gone)
+	}
+	entries, err := s.ws.ReadDir(ctx, "src")
+	must(t, err)
+	for _, e := range entries {
+		if e.Kind == policy.KindSymlink {
+			t.Errorf("restore made a symlink: %s", e.Name)
+		}
+	}
+	// Restored and unchanged, a link is not read again.
+	third, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+	must(t, err)
+	if third.Files != second.Files {
+		t.Errorf("snapshot after restore holds %d files, want %d", third.Files, second.Files)
 	}
 }

@@ -154,12 +154,12 @@ func (w *Workspace) walkUsage(ctx context.Context, rel string) (policy.Usage, er
 	}
 	u := policy.Usage{Files: 1}
 	switch info.Kind {
-	case policy.KindRegular:
+	case policy.KindRegular, policy.KindLink:
 		u.Bytes = info.Size
 	case policy.KindDir:
 		err = w.Walk(ctx, rel, func(_ string, info Info) error {
 			u.Files++
-			if info.Kind == policy.KindRegular {
+			if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
 				u.Bytes += info.Size
 			}
 			return nil

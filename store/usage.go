@@ -33,7 +33,7 @@ func (w *Workspace) loadUsage(ctx context.Context) error {
 	var u policy.Usage
 	err := w.Walk(ctx, ".", func(rel string, info Info) error {
 		u.Files++
-		if info.Kind == policy.KindRegular {
+		if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
 			u.Bytes += info.Size
 		}
 		return nil

@@ -85,9 +85,10 @@ func (w *Workspace) Parent(rel string) (*Dir, string, error) {
 	if err != nil {
 		if err == unix.ENOTDIR && dir != "." {
 			// O_DIRECTORY|O_NOFOLLOW on a symlink answers ENOTDIR, not
-			// ELOOP: when the parent itself is a symlinked directory, say
-			// so (symlink_refused), not "not a directory".
-			if info, lerr := w.Lstat(dir); lerr == nil && info.Kind == policy.KindSymlink {
+			// ELOOP: when the parent itself is a symlinked directory (or an
+			// emulated link, never followed here either), say so
+			// (symlink_refused), not "not a directory".
+			if info, lerr := w.Lstat(dir); lerr == nil && (info.Kind == policy.KindSymlink || info.Kind == policy.KindLink) {
 				err = unix.ELOOP
 			}
 		}

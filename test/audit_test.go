@@ -90,8 +90,9 @@ func TestAuditEveryDoor(t *testing.T) {
 		t.Fatalf("mount: %v: %s", err, out)
 	}
 
-	// 3. A sandbox command writing a file, and a refused symlink in it.
-	r := c.run("", "run", "--scope", scope, "--call-id", "audit-call-2", "--", "sh", "-c", "echo hi > cmd.txt; ln -s /etc/passwd escape; true")
+	// 3. A sandbox command writing a file and a symlink, and a refused
+	// FIFO in it.
+	r := c.run("", "run", "--scope", scope, "--call-id", "audit-call-2", "--", "sh", "-c", "echo hi > cmd.txt; ln -s /etc/passwd escape; mkfifo pipe; true")
 	if r.code != 0 {
 		t.Fatalf("run: %d %s %s", r.code, r.stdout, r.stderr)
 	}
@@ -124,8 +125,12 @@ func TestAuditEveryDoor(t *testing.T) {
 		{"file the command wrote, with its call id and container", func(r record) bool {
 			return r.Source == "fuse" && r.Op == "create" && r.Path == "cmd.txt" && r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
 		}},
-		{"symlink refused inside the container", func(r record) bool {
-			return r.Source == "fuse" && r.Op == "symlink" && r.Path == "escape" && r.Result == "refused" && r.Code == "symlink_refused" &&
+		{"symlink made inside the container", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "symlink" && r.Path == "escape" && r.Result == "ok" &&
+				r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
+		}},
+		{"fifo refused inside the container", func(r record) bool {
+			return r.Source == "fuse" && r.Op == "mknod" && r.Path == "pipe" && r.Result == "refused" && r.Code == "special_file_refused" &&
 				r.CallID == "audit-call-2" && strings.HasPrefix(r.Actor.Container, "loomfs-")
 		}},
 		{"command outcome", func(r record) bool {

@@ -112,12 +112,14 @@ func TestCommandEndToEnd(t *testing.T) {
 const exitTimedOutCode = 124
 
 // TestEscapesFromInsideContainer: a process in the sandbox meets the same
-// policy through the projection.
+// policy through the projection. A symlink it makes is emulated: inside
+// the container it resolves against the container's own view, and the
+// backing store holds no symlink.
 func TestEscapesFromInsideContainer(t *testing.T) {
 	c := newCLI(t)
 	const scope = "sp/ag/esc"
 	script := `
-ln -s /etc/passwd link 2>/dev/null && echo symlink-made || echo symlink-refused
+ln -s /etc/passwd link && [ "$(readlink link)" = /etc/passwd ] && cmp -s link /etc/passwd && echo symlink-emulated
 echo x > f; ln f hard 2>/dev/null && echo hardlink-made || echo hardlink-refused
 mkfifo p 2>/dev/null && echo fifo-made || echo fifo-refused
 mkdir .agentloom-x 2>/dev/null && echo reserved-made || echo reserved-refused
@@ -125,10 +127,18 @@ chmod u+s f 2>/dev/null && echo suid-made || echo suid-refused
 ls -a /workspace | tr '\n' ' '`
 	r := c.run("", "run", "--scope", scope, "--", script)
 	out := string(r.stdout)
-	for _, want := range []string{"symlink-refused", "hardlink-refused", "fifo-refused", "reserved-refused", "suid-refused"} {
+	for _, want := range []string{"symlink-emulated", "hardlink-refused", "fifo-refused", "reserved-refused", "suid-refused"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("want %s in %q (stderr %q)", want, out, r.stderr)
 		}
+	}
+	sc, err := store.ParseScope(scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(filepath.Join(c.root, sc.Dir(), "link"))
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("the backing store holds the link as %v (%v), want a regular file", fi.Mode(), err)
 	}
 }
 

@@ -41,12 +41,17 @@ func (t *Toolbox) confirm(ctx context.Context, tool string, op policy.Op, rel st
 	if err != nil {
 		return nil, err
 	}
-	if info.Kind != policy.KindRegular && !(op == policy.OpDelete && info.Kind == policy.KindDir) {
+	// A directory or an emulated link is deleted as a name: the token
+	// binds no content (a link is never read as a file).
+	asName := info.Kind == policy.KindDir || info.Kind == policy.KindLink
+	if info.Kind != policy.KindRegular && !(op == policy.OpDelete && asName) {
 		return nil, nil // the store refuses it with the right code
 	}
-	fileSHA, _, err := t.WS.ContentHash(rel)
-	if err != nil {
-		return nil, err
+	var fileSHA string
+	if info.Kind != policy.KindLink {
+		if fileSHA, _, err = t.WS.ContentHash(rel); err != nil {
+			return nil, err
+		}
 	}
 	argsSHA, err := argsHash(input)
 	if err != nil {
@@ -70,7 +75,7 @@ func (t *Toolbox) confirm(ctx context.Context, tool string, op policy.Op, rel st
 		case rec.FileSHA != fileSHA:
 			why = fmt.Sprintf("%s changed since the confirm_token was given", rel)
 		default:
-			if info.Kind == policy.KindDir {
+			if asName {
 				return nil, nil
 			}
 			return &fileSHA, nil

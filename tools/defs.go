@@ -70,6 +70,9 @@ var (
 func Definitions(pol *policy.Policy) []Definition {
 	l := pol.Limits
 	paths := "Paths are relative to the workspace root, and one ending in \"/\" names a directory; absolute paths, \"..\", symlinks, hard links and special files are refused."
+	if pol.EmulatesLinks() {
+		paths = "Paths are relative to the workspace root, and one ending in \"/\" names a directory; absolute paths, \"..\", hard links and special files are refused. Symbolic links made by commands are listed with type \"symlink\" and their target, and never followed: use the target's own path."
+	}
 	if rules := policy.RulesSummary(pol); rules != "" {
 		paths += " Path rules in force: " + rules
 	}
@@ -81,12 +84,12 @@ func Definitions(pol *policy.Policy) []Definition {
 	}
 	text := policy.Bytes(l.TextBytes)
 	defs := []Definition{
-		{List, fmt.Sprintf("List the entries of a workspace directory (name, type, size, mtime), sorted by name, at most %d per call; truncated says more exist. %s", l.ListEntries, paths),
+		{List, fmt.Sprintf("List the entries of a workspace directory (name, type, size, mtime, a symlink's target), sorted by name, at most %d per call; truncated says more exist. %s", l.ListEntries, paths),
 			schema(nil, map[string]prop{
 				"path":  pathProp("Directory to list; default \".\" (the workspace root)."),
 				"limit": {"type": "integer", "minimum": 1, "maximum": l.ListEntries, "description": fmt.Sprintf("Most entries to return (default and maximum %d).", l.ListEntries)},
 			})},
-		{Stat, fmt.Sprintf("Describe one workspace path: type, size, mode, mtime, and the sha256 of a regular file up to %s. Symlinks and special files are described, never followed. %s", text, paths),
+		{Stat, fmt.Sprintf("Describe one workspace path: type, size, mode, mtime, a symlink's target, and the sha256 of a regular file up to %s. Symlinks and special files are described, never followed. %s", text, paths),
 			schema([]string{"path"}, map[string]prop{"path": pathProp("Path to describe.")})},
 		{Glob, fmt.Sprintf("Find workspace paths matching a glob pattern (\"*\", \"?\", \"[a-z]\", and \"**\" for any number of directories), sorted, at most %d, within a %s budget per call; truncated says more exist. Never follows symlinks. %s", l.GlobResults, l.GrepBudget, paths),
 			schema([]string{"pattern"}, map[string]prop{

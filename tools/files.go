@@ -24,15 +24,33 @@ type Entry struct {
 	MTime string `json:"mtime"`
 	// SHA256 is set by stat for regular files within the text limit.
 	SHA256 string `json:"sha256,omitempty"`
+	// Target is an emulated symbolic link's target: the tools never
+	// follow it, programs in the projection do.
+	Target string `json:"target,omitempty"`
 	// Refused says why a listed object can't be used (symlink, hard link…).
 	Refused string `json:"refused,omitempty"`
 }
 
-func entryOf(rel string, info store.Info) Entry {
+func entryOf(ws *store.Workspace, rel string, info store.Info) Entry {
 	e := Entry{
 		Type:  info.Kind.String(),
 		Size:  info.Size,
 		MTime: info.ModTime.UTC().Format(time.RFC3339),
+	}
+	if info.Kind == policy.KindLink {
+		// A link loomfs made: listed with its target, never followed. One
+		// it can't read (hard-linked, or marked on the host with no valid
+		// target) has no target and says why; in a write-only subtree the
+		// target, what the link holds, is not shown.
+		if ws.Policy().Check(policy.OpRead, rel) != nil {
+			return e
+		}
+		target, _, err := ws.ReadLink(rel)
+		if err != nil {
+			e.Refused = string(policy.CodeOf(err))
+		}
+		e.Target = target
+		return e
 	}
 	if info.Kind != policy.KindDir {
 		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
@@ -78,7 +96,7 @@ func handleList(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 			out.Truncated = true
 			break
 		}
-		e := entryOf(policy.Join(rel, info.Name), info)
+		e := entryOf(t.WS, policy.Join(rel, info.Name), info)
 		e.Name = info.Name
 		out.Entries = append(out.Entries, e)
 	}
@@ -100,9 +118,12 @@ func handleStat(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
-	e := entryOf(rel, info)
+	e := entryOf(t.WS, rel, info)
 	e.Path = rel
 	e.Mode = fmt.Sprintf("%04o", info.Perm)
+	if info.Kind == policy.KindLink {
+		e.Mode = "0777" // as lstat shows a symlink, in the projection too
+	}
 	if info.Kind == policy.KindRegular && e.Refused == "" && t.WS.Policy().Check(policy.OpRead, rel) == nil {
 		h, err := t.WS.HashFile(rel)
 		if err != nil {

@@ -323,6 +323,9 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
+	if info.Kind == policy.KindLink || info.Kind == policy.KindSymlink {
+		return nil, policy.CheckObject(policy.OpRead, base, info.Object()) // never followed
+	}
 	if info.Kind == policy.KindRegular {
 		files = append(files, file{base, info.Size})
 	} else {

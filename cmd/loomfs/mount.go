@@ -29,6 +29,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		selfCheck time.Duration
 		profile   string
 		procs     int
+		follow    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -41,12 +42,20 @@ The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
 (the sandbox user), with their owner bits only: a program keeps the owner
 bits it asks for, never a group, other, setuid, setgid or sticky bit. A
 stale mount left at MOUNTPOINT by a daemon that died is cleared first.
-"mounted SCOPE at DIR" is printed on stderr once the mount is ready.`,
+"mounted SCOPE at DIR" is printed on stderr once the mount is ready.
+
+Symbolic links made in the workspace (policy "symlinks: emulate") are shown
+as links, but not followed unless --follow-links is given: a process that
+follows a link resolves it against its own root, and on the host a link to
+/etc/passwd is the host's. Give --follow-links for a mount served to a
+container, whose processes resolve links against the container's view.`,
+
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.UID == 0 || opts.GID == 0 {
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
+			opts.NoFollowLinks = !follow
 			setProcs(procs, cmd.Flags().Changed("procs"))
 			if profile != "" {
 				f, err := os.Create(profile)
@@ -70,6 +79,7 @@ stale mount left at MOUNTPOINT by a daemon that died is cleared first.
 	f.BoolVar(&opts.ReadOnly, "read-only", false, "refuse every change (EROFS)")
 	f.BoolVar(&opts.UserXattrs, "user-xattrs", false, `serve extended attributes in the "user." namespace (every other is refused)`)
 	f.BoolVar(&opts.Passthrough, "passthrough", false, "let the kernel read files opened read-only from the backing store (Linux 6.9+); writes always come to the daemon")
+	f.BoolVar(&follow, "follow-links", false, "let processes follow the symbolic links made in the workspace (readlink answers); without it links are shown but not followed, since on the host an absolute target names a host file")
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for performance work)")
 	addProcsFlag(f, &procs)

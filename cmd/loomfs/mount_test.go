@@ -157,6 +157,29 @@ func scopeDir(t *testing.T, root string) string {
 	return filepath.Join(root, sc.Dir())
 }
 
+// TestMountFollowLinks: with --follow-links a host-side mount follows the
+// links made in the workspace (for a mount served to a container).
+func TestMountFollowLinks(t *testing.T) {
+	root, mnt := mountDirs(t)
+	p := startMount(t, root, mountScope, mnt, "--follow-links")
+	if err := os.WriteFile(filepath.Join(mnt, "file"), []byte("hi"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("file", filepath.Join(mnt, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "link")); err != nil || string(b) != "hi" {
+		t.Errorf("through the link: %q %v", b, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(scopeDir(t, root), "link")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("backing store holds the link as %v %v", fi.Mode(), err)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.output())
+	}
+}
+
 // TestMountCommand: serves, refuses what the policy refuses, unmounts
 // cleanly on SIGTERM and on SIGINT, and records in the audit log.
 func TestMountCommand(t *testing.T) {
@@ -170,9 +193,14 @@ func TestMountCommand(t *testing.T) {
 			if b, err := os.ReadFile(filepath.Join(scopeDir(t, root), "hello.txt")); err != nil || string(b) != "hi" {
 				t.Fatalf("backing file: %q %v", b, err)
 			}
-			var en syscall.Errno
-			if err := os.Symlink("/etc/passwd", filepath.Join(mnt, "link")); !errors.As(err, &en) || en != syscall.EPERM {
+			// A link is made, but this host-side mount does not follow it
+			// (no --follow-links): its target would be the host's.
+			if err := os.Symlink("/etc/passwd", filepath.Join(mnt, "link")); err != nil {
 				t.Errorf("symlink through loomfs mount: %v", err)
+			}
+			var en syscall.Errno
+			if _, err := os.ReadFile(filepath.Join(mnt, "link")); !errors.As(err, &en) || en != syscall.EPERM {
+				t.Errorf("following a link through a host-side mount: %v", err)
 			}
 			if err := p.cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
@@ -192,7 +220,7 @@ func TestMountCommand(t *testing.T) {
 				b, _ := os.ReadFile(l)
 				all = append(all, b...)
 			}
-			for _, want := range []string{`"op":"create"`, `"op":"symlink"`, `"result":"refused"`, `"source":"fuse"`} {
+			for _, want := range []string{`"op":"create"`, `"op":"symlink"`, `"op":"readlink"`, `"result":"refused"`, `"source":"fuse"`} {
 				if !bytes.Contains(all, []byte(want)) {
 					t.Errorf("audit log lacks %s", want)
 				}

@@ -196,6 +196,7 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	limit("grep_budget", l.GrepBudget.String())
 	limit("walk_entries", fmt.Sprint(l.WalkEntries))
 	tw.Flush()
+	fmt.Fprintf(w, "\nsymlinks: %s\n", symlinksOf(pol))
 }
 
 func policyJSON(pol *policy.Policy, src string) any {
@@ -215,8 +216,9 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Rules    []rule    `json:"rules"`
 		Subtrees []subtree `json:"subtrees"`
 		Limits   any       `json:"limits"`
+		Symlinks string    `json:"symlinks"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Readme: policy.WorkspaceReadme(pol)}
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
@@ -234,6 +236,14 @@ func policyJSON(pol *policy.Policy, src string) any {
 		"grep_line": l.GrepLine, "regex_timeout": l.RegexTimeout.String(), "grep_budget": l.GrepBudget.String(), "walk_entries": l.WalkEntries,
 	}
 	return out
+}
+
+// symlinksOf is the policy's symlinks setting as the file would say it.
+func symlinksOf(pol *policy.Policy) policy.Symlinks {
+	if pol.EmulatesLinks() {
+		return policy.SymlinksEmulate
+	}
+	return policy.SymlinksRefuse
 }
 
 // maxArgs is cobra.MaximumNArgs reporting a usage error.
