@@ -154,8 +154,9 @@ func parseUser(s string) (uid, gid int, err error) {
 // Runner runs commands in sandbox containers on one local engine. It is safe
 // for concurrent use.
 type Runner struct {
-	cli *client.Client
-	cfg Config
+	cli     *client.Client
+	cfg     Config
+	seccomp string // the profile's JSON (SeccompProfile)
 }
 
 // NewRunner connects to the engine named by cfg and checks that it answers.
@@ -165,11 +166,15 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	profile, err := SeccompProfile()
+	if err != nil {
+		return nil, err
+	}
 	cli, err := dial(ctx, cfg.Host)
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cli: cli, cfg: cfg}, nil
+	return &Runner{cli: cli, cfg: cfg, seccomp: profile}, nil
 }
 
 // Close releases the engine connection.
@@ -483,7 +488,7 @@ func (r *Runner) containerConfig(req Request) (*container.Config, *container.Hos
 		// workspace is executable anyway.
 		Tmpfs:       map[string]string{"/tmp": fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", r.cfg.TmpSize)},
 		CapDrop:     []string{"ALL"},
-		SecurityOpt: []string{"no-new-privileges"},
+		SecurityOpt: []string{"no-new-privileges", "seccomp=" + r.seccomp},
 		IpcMode:     container.IPCModePrivate,
 		Runtime:     r.cfg.Runtime,
 		LogConfig:   container.LogConfig{Type: "none"}, // output is captured by attach, bounded; the engine keeps none
