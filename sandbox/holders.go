@@ -19,7 +19,8 @@ import (
 // alive: a process with an open file, working directory or root on it, and
 // every process of another mount namespace that still has it mounted (a
 // runtime's helper that outlived its container, such as gVisor's gofer).
-// With containerID set, processes whose command line names that container
+// With dir "", only the container's leftovers are looked for. With
+// containerID set, processes whose command line names that container
 // (its runtime shim, a runtime process that outlived it) count too: once
 // the engine reports the container removed, they are leftovers of it.
 // It reads /proc only and never calls into the mount, so a stuck daemon
@@ -52,6 +53,9 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 		ns, err := os.Readlink(proc + "/ns/mnt")
 		if err != nil {
 			continue // gone, or a kernel thread
+		}
+		if dir == "" {
+			continue // leftovers of the container only
 		}
 		mids, ok := ids[ns]
 		if !ok {
