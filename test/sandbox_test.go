@@ -298,6 +298,10 @@ func TestStartFailureAnswersWithinBudget(t *testing.T) {
 	if m := c.quarantineRecord(scope); m != nil {
 		t.Errorf("quarantined after a clean start failure: %+v", m)
 	}
+	rec := find(c.auditRecords(scope), func(r record) bool { return r.Op == "container_start_failed" })
+	if rec == nil || !strings.Contains(fmt.Sprint(rec.Detail["error"]), "did not terminate successfully") {
+		t.Errorf("audit record of the failed start: %+v", rec)
+	}
 	if m, code := c.tool(scope, "workspace_write", `{"path":"w","content":"x"}`); code != 0 {
 		t.Errorf("write after a failed start: %v", m)
 	}
@@ -331,6 +335,10 @@ func TestRunscWithoutNetworkArgument(t *testing.T) {
 	t.Logf("holders: %+v", m.Holders)
 	if !strings.Contains(r.stderr, "quarantined") || !strings.Contains(r.stderr, "runsc") || len(m.Holders) == 0 {
 		t.Fatalf("stderr %q, record %+v", r.stderr, m)
+	}
+	if find(c.auditRecords(scope), func(r record) bool { return r.Op == "container_start_failed" }) == nil ||
+		find(c.auditRecords(scope), func(r record) bool { return r.Op == "projection_held" }) == nil {
+		t.Errorf("the audit log lacks container_start_failed or projection_held")
 	}
 	checkHeldClear(t, c, scope, m)
 }
