@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,6 +36,7 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	self := os.Getpid()
+	peer := peerGroup(dir, dev)
 	// Mount ids of dev in each namespace, read once per namespace.
 	ids := map[string]map[string]bool{}
 	var out []store.Holder
@@ -59,7 +61,11 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 		}
 		mids, ok := ids[ns]
 		if !ok {
-			mids = mountIDs(proc+"/mountinfo", dev)
+			if ns == selfNS {
+				mids = mountIDs(proc+"/mountinfo", dev, "")
+			} else {
+				mids = mountIDs(proc+"/mountinfo", dev, peer)
+			}
 			ids[ns] = mids
 		}
 		if len(mids) == 0 {
@@ -90,25 +96,57 @@ func namesContainer(proc, id string) bool {
 }
 
 // mountIDs returns the ids of the mounts of device dev in a mountinfo file.
-func mountIDs(path string, dev uint64) map[string]bool {
+// With peer set, copies that receive mount propagation from that peer group
+// are left out: they go when the mount in this namespace goes, so they hold
+// nothing (a systemd service's private namespace, on a host whose / is
+// shared, has one of every mount made after it started).
+func mountIDs(path string, dev uint64, peer string) map[string]bool {
+	var mids map[string]bool
+	eachMount(path, dev, func(f []string) {
+		if peer != "" && (slices.Contains(f[6:], "shared:"+peer) || slices.Contains(f[6:], "master:"+peer)) {
+			return
+		}
+		if mids == nil {
+			mids = map[string]bool{}
+		}
+		mids[f[0]] = true
+	})
+	return mids
+}
+
+// peerGroup returns the peer group of this namespace's mount of dev at
+// dir, or "" when it is not shared.
+func peerGroup(dir string, dev uint64) string {
+	var peer string
+	eachMount("/proc/self/mountinfo", dev, func(f []string) {
+		if f[4] != dir {
+			return
+		}
+		for _, o := range f[6:] {
+			if g, ok := strings.CutPrefix(o, "shared:"); ok {
+				peer = g
+			}
+		}
+	})
+	return peer
+}
+
+// eachMount calls fn with the fields of each line of a mountinfo file that
+// mounts device dev, up to the "-" separator.
+func eachMount(path string, dev uint64, fn func(f []string)) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return
 	}
 	want := fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev))
-	var mids map[string]bool
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) > 2 && f[2] == want {
-			if mids == nil {
-				mids = map[string]bool{}
-			}
-			mids[f[0]] = true
+		if i := slices.Index(f, "-"); i >= 6 && f[2] == want {
+			fn(f[:i])
 		}
 	}
-	return mids
 }
 
 // holdsFile reports whether the process at proc has an open file on one of

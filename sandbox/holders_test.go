@@ -1,10 +1,16 @@
 package sandbox
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMaskHostPaths(t *testing.T) {
@@ -56,5 +62,54 @@ func TestLeftoversOfContainer(t *testing.T) {
 	p.Wait()
 	if got, _ := Holders("", 0, id); len(got) != 0 {
 		t.Errorf("after the kill: %+v", got)
+	}
+}
+
+// TestHoldersByNamespace: another mount namespace holds a mount only when
+// its copy is its own: a copy that receives propagation from this one (a
+// service's namespace on a host whose / is shared) goes when the mount
+// goes, and is no holder; a private copy (what a runtime's helper gets) is.
+func TestHoldersByNamespace(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("loomfs-test", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatalf("make shared: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	start := func(propagation string) *exec.Cmd {
+		c := exec.Command("unshare", "--mount", "--propagation", propagation, "sleep", "600")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		return c
+	}
+	slave := start("slave")
+	private := start("private")
+	// unshare execs sleep once the namespace is set up.
+	for _, c := range []*exec.Cmd{slave, private} {
+		for i := 0; i < 100; i++ {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	hs, err := Holders(dir, st.Dev, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, h := range hs {
+		pids = append(pids, h.PID)
+	}
+	if !slices.Contains(pids, private.Process.Pid) || slices.Contains(pids, slave.Process.Pid) {
+		t.Errorf("holders %v; want the private namespace's %d and not the slave's %d", pids, private.Process.Pid, slave.Process.Pid)
 	}
 }
