@@ -680,3 +680,26 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestStartFailureAnswersWithRuntimeMessage: under a runtime that fails
+// every start (loomfs-failstart, registered by scripts/setup), Run answers
+// at once with ErrStartFailed and the runtime's message, host paths masked;
+// the container is removed and the marker cleared.
+func TestStartFailureAnswersWithRuntimeMessage(t *testing.T) {
+	r := newTestRunner(t, Config{Runtime: "loomfs-failstart", CleanupTimeout: 10 * time.Second})
+	req, m := newRequest(t, "echo hi")
+	req.Timeout = 5 * time.Second
+	began := time.Now()
+	res, err := r.Run(context.Background(), req)
+	if took := time.Since(began); took > req.Timeout+10*time.Second {
+		t.Errorf("answered after %v", took)
+	}
+	if !errors.Is(err, ErrStartFailed) || !strings.Contains(err.Error(), "did not terminate successfully") ||
+		strings.Contains(err.Error(), "/var/") || strings.Contains(err.Error(), "/usr/") {
+		t.Fatalf("error %v", err)
+	}
+	if sets, clears := m.counts(); sets != 1 || clears != 1 {
+		t.Errorf("marker set %d cleared %d, want 1 and 1", sets, clears)
+	}
+	assertGone(t, r, res.ContainerName)
+}
