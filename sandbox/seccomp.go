@@ -52,11 +52,9 @@ func buildSeccompProfile() (string, error) {
 	p := seccomp.DefaultProfile()
 	kept := p.Syscalls[:0]
 	for _, s := range p.Syscalls {
+		// The default profile names its calls in Names (Name is deprecated).
 		s.Names = slices.DeleteFunc(s.Names, func(n string) bool { return slices.Contains(DeniedSyscalls, n) })
-		if slices.Contains(DeniedSyscalls, s.Name) {
-			s.Name = ""
-		}
-		if len(s.Names) == 0 && s.Name == "" {
+		if len(s.Names) == 0 {
 			continue
 		}
 		for _, d := range DeniedSocketDomains {
@@ -83,7 +81,7 @@ func buildSeccompProfile() (string, error) {
 // one argument into alternatives (Moby's profile notes this), so any
 // comparison of the domain that matches, or none at all, lets it through.
 func allowsSocket(s *seccomp.Syscall, domain uint64) bool {
-	if !slices.Contains(s.Names, "socket") && s.Name != "socket" {
+	if !slices.Contains(s.Names, "socket") {
 		return false
 	}
 	compared := false
