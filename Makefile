@@ -14,10 +14,17 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/loomfs
 
-## test: vet, race-enabled tests of every package, a short fuzz of the path validator.
+# The end-to-end tests that run containers, repeated under gVisor.
+SANDBOX_E2E ?= TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
+
+## test: vet, race-enabled tests of every package, the sandbox tests again
+## under gVisor (runsc, registered by scripts/setup), a short fuzz of the
+## path validator.
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
+	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/
+	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m -run '^($(SANDBOX_E2E))$$' ./test/
 	$(MAKE) fuzz
 
 ## fuzz: a short fuzz of the path validator; prints the final execution count, fails if it stalls.

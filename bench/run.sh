@@ -4,7 +4,8 @@
 # Sections (all by default): go (Go benchmarks of the store, the tools and
 # the FUSE audit overhead), grep (loomfs grep vs rg on a 10k-file tree),
 # fuse (bench/fuse.sh: native vs loomfs vs go-fuse loopback vs bindfs),
-# snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a).
+# snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a), runtime
+# (bench/runtime.sh: workspace_command under runc vs runsc; not by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -21,6 +22,9 @@ elapsed() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N);
 
 for s in "${sections[@]}"; do
 	case $s in
+	runtime)
+		bash bench/runtime.sh
+		;;
 	go)
 		echo "## Go benchmarks (store, tools)"
 		go test -run='^$' -bench=. -benchmem -count=3 ./store/ ./tools/ | grep -E '^(Benchmark|ok)'

@@ -42,6 +42,9 @@ const (
 	InvalidInput       Code = "invalid_input"
 	Unsupported        Code = "unsupported"
 	SandboxUnavailable Code = "sandbox_unavailable"
+	// SandboxStartFailed: the engine created the container but its runtime
+	// could not start it; the message carries the runtime's reason.
+	SandboxStartFailed Code = "sandbox_start_failed"
 	AuditUnavailable   Code = "audit_unavailable"
 	Cancelled          Code = "cancelled"
 	Internal           Code = "internal"

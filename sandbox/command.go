@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -77,11 +78,17 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
 	}
-	defer proj.Unmount()
+	var st unix.Stat_t
+	if err := unix.Stat(proj.Dir(), &st); err != nil {
+		proj.Unmount()
+		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "the workspace projection does not answer: %v", err)
+	}
+	hooks := &markerHooks{ws: ws}
+	held := c.release(proj, st.Dev, ws.Scope(), hooks)
+	defer func() { held() }()
 	if err := proj.Probe(ctx); err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "the workspace projection failed its health probe, so no container was started: %v", err)
 	}
-	hooks := &markerHooks{ws: ws}
 	res, err := c.Runner.Run(ctx, Request{
 		Command:   req.Command,
 		Timeout:   req.Timeout,
@@ -94,6 +101,19 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		Marker:    hooks,
 		Name:      name,
 	})
+	hooks.mu.Lock()
+	hooks.id = res.ContainerID
+	hooks.mu.Unlock()
+	if holders := held(); len(holders) > 0 {
+		reason := fmt.Sprintf("after container %s was removed, its projection was still held by %s", res.ContainerName, holderNames(holders))
+		if err != nil {
+			reason += "; the command had failed: " + MaskHostPaths(err.Error())
+		}
+		if qerr := hooks.quarantineHeld(reason, holders); qerr != nil {
+			return tools.CommandResult{}, fmt.Errorf("%s; and quarantining failed: %w", reason, qerr)
+		}
+		return tools.CommandResult{}, policy.Errorf(policy.Quarantined, "%s, so the workspace is quarantined until an administrator makes sure those processes are gone and clears it", reason)
+	}
 	if errors.Is(err, ErrQuarantined) {
 		if qerr := hooks.quarantine(err.Error()); qerr != nil {
 			return tools.CommandResult{}, fmt.Errorf("%v; and quarantining failed: %w", err, qerr)
@@ -115,6 +135,9 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return out, policy.Errorf(policy.Cancelled, "the command was cancelled; its container was removed")
+		}
+		if errors.Is(err, ErrStartFailed) {
+			return out, policy.Errorf(policy.SandboxStartFailed, "%v", err)
 		}
 		if errors.Is(err, ErrInvalidRequest) {
 			return out, policy.Errorf(policy.InvalidInput, "%v", err)
@@ -151,6 +174,7 @@ type markerHooks struct {
 	ws   *store.Workspace
 	mu   sync.Mutex
 	last store.Marker
+	id   string // the engine's id of the container, once created
 }
 
 func (h *markerHooks) Set(ctx context.Context, m Marker) error {
@@ -167,6 +191,82 @@ func (h *markerHooks) quarantine(reason string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ws.Quarantine(h.last, reason)
+}
+
+func (h *markerHooks) containerID() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.id
+}
+
+// quarantineHeld quarantines the scope naming the processes that hold its
+// projection. The marker was cleared once the container was confirmed gone,
+// so the record is the last marker set, now with the holders.
+func (h *markerHooks) quarantineHeld(reason string, holders []store.Holder) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := h.last
+	m.Holders = holders
+	return h.ws.Quarantine(m, reason)
+}
+
+// holderGrace is how long a process seen holding a projection after its
+// container's removal may take to go before it counts as a holder: a
+// runtime's helpers exit moments after the engine reports the removal.
+const holderGrace = 2 * time.Second
+
+// release returns a function, called once the command is over, that takes
+// the projection down within the cleanup timeout and returns the processes,
+// not this one, that still held it. With holders the session is aborted
+// first, so that neither they nor the unmount wait on it; a session that
+// does not end in time is aborted and detached too. Later calls return the
+// first answer.
+func (c *Commands) release(proj Projection, dev uint64, sc store.Scope, h *markerHooks) func() []store.Holder {
+	var once sync.Once
+	var held []store.Holder
+	return func() []store.Holder {
+		once.Do(func() {
+			dir := proj.Dir()
+			deadline := time.Now().Add(holderGrace)
+			for {
+				held, _ = Holders(dir, dev, h.containerID())
+				if len(held) == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if len(held) > 0 {
+				abortConnection(dir, dev)
+				c.audit("projection_held", sc, h, map[string]any{"holders": held})
+			}
+			done := make(chan error, 1)
+			go func() { done <- proj.Unmount() }()
+			select {
+			case <-done:
+			case <-time.After(c.Runner.cfg.CleanupTimeout):
+				abortConnection(dir, dev)
+				unix.Unmount(dir, unix.MNT_DETACH)
+				c.audit("projection_detached", sc, h, map[string]any{"error": "the projection's session did not end within the cleanup timeout"})
+			}
+		})
+		return held
+	}
+}
+
+// audit records a projection event through the runner's observer.
+func (c *Commands) audit(op string, sc store.Scope, h *markerHooks, extra map[string]any) {
+	if c.Runner.cfg.Observe == nil {
+		return
+	}
+	h.mu.Lock()
+	m := h.last
+	h.mu.Unlock()
+	detail := map[string]any{"container": m.Container, "node": c.Runner.cfg.Node, "scope": sc.String(),
+		"scope_hash": sc.Hash(), "run": m.Run, "call": m.Call}
+	for k, v := range extra {
+		detail[k] = v
+	}
+	c.Runner.cfg.Observe(context.Background(), op, detail)
 }
 
 // DefaultMountDir is where projections for commands are mounted: inside a

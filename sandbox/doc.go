@@ -5,6 +5,10 @@
 // reports a command finished before the engine confirms its container is gone:
 // an execution marker is set before the container is created and cleared only
 // after removal is confirmed, so a crash leaves the scope quarantined instead
-// of racing a leftover container. BuildImage makes the sandbox image locally
-// from Debian packages.
+// of racing a leftover container. The same holds for a leftover executor: a
+// process that still holds the projection after its container was removed
+// (Holders) quarantines the scope too. Every wait after a failed start is
+// bounded, and the runtime's own message comes back (ErrStartFailed).
+// Containers run under a seccomp profile of our own (SeccompProfile), passed
+// inline. BuildImage makes the sandbox image locally from Debian packages.
 package sandbox

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,6 +68,10 @@ func newTestRunner(t *testing.T, cfg Config) *Runner {
 		cfg.Image = MinimalImage
 	}
 	cfg.Node = testNode
+	if cfg.Runtime == "" {
+		// make test runs this suite under runc and again under runsc.
+		cfg.Runtime = os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")
+	}
 	r, err := NewRunner(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
@@ -74,6 +79,11 @@ func newTestRunner(t *testing.T, cfg Config) *Runner {
 	t.Cleanup(func() { r.Close() })
 	return r
 }
+
+// gvisor reports whether r runs containers under gVisor, whose own kernel
+// (the Sentry) shows some things differently from Linux: the tests that
+// read them adapt, and say why.
+func gvisor(r *Runner) bool { return strings.HasPrefix(r.cfg.Runtime, "runsc") }
 
 // newRequest returns a request for cmd over a fresh workspace the sandbox
 // user can write, with a fake marker, and makes sure no container of it

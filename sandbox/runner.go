@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,10 @@ var (
 	// its execution marker stays and the scope must be cleared by an
 	// administrator (SPEC §7.3).
 	ErrQuarantined = errors.New("sandbox: scope quarantined")
+	// ErrStartFailed marks a container the engine created but could not
+	// start; the error carries the runtime's own message, host paths
+	// masked.
+	ErrStartFailed = errors.New("sandbox: the container runtime failed to start the container")
 )
 
 // Config configures a Runner. Zero fields take the defaults above; none is
@@ -149,8 +154,9 @@ func parseUser(s string) (uid, gid int, err error) {
 // Runner runs commands in sandbox containers on one local engine. It is safe
 // for concurrent use.
 type Runner struct {
-	cli *client.Client
-	cfg Config
+	cli     *client.Client
+	cfg     Config
+	seccomp string // the profile's JSON (SeccompProfile)
 }
 
 // NewRunner connects to the engine named by cfg and checks that it answers.
@@ -160,11 +166,15 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	profile, err := SeccompProfile()
+	if err != nil {
+		return nil, err
+	}
 	cli, err := dial(ctx, cfg.Host)
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cli: cli, cfg: cfg}, nil
+	return &Runner{cli: cli, cfg: cfg, seccomp: profile}, nil
 }
 
 // Close releases the engine connection.
@@ -333,13 +343,20 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 		}
 	}()
 
-	if err := r.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+	// A runtime that never answers the start request costs the command's
+	// budget, not more.
+	sctx, scancel := context.WithTimeout(ctx, timeout)
+	err = r.cli.ContainerStart(sctx, created.ID, container.StartOptions{})
+	scancel()
+	if err != nil {
 		hj.Close() // nothing more will come
 		if ctx.Err() != nil {
 			res.Cancelled = true
 			return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
 		}
-		return true, fmt.Errorf("sandbox: start container %s: %w", res.ContainerName, err)
+		msg := MaskHostPaths(err.Error())
+		r.observe(octx, "container_start_failed", req, res, map[string]any{"error": msg, "runtime": r.cfg.Runtime})
+		return true, fmt.Errorf("%w: %s", ErrStartFailed, msg)
 	}
 	r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds()})
 
@@ -466,12 +483,15 @@ func (r *Runner) containerConfig(req Request) (*container.Config, *container.Hos
 		NetworkMode:    "none",
 		ReadonlyRootfs: true,
 		Mounts:         mounts,
-		Tmpfs:          map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", r.cfg.TmpSize)},
-		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges"},
-		IpcMode:        container.IPCModePrivate,
-		Runtime:        r.cfg.Runtime,
-		LogConfig:      container.LogConfig{Type: "none"}, // output is captured by attach, bounded; the engine keeps none
+		// exec: the engine's tmpfs default is noexec, which breaks go test
+		// and every build that runs what it just made in /tmp; the
+		// workspace is executable anyway.
+		Tmpfs:       map[string]string{"/tmp": fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", r.cfg.TmpSize)},
+		CapDrop:     []string{"ALL"},
+		SecurityOpt: []string{"no-new-privileges", "seccomp=" + r.seccomp},
+		IpcMode:     container.IPCModePrivate,
+		Runtime:     r.cfg.Runtime,
+		LogConfig:   container.LogConfig{Type: "none"}, // output is captured by attach, bounded; the engine keeps none
 		Resources: container.Resources{
 			Memory:     r.cfg.Memory,
 			MemorySwap: r.cfg.Memory,
@@ -573,6 +593,16 @@ func validHash(s string) bool {
 		}
 	}
 	return true
+}
+
+// hostPath is an absolute path in an engine or runtime message.
+var hostPath = regexp.MustCompile(`(^|[\s"'(=\[])/[^\s"'():,\]]*`)
+
+// MaskHostPaths replaces every absolute path in msg by "<path>": the
+// runtime's messages name the engine's state directories, which no model
+// or container may see.
+func MaskHostPaths(msg string) string {
+	return hostPath.ReplaceAllString(msg, "${1}<path>")
 }
 
 // NewContainerName returns loomfs-<first 12 of the scope hash>-<8 random hex digits>.

@@ -30,6 +30,18 @@ type Marker struct {
 	Call      string    `json:"call,omitempty"`
 	Time      time.Time `json:"time"`
 	Reason    string    `json:"reason,omitempty"`
+	// Holders are the processes, not loomfs's own, that still held the
+	// command's projection after its container was removed.
+	Holders []Holder `json:"holders,omitempty"`
+}
+
+// Holder is a process on Node that held a projection. Start, the process's
+// start time in clock ticks since boot, tells it apart from a later process
+// given the same pid.
+type Holder struct {
+	PID     int    `json:"pid"`
+	Start   uint64 `json:"start_ticks"`
+	Cmdline string `json:"cmdline"`
 }
 
 // SetMarker persists m atomically. The caller holds the scope lock.

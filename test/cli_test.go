@@ -63,7 +63,7 @@ type result struct {
 func (c *cli) run(stdin string, args ...string) result {
 	c.t.Helper()
 	cmd := exec.Command(loomfsBin, append([]string{"--root", c.root}, args...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Env = cliEnv()
 	cmd.Stdin = strings.NewReader(stdin)
 	return runCmd(c.t, cmd)
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -26,6 +28,14 @@ By default the check only looks: the root exists and is a directory; on the
 shared_posix backend its .agentloom-volume marker holds exactly the volume id;
 and whether this user may write there (asked of the kernel; nothing is
 written). It never creates a missing root or marker.
+
+It also reports the sandbox runtime commands run under: the one configured
+(AGENT_LOOM_SANDBOX_RUNTIME, or the engine's default) and whether the engine
+(AGENT_LOOM_DOCKER_HOST) has it registered; with --probe, whether a probe
+container starts under it, with the runtime's own message when it doesn't.
+A configured runtime the engine lacks, or a failed probe, fails the check;
+an engine that does not answer is reported, and fails the check only with
+--probe.
 
 --probe also works for real, in a random namespace
 <root>/.agentloom-locks/probe-<random>/ that it removes afterwards: create,
@@ -53,12 +63,14 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 			}
 			opts := store.CheckOptions{Backend: g.backend, Root: g.root, VolumeID: g.volumeID, Probe: probe}
 			r := checkWithin(cmd.Context(), opts, timeout)
+			rt := runtimeWithin(cmd.Context(), probe, timeout)
+			r.OK = r.OK && rt.OK
 			if g.json {
-				if err := printJSON(cmd, r); err != nil {
+				if err := printJSON(cmd, checkOutput{r, rt}); err != nil {
 					return err
 				}
 			} else {
-				printCheck(cmd, r)
+				printCheck(cmd, r, rt)
 			}
 			if !r.OK {
 				return exitError{exitRefused}
@@ -95,7 +107,59 @@ func checkWithin(ctx context.Context, opts store.CheckOptions, timeout time.Dura
 	}
 }
 
-func printCheck(cmd *cobra.Command, r *store.CheckReport) {
+// checkOutput is the --json answer: the root's report with the runtime's
+// beside it.
+type checkOutput struct {
+	*store.CheckReport
+	Sandbox sandbox.RuntimeReport `json:"sandbox_runtime"`
+}
+
+// runtimeWithin checks the sandbox runtime, bounded by timeout. Without
+// probe an engine that does not answer is only reported: a node may serve
+// file tools without one.
+func runtimeWithin(ctx context.Context, probe bool, timeout time.Duration) sandbox.RuntimeReport {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	rep := sandbox.CheckRuntime(ctx, sandbox.ConfigFromEnv(), probe)
+	if !probe && !rep.Known && rep.EngineDefault == "" {
+		rep.OK = true // no engine answered: reported, not failed
+	}
+	return rep
+}
+
+func printRuntime(w io.Writer, rt sandbox.RuntimeReport) {
+	name := rt.Runtime
+	if name == "" {
+		name = "engine default"
+		if rt.EngineDefault != "" {
+			name += " (" + rt.EngineDefault + ")"
+		}
+	}
+	mark := "ok  "
+	if !rt.OK {
+		mark = "FAIL"
+	}
+	detail := "known to the engine"
+	switch {
+	case rt.EngineDefault == "" && !rt.Known:
+		detail = "the engine did not answer"
+	case !rt.Known:
+		detail = "not known to the engine"
+	case rt.ProbeOK:
+		detail = "known to the engine; a probe container started and exited 0"
+	case rt.Probed:
+		detail = "known to the engine; the probe container failed"
+	}
+	if rt.Message != "" {
+		detail += ": " + rt.Message
+	}
+	fmt.Fprintf(w, "  %s  %-21s %s: %s\n", mark, "sandbox_runtime", name, detail)
+}
+
+func printCheck(cmd *cobra.Command, r *store.CheckReport, rt sandbox.RuntimeReport) {
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "loomfs check: backend %s, root %s", r.Backend, r.Root)
 	if r.VolumeID != "" {
@@ -112,6 +176,7 @@ func printCheck(cmd *cobra.Command, r *store.CheckReport) {
 		}
 		fmt.Fprintf(w, "  %s  %-21s %s\n", mark, c.Name, c.Detail)
 	}
+	printRuntime(w, rt)
 	for _, s := range r.Warnings {
 		fmt.Fprintf(w, "  warning: %s\n", s)
 	}

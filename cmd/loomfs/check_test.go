@@ -2,11 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -118,5 +120,60 @@ func TestCheckReadsOnlyFlagsAndEnvironment(t *testing.T) {
 	t.Setenv("AGENT_LOOM_WORKSPACE_VOLUME_ID", "team-v1")
 	if stdout, stderr, code := runLoomfs(t, "check"); code != 0 || !strings.Contains(stdout, "result: ok") {
 		t.Errorf("check from the environment: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// TestCheckSandboxRuntime: check names the configured runtime and whether
+// the engine knows it; with --probe, whether a container starts under it,
+// with the runtime's message (host paths masked) when it doesn't.
+// loomfs-failstart is the always-failing runtime scripts/setup registers.
+func TestCheckSandboxRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		runtime string
+		probe   bool
+		code    int
+		known   bool
+		message string
+	}{
+		{"", false, 0, true, ""},
+		{"", true, 0, true, ""},
+		{"runsc", true, 0, true, ""},
+		{"nosuch", false, 1, false, `the engine has no runtime "nosuch"`},
+		{"loomfs-failstart", false, 0, true, ""},
+		{"loomfs-failstart", true, 1, true, "did not terminate successfully"},
+	} {
+		t.Run(fmt.Sprintf("%s probe=%v", tc.runtime, tc.probe), func(t *testing.T) {
+			t.Setenv("AGENT_LOOM_SANDBOX_RUNTIME", tc.runtime)
+			root := t.TempDir()
+			args := []string{"--json", "--root", root, "check", "--backend", "local"}
+			if tc.probe {
+				args = append(args, "--probe")
+			}
+			stdout, stderr, code := runLoomfs(t, args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s%s", code, tc.code, stdout, stderr)
+			}
+			var out struct {
+				OK      bool                  `json:"ok"`
+				Runtime sandbox.RuntimeReport `json:"sandbox_runtime"`
+			}
+			if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+				t.Fatalf("%v\n%s", err, stdout)
+			}
+			rt := out.Runtime
+			if out.OK != (tc.code == 0) || rt.OK != (tc.code == 0) || rt.Runtime != tc.runtime || rt.Known != tc.known ||
+				rt.Probed != tc.probe || rt.ProbeOK != (tc.probe && tc.code == 0) || !strings.Contains(rt.Message, tc.message) {
+				t.Errorf("report %+v", out)
+			}
+			if strings.Contains(rt.Message, "/var/") || strings.Contains(rt.Message, "/usr/") {
+				t.Errorf("message names a host path: %q", rt.Message)
+			}
+		})
+	}
+	// The text form names the runtime on its own line.
+	t.Setenv("AGENT_LOOM_SANDBOX_RUNTIME", "nosuch")
+	stdout, _, _ := runLoomfs(t, "--root", t.TempDir(), "check", "--backend", "local")
+	if !strings.Contains(stdout, "FAIL  sandbox_runtime       nosuch: not known to the engine") {
+		t.Errorf("text output:\n%s", stdout)
 	}
 }

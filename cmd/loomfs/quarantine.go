@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -15,7 +16,10 @@ import (
 func init() { addCommand(newQuarantineCmd) }
 
 const quarantineProcedure = `A scope is quarantined when a sandbox command's container could not be
-confirmed removed (the worker died, or the engine did not answer). Writes and
+confirmed removed (the worker died, or the engine did not answer), or when,
+after the engine removed it, processes other than loomfs still held the
+command's projection (a runtime's helpers that outlived the container; the
+record lists their pids and command lines under "holders"). Writes and
 commands are refused there until an administrator clears it; reads work.
 
 Recovery:
@@ -26,10 +30,12 @@ Recovery:
      unclear, check every node that could have run it.
   3. Make sure the old worker, its docker client and any pending create
      request can no longer start a container, then stop and remove the
-     container if it still exists. One "No such container" answer right after
+     container if it still exists, and stop the holders the record names.
+     One "No such container" answer right after
      a killed client does not prove a pending create won't land later.
   4. Only then run "loomfs quarantine clear --scope S --container NAME" (it
-     refuses while that container exists on the local engine and touches
+     refuses while that container exists on the local engine or a holder
+     still runs on this node, and touches
      nothing but that scope's quarantine record), and resume tasks.
 Deleting the marker by hand, waiting for it to expire, or retrying the command
 are not safe recoveries.`
@@ -133,6 +139,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 			if exists {
 				return fmt.Errorf("container %s still exists on the local engine: stop and remove it first (see --help); nothing cleared", container)
 			}
+			if err := holdersGone(vol, sc); err != nil {
+				return err
+			}
 			if err := vol.ClearQuarantine(sc, container); err != nil {
 				return err
 			}
@@ -146,4 +155,24 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 	clear.MarkFlagRequired("scope")
 	cmd.AddCommand(show, clear)
 	return cmd
+}
+
+// holdersGone refuses to clear a quarantine whose record names processes
+// that held the projection and still run on this node. Holders on another
+// node can't be seen from here: the record's node must be checked there.
+func holdersGone(vol *store.Volume, sc store.Scope) error {
+	m, err := vol.Quarantine(sc)
+	if err != nil || m == nil || len(m.Holders) == 0 {
+		return err
+	}
+	host, _ := os.Hostname()
+	if m.Node != host {
+		return fmt.Errorf("the quarantine record names processes on node %s that held the projection; run the clear there, where they can be checked; nothing cleared", m.Node)
+	}
+	for _, h := range m.Holders {
+		if sandbox.HolderAlive(h) {
+			return fmt.Errorf("process %d (%s) still holds the projection: stop it first (see --help); nothing cleared", h.PID, h.Cmdline)
+		}
+	}
+	return nil
 }

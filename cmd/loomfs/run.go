@@ -25,8 +25,10 @@ func newRunCmd(g *globals) *cobra.Command {
 		Use:   "run --scope S [--timeout SECONDS] -- CMD [ARG...]",
 		Short: "Run a command in a sandbox container over the scope's /workspace",
 		Long: `Run one command in a fresh sandbox container whose /workspace is the scope's
-policed FUSE projection: no network, read-only root filesystem, writable /tmp,
-all capabilities dropped, non-root user, umask 077. This is the same path as
+policed FUSE projection: no network, read-only root filesystem, writable /tmp
+(nosuid, nodev, exec allowed), all capabilities dropped, our own seccomp
+profile, non-root user, umask 077, under AGENT_LOOM_SANDBOX_RUNTIME (runsc for
+gVisor; the engine's default otherwise). This is the same path as
 the workspace_command tool: the scope lock is held throughout, the projection
 is mounted and probed before the container starts, and an execution marker
 guards against a lost container (see "loomfs quarantine --help").
@@ -36,7 +38,10 @@ head and tail kept); loomfs exits with the command's exit code, 124 if it
 timed out, and 1 if it was refused. With --json the whole result is printed,
 with policy_events: what the workspace policy refused the command (operation,
 path, errno, code and message), which the command itself saw only as an
-errno.`,
+errno. A container the runtime fails to start answers
+sandbox_start_failed with the runtime's message, within the timeout plus
+the cleanup timeout; if processes other than loomfs still hold the
+projection after the container is gone, the scope is quarantined naming them.`,
 		Example: `  loomfs run --scope acme/coder/s1 -- python3 -c 'print(open("notes.md").read())'
   loomfs run --scope acme/coder/s1 --timeout 5 -- sh -c 'ls -la'`,
 		Args: func(cmd *cobra.Command, args []string) error {

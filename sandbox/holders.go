@@ -1,0 +1,243 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/store"
+)
+
+// Holders lists the processes other than this one that keep the mount of
+// device dev (a projection, mounted at dir in this process's namespace)
+// alive: a process with an open file, working directory or root on it, and
+// every process of another mount namespace that still has it mounted (a
+// runtime's helper that outlived its container, such as gVisor's gofer).
+// With dir "", only the container's leftovers are looked for. With
+// containerID set, processes whose command line names that container
+// (its runtime shim, a runtime process that outlived it) count too: once
+// the engine reports the container removed, they are leftovers of it.
+// It reads /proc only and never calls into the mount, so a stuck daemon
+// can't make it hang.
+func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error) {
+	selfNS, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return nil, fmt.Errorf("own mount namespace: %w", err)
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	self := os.Getpid()
+	peer := peerGroup(dir, dev)
+	// Mount ids of dev in each namespace, read once per namespace.
+	ids := map[string]map[string]bool{}
+	var out []store.Holder
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		proc := "/proc/" + e.Name()
+		if containerID != "" && namesContainer(proc, containerID) {
+			if h, ok := holder(pid); ok {
+				out = append(out, h)
+			}
+			continue
+		}
+		ns, err := os.Readlink(proc + "/ns/mnt")
+		if err != nil {
+			continue // gone, or a kernel thread
+		}
+		if dir == "" {
+			continue // leftovers of the container only
+		}
+		mids, ok := ids[ns]
+		if !ok {
+			if ns == selfNS {
+				mids = mountIDs(proc+"/mountinfo", dev, "")
+			} else {
+				mids = mountIDs(proc+"/mountinfo", dev, peer)
+			}
+			ids[ns] = mids
+		}
+		if len(mids) == 0 {
+			continue
+		}
+		if ns != selfNS || holdsFile(proc, dir, mids) {
+			if h, ok := holder(pid); ok {
+				out = append(out, h)
+			}
+		}
+	}
+	return out, nil
+}
+
+// namesContainer reports whether the command line of the process at proc
+// holds id as one of its arguments, or as the last part of one (a path).
+func namesContainer(proc, id string) bool {
+	data, err := os.ReadFile(proc + "/cmdline")
+	if err != nil {
+		return false
+	}
+	for _, arg := range bytes.Split(data, []byte{0}) {
+		if a := string(arg); a == id || strings.HasSuffix(a, "/"+id) {
+			return true
+		}
+	}
+	return false
+}
+
+// mountIDs returns the ids of the mounts of device dev in a mountinfo file.
+// With peer set, copies that receive mount propagation from that peer group
+// are left out: they go when the mount in this namespace goes, so they hold
+// nothing (a systemd service's private namespace, on a host whose / is
+// shared, has one of every mount made after it started).
+func mountIDs(path string, dev uint64, peer string) map[string]bool {
+	var mids map[string]bool
+	eachMount(path, dev, func(f []string) {
+		if peer != "" && (slices.Contains(f[6:], "shared:"+peer) || slices.Contains(f[6:], "master:"+peer)) {
+			return
+		}
+		if mids == nil {
+			mids = map[string]bool{}
+		}
+		mids[f[0]] = true
+	})
+	return mids
+}
+
+// peerGroup returns the peer group of this namespace's mount of dev at
+// dir, or "" when it is not shared.
+func peerGroup(dir string, dev uint64) string {
+	var peer string
+	eachMount("/proc/self/mountinfo", dev, func(f []string) {
+		if f[4] != dir {
+			return
+		}
+		for _, o := range f[6:] {
+			if g, ok := strings.CutPrefix(o, "shared:"); ok {
+				peer = g
+			}
+		}
+	})
+	return peer
+}
+
+// eachMount calls fn with the fields of each line of a mountinfo file that
+// mounts device dev, up to the "-" separator.
+func eachMount(path string, dev uint64, fn func(f []string)) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev))
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if i := slices.Index(f, "-"); i >= 6 && f[2] == want {
+			fn(f[:i])
+		}
+	}
+}
+
+// holdsFile reports whether the process at proc has an open file on one of
+// the mounts mids, or its working directory or root under dir.
+func holdsFile(proc, dir string, mids map[string]bool) bool {
+	for _, link := range []string{"cwd", "root"} {
+		if t, err := os.Readlink(proc + "/" + link); err == nil && (t == dir || strings.HasPrefix(t, dir+"/")) {
+			return true
+		}
+	}
+	fds, err := os.ReadDir(proc + "/fdinfo")
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		data, err := os.ReadFile(proc + "/fdinfo/" + fd.Name())
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "mnt_id:"); ok && mids[strings.TrimSpace(v)] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// holder describes pid, or reports false when it is gone.
+func holder(pid int) (store.Holder, bool) {
+	start, ok := procStart(pid)
+	if !ok {
+		return store.Holder{}, false
+	}
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	line := strings.TrimSpace(string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+	if line == "" {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		line = "[" + strings.TrimSpace(string(comm)) + "]"
+	}
+	if len(line) > 512 {
+		line = line[:512] + "…"
+	}
+	return store.Holder{PID: pid, Start: start, Cmdline: line}, true
+}
+
+// procStart returns a process's start time in clock ticks after boot. A
+// zombie counts as gone: it holds no files any more.
+func procStart(pid int) (uint64, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The command name may hold spaces and parentheses: fields start after the last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 || f[0] == "Z" {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64) // field 22 of stat(5)
+	return v, err == nil
+}
+
+// HolderAlive reports whether h is still running on this node: the same pid
+// with the same start time.
+func HolderAlive(h store.Holder) bool {
+	start, ok := procStart(h.PID)
+	return ok && start == h.Start
+}
+
+// holderNames is a short list of the holders' program names, for messages a
+// model sees: the full command lines name host paths and stay in the
+// quarantine record.
+func holderNames(hs []store.Holder) string {
+	var names []string
+	for _, h := range hs {
+		name := filepath.Base(strings.Fields(h.Cmdline + " ?")[0])
+		names = append(names, fmt.Sprintf("%s (pid %d)", name, h.PID))
+	}
+	return strings.Join(names, ", ")
+}
+
+// abortConnection makes the FUSE session of the mount of dev at dir fail
+// every pending and later request, so nothing waits on it any longer: a
+// forced unmount in this namespace begins with the abort, and the fusectl
+// file does the same where fusectl is mounted.
+func abortConnection(dir string, dev uint64) {
+	unix.Unmount(dir, unix.MNT_FORCE)
+	conn := unix.Major(dev)<<20 | unix.Minor(dev) // the kernel's own dev_t encoding names the connection
+	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn), []byte("1"), 0)
+}
