@@ -21,8 +21,8 @@
 // # What is not kept
 //
 // Symlinks, hard-linked files, FIFOs, sockets, devices and setuid or
-// setgid files are skipped and listed in the manifest as skipped; so is a
-// directory on another filesystem. Owner, group and times of directories
+// setgid files are skipped and listed in the manifest as skipped; so is
+// any object on another filesystem or mount (a bind mount included). Owner, group and times of directories
 // are not kept; a restored file gets its recorded owner permission bits
 // (at most 0700) and modification time.
 //

@@ -34,7 +34,7 @@ func entryOf(rel string, info store.Info) Entry {
 		Size:  info.Size,
 		MTime: info.ModTime.UTC().Format(time.RFC3339),
 	}
-	if info.Kind != policy.KindDir {
+	if info.Kind != policy.KindDir || info.OtherMount {
 		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
 			e.Refused = string(policy.CodeOf(err))
 		}

@@ -19,6 +19,9 @@ type GlobResult struct {
 	Matches   []string `json:"matches"`
 	Total     int      `json:"total"`
 	Truncated bool     `json:"truncated"`
+	// SkippedRefused counts the objects left out for being on another
+	// mount than the scope's.
+	SkippedRefused int `json:"skipped_refused,omitempty"`
 }
 
 // GrepResult is what workspace_grep returns.

@@ -101,12 +101,16 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	deep := strings.Contains(pattern, "**")
 	depth := strings.Count(pattern, "/") + 1
 	var matches []string
-	visited, walkCut := 0, false
+	visited, walkCut, refused := 0, false, 0
 	err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
 		visited++
 		if visited > pol.Limits.WalkEntries {
 			walkCut = true
 			return errStop
+		}
+		if info.OtherMount {
+			refused++ // never matched: not even its name belongs to the scope
+			return nil
 		}
 		r := relTo(base, rel)
 		if globMatch(pattern, r) {
@@ -121,7 +125,7 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, err
 	}
 	sort.Strings(matches)
-	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut}
+	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut, SkippedRefused: refused}
 	if len(matches) > limit {
 		matches, out.Truncated = matches[:limit], true
 	}
@@ -279,8 +283,8 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				out.Truncated = true
 				return errStop
 			}
-			if info.Kind != policy.KindRegular {
-				if info.Kind != policy.KindDir {
+			if info.Kind != policy.KindRegular || info.OtherMount {
+				if info.Kind != policy.KindDir || info.OtherMount {
 					out.SkippedRefused++
 				}
 				return nil
