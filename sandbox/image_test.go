@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,5 +165,18 @@ func TestCheckLibrariesReportsMissing(t *testing.T) {
 	_, err = checkLibraries(root)
 	if err == nil || !strings.Contains(err.Error(), "usr/bin/prog: libc.so.6") || !strings.Contains(err.Error(), "interpreter") {
 		t.Fatalf("err = %v, want missing libc and interpreter named", err)
+	}
+}
+
+func TestParseMadison(t *testing.T) {
+	out := `    nodejs | 18.20.4+dfsg-1~deb12u3 | http://deb.example/debian-security bookworm-security/main amd64 Packages
+    nodejs | 18.20.4+dfsg-1~deb12u2 | http://deb.example/debian bookworm/main amd64 Packages
+    nodejs | 18.20.4+dfsg-1~deb12u2 | http://deb.example/debian bookworm/main Sources
+       git | 1:2.39.5-0+deb12u3 | http://deb.example/debian bookworm/main amd64 Packages
+`
+	got := parseMadison(out)
+	want := map[string]string{"nodejs": "18.20.4+dfsg-1~deb12u3", "git": "1:2.39.5-0+deb12u3"}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

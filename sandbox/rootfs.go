@@ -146,6 +146,12 @@ func archiveVersions(ctx context.Context, pkgs []string) (map[string]string, err
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: image build: %w", err)
 	}
+	return parseMadison(out), nil
+}
+
+// parseMadison reads "apt-cache madison" output: the first version listed
+// from a Packages index for each package.
+func parseMadison(out string) map[string]string {
 	versions := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Split(line, "|")
@@ -157,7 +163,7 @@ func archiveVersions(ctx context.Context, pkgs []string) (map[string]string, err
 			versions[name] = v
 		}
 	}
-	return versions, nil
+	return versions
 }
 
 // linkMissing makes the symlink rel → target in rootfs unless rel exists.

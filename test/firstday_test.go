@@ -3,8 +3,11 @@ package test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -265,4 +268,44 @@ func TestFirstDay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFirstDayBench times each scenario in loomfs run and over a plain
+// bind mount, side by side, median of $LOOMFS_FIRSTDAY_BENCH runs each,
+// and prints a Markdown table (bench/firstday.sh runs it for BENCHMARKS.md).
+func TestFirstDayBench(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("LOOMFS_FIRSTDAY_BENCH"))
+	if n < 1 {
+		t.Skip("set LOOMFS_FIRSTDAY_BENCH=3 (bench/firstday.sh) to time the first-day scenarios")
+	}
+	needImage(t, devImage)
+	median := func(run func(*testing.T, string, string) outcome, script string) (time.Duration, outcome) {
+		var ds []time.Duration
+		var o outcome
+		for range n {
+			start := time.Now()
+			o = run(t, devImage, script)
+			ds = append(ds, time.Since(start))
+		}
+		slices.Sort(ds)
+		return ds[len(ds)/2], o
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| workload | plain bind mount | loomfs run | ratio |\n| --- | ---: | ---: | ---: |\n")
+	for _, sc := range firstDays {
+		script := firstDayEnv + sc.script
+		plain, po := median(runPlain, script)
+		lf, lo := median(runLoomfs, script)
+		note := ""
+		switch {
+		case !po.ok:
+			note = " (fails on the plain mount too)"
+		case !lo.ok:
+			note = " (fails)"
+		case lo.facts != po.facts:
+			note = " (differs)"
+		}
+		fmt.Fprintf(&b, "| %s | %.2f s | %.2f s%s | %.2f× |\n", sc.name, plain.Seconds(), lf.Seconds(), note, lf.Seconds()/plain.Seconds())
+	}
+	fmt.Print(b.String())
 }
