@@ -20,7 +20,10 @@
 // (EPERM); opening, following or writing objects someone else put in the
 // backing store (they are listed for what they are); names the tools could
 // not address, "subagents" at the top of a main scope and ".agentloom-*"
-// (EINVAL; ".agentloom-*" entries are not listed at all); setuid, setgid
+// (EINVAL; ".agentloom-*" entries are not listed at all); anything on
+// another mount than the scope's, a bind mount of the same filesystem
+// included (EINVAL on lookup, by policy.CrossMount: readdir still lists
+// the name); setuid, setgid
 // and sticky bits; ioctls (ENOTTY); extended attributes unless
 // Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT; moving
 // a directory with path rules beneath it, or a file out of a "wo" subtree. Path rules answer EROFS
