@@ -74,10 +74,10 @@ type junitSuites struct {
 
 // runSuite runs the modules as the sandbox user with dir as the working
 // directory and TMPDIR, and returns the ids of the tests that failed or
-// errored, how many ran and how many were skipped. With mnt set, the run is in a mount namespace
-// of its own where mnt is bound onto dir: the mountpoint's parent is
-// root's and 0700, as allow_other requires, so the sandbox user reaches
-// the mount only there, and nothing outlives the run.
+// errored, how many ran and how many were skipped. With mnt set, the run
+// is in a mount namespace of its own where mnt is bound onto dir: the
+// mountpoint's parent is root's and 0700, as allow_other requires, so the
+// sandbox user reaches the mount only there, and nothing outlives the run.
 func runSuite(t *testing.T, mnt, dir string) ([]string, int, int) {
 	t.Helper()
 	out := filepath.Join(filepath.Dir(dir), "report")
