@@ -83,6 +83,9 @@ func TestCrossMountTools(t *testing.T) {
 		{tools.List, map[string]any{"path": "bounddir"}},
 		{tools.Grep, map[string]any{"pattern": crossSecret, "path": "bound.txt"}},
 		{tools.Write, map[string]any{"path": "bounddir/new.txt", "content": "x"}},
+		{tools.Write, map[string]any{"path": "bound.txt", "content": "x"}},
+		{tools.Delete, map[string]any{"path": "bound.txt"}},
+		{tools.Delete, map[string]any{"path": "bounddir/inner.txt"}},
 	} {
 		if res, err := call(c.tool, c.in); err == nil {
 			t.Errorf("%s %v crossed the mount: %s", c.tool, c.in, res)
