@@ -4,8 +4,10 @@
 # Sections (all by default): go (Go benchmarks of the store, the tools and
 # the FUSE audit overhead), grep (loomfs grep vs rg on a 10k-file tree),
 # fuse (bench/fuse.sh: native vs loomfs vs go-fuse loopback vs bindfs),
-# snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a), runtime
-# (bench/runtime.sh: workspace_command under runc vs runsc; not by default).
+# snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a); and, only
+# when named, runtime (bench/runtime.sh: workspace_command under runc vs
+# runsc) and firstday (bench/firstday.sh: a coding agent's first-day
+# workloads in loomfs run vs a plain bind mount).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}

@@ -24,7 +24,10 @@
 // address, "subagents" at the top of a main scope and ".agentloom-*"
 // (EPERM, never EINVAL, which "rm -f" takes for a missing file;
 // ".agentloom-*" entries are not listed at all), and names over 255 bytes
-// or paths over 4096 (ENAMETOOLONG, at lookup too); setuid, setgid
+// or paths over 4096 (ENAMETOOLONG, at lookup too); anything on another
+// mount than the scope's, a bind mount of the same filesystem included
+// (refused on lookup by policy.CrossMount; readdir still lists the name);
+// setuid, setgid
 // and sticky bits; ioctls (ENOTTY); extended attributes unless
 // Options.UserXattrs enables the "user." namespace; RENAME_WHITEOUT;
 // fallocate(FALLOC_FL_KEEP_SIZE) past the end of a file (EOPNOTSUPP: the

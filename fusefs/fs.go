@@ -25,6 +25,7 @@ type fsys struct {
 	opts      Options
 	uid, gid  uint32
 	dev       uint64 // the scope directory's device; no other is served
+	mnt       uint64 // and its mount id: no other mount is served
 	sink      audit.Sink
 	actor     audit.Actor
 	scopeHash string
@@ -82,6 +83,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		uid:       uid,
 		gid:       gid,
 		dev:       devOf(&root),
+		mnt:       root.Mnt_id,
 		sink:      sink,
 		actor:     actor,
 		scopeHash: sc.Hash(),
@@ -234,7 +236,7 @@ func (f *fsys) failed(ctx context.Context, e audit.Event, err error) syscall.Err
 
 // Objects and attributes.
 
-const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME
+const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME | unix.STATX_MNT_ID
 
 // statAt describes name in dirfd without following it; an empty name
 // describes dirfd itself.
@@ -336,6 +338,12 @@ func (f *fsys) setEntry(sx *unix.Statx_t, out *fuse.EntryOut) {
 	out.SetAttrTimeout(f.timeout)
 }
 
-func (f *fsys) crossDevice(rel string) error {
-	return policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
+// crossMount refuses, by the policy's rule, an object sx at rel on another
+// filesystem or another mount than the scope's: a bind mount of the same
+// filesystem keeps the device number, only the mount id tells.
+func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
+	if devOf(sx) != f.dev || sx.Mnt_id != f.mnt {
+		return policy.CrossMount(rel)
+	}
+	return nil
 }

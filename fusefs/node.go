@@ -166,8 +166,8 @@ func (n *node) stat() (unix.Statx_t, syscall.Errno) {
 // child makes the node for an entry described by sx.
 func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
-	if devOf(sx) != f.dev {
-		return nil, policy.Errno(f.crossDevice(rel))
+	if err := f.crossMount(rel, sx); err != nil {
+		return nil, policy.Errno(err)
 	}
 	f.fillAttr(sx, &out.Attr)
 	f.setEntry(sx, out)

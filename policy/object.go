@@ -31,6 +31,9 @@ type Object struct {
 	Perm  uint32 // permission and setuid/setgid/sticky bits
 	Nlink uint64
 	Size  int64
+	// OtherMount is set for an object on another mount than its scope's,
+	// such as a file or directory bind-mounted in from elsewhere.
+	OtherMount bool
 }
 
 // ObjectOf describes a stat result.
@@ -60,8 +63,12 @@ const specialBits = unix.S_ISUID | unix.S_ISGID | unix.S_ISVTX
 
 // CheckObject decides whether op may touch obj, found at rel (SPEC §3.2).
 // Symlinks, hardlinked files, FIFOs, sockets, devices and setuid/setgid
-// files are shown by stat and list but refused for everything else.
+// files are shown by stat and list but refused for everything else; an
+// object on another mount is refused even to stat.
 func CheckObject(op Op, rel string, obj Object) error {
+	if obj.OtherMount {
+		return CrossMount(rel)
+	}
 	if op == OpStat || op == OpList && obj.Kind == KindDir {
 		return nil
 	}
@@ -95,6 +102,14 @@ func CheckObject(op Op, rel string, obj Object) error {
 		}
 	}
 	return nil
+}
+
+// CrossMount refuses an object on another mount than its scope's, for
+// every operation: a bind mount can bring in a file or directory of the
+// same filesystem that belongs elsewhere, so the device number is not
+// enough to tell (SPEC §3.2).
+func CrossMount(rel string) error {
+	return Errorf(InvalidPath, "%s is on another mount; loomfs does not cross mounts", rel)
 }
 
 // CheckCreateKind refuses creating anything but a regular file or a

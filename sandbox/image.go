@@ -24,7 +24,17 @@ const (
 	DefaultImage = "loomfs-sandbox:latest"
 	// MinimalImage holds busybox only; it builds in seconds, for tests.
 	MinimalImage = "loomfs-sandbox-min:latest"
+	// DevImage holds a coding agent's toolchains (DevPackages), for the
+	// tests that run real builds in the workspace.
+	DevImage = "loomfs-sandbox-dev:latest"
 )
+
+// DevPackages are the Debian packages the development image is built
+// from, with everything they depend on.
+var DevPackages = []string{
+	"git", "make", "gcc", "libc6-dev", "python3", "python3-venv", "nodejs", "npm",
+	"unzip", "tar", "sqlite3", "golang-go",
+}
 
 // ErrImageMissing is returned when the sandbox image is not on the local
 // engine. Images are never pulled; the operator builds them.
@@ -43,6 +53,7 @@ type BuildOptions struct {
 	Host     string    // engine address; "" means HostFromEnv()
 	Tag      string    // "" means ImageFromEnv(), or MinimalImage when Minimal
 	Minimal  bool      // busybox only, no Python
+	Dev      bool      // busybox plus DevPackages and all they depend on
 	Force    bool      // rebuild even when Tag already exists
 	User     string    // "uid:gid" of the sandbox user in /etc/passwd; "" means 1000:1000
 	Progress io.Writer // one line per step; nil for none
@@ -64,6 +75,12 @@ type ImageInfo struct {
 // every ELF file's libraries are present, and imports the tree as one layer.
 // It needs apt-get, apt-cache and dpkg-deb, and an apt index (apt-get update).
 func BuildImage(ctx context.Context, opts BuildOptions) (ImageInfo, error) {
+	if opts.Minimal && opts.Dev {
+		return ImageInfo{}, fmt.Errorf("%w: an image is either minimal or dev", ErrInvalidRequest)
+	}
+	if opts.Dev && opts.Tag == "" {
+		opts.Tag = DevImage
+	}
 	tag, err := normalizeTag(opts.Tag, opts.Minimal)
 	if err != nil {
 		return ImageInfo{}, err
@@ -99,8 +116,8 @@ func BuildImage(ctx context.Context, opts BuildOptions) (ImageInfo, error) {
 	defer os.RemoveAll(work)
 	rootfs := filepath.Join(work, "rootfs")
 
-	var r recipe
-	if err := r.assemble(ctx, work, rootfs, opts.Minimal, uid, gid, say); err != nil {
+	r := recipe{minimal: opts.Minimal, dev: opts.Dev}
+	if err := r.assemble(ctx, work, rootfs, uid, gid, say); err != nil {
 		return ImageInfo{}, err
 	}
 
@@ -109,7 +126,7 @@ func BuildImage(ctx context.Context, opts BuildOptions) (ImageInfo, error) {
 		return ImageInfo{}, err
 	}
 	say("importing %s root filesystem as %s", mib(size), tag)
-	id, err := importTree(ctx, cli, rootfs, tag, r.changes(uid, gid, opts.Minimal), r.message())
+	id, err := importTree(ctx, cli, rootfs, tag, r.changes(uid, gid), r.message())
 	if err != nil {
 		return ImageInfo{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,7 +83,7 @@ python3.11-minimal
 	got := parseDepends(out)
 	want := map[string][]string{
 		"libpython3.11-stdlib": {"libpython3.11-minimal", "media-types", "libc6"},
-		"python3.11-minimal":   {"libc6", "zlib1g", "liba"},
+		"python3.11-minimal":   {"libc6", "python3", "zlib1g", "liba"}, // python3 provides <python3:any>
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %v", got)
@@ -164,5 +165,18 @@ func TestCheckLibrariesReportsMissing(t *testing.T) {
 	_, err = checkLibraries(root)
 	if err == nil || !strings.Contains(err.Error(), "usr/bin/prog: libc.so.6") || !strings.Contains(err.Error(), "interpreter") {
 		t.Fatalf("err = %v, want missing libc and interpreter named", err)
+	}
+}
+
+func TestParseMadison(t *testing.T) {
+	out := `    nodejs | 18.20.4+dfsg-1~deb12u3 | http://deb.example/debian-security bookworm-security/main amd64 Packages
+    nodejs | 18.20.4+dfsg-1~deb12u2 | http://deb.example/debian bookworm/main amd64 Packages
+    nodejs | 18.20.4+dfsg-1~deb12u2 | http://deb.example/debian bookworm/main Sources
+       git | 1:2.39.5-0+deb12u3 | http://deb.example/debian bookworm/main amd64 Packages
+`
+	got := parseMadison(out)
+	want := map[string]string{"nodejs": "18.20.4+dfsg-1~deb12u3", "git": "1:2.39.5-0+deb12u3"}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

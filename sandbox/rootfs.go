@@ -18,6 +18,8 @@ import (
 
 // recipe is what one image build put into its root filesystem.
 type recipe struct {
+	minimal  bool     // busybox only
+	dev      bool     // busybox, Python and DevPackages
 	python   string   // "python3.11"; empty for the minimal image
 	packages []string // name=version, sorted
 }
@@ -26,9 +28,9 @@ type recipe struct {
 var prunedPaths = []string{"usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/bug"}
 
 // assemble fills rootfs with the image's files.
-func (r *recipe) assemble(ctx context.Context, work, rootfs string, minimal bool, uid, gid int, say func(string, ...any)) error {
+func (r *recipe) assemble(ctx context.Context, work, rootfs string, uid, gid int, say func(string, ...any)) error {
 	roots := []string{"busybox-static"}
-	if !minimal {
+	if !r.minimal {
 		py, err := pythonPackage(ctx)
 		if err != nil {
 			return err
@@ -36,8 +38,18 @@ func (r *recipe) assemble(ctx context.Context, work, rootfs string, minimal bool
 		r.python = py
 		roots = append(roots, py+"-minimal", "lib"+py+"-stdlib")
 	}
-	say("resolving the shared-library closure of %s", strings.Join(roots, ", "))
-	pkgs, err := libraryClosure(ctx, roots)
+	var pkgs []string
+	var err error
+	if r.dev {
+		// Toolchains need their tools (cpp, as, ld, perl…), not only
+		// libraries: the whole Depends closure.
+		roots = append(roots, DevPackages...)
+		say("resolving the dependency closure of %s", strings.Join(roots, ", "))
+		pkgs, err = closure(ctx, roots, func(string) bool { return true })
+	} else {
+		say("resolving the shared-library closure of %s", strings.Join(roots, ", "))
+		pkgs, err = libraryClosure(ctx, roots)
+	}
 	if err != nil {
 		return err
 	}
@@ -52,7 +64,17 @@ func (r *recipe) assemble(ctx context.Context, work, rootfs string, minimal bool
 		// apt's _apt download user can't write our private temp dir.
 		args = append([]string{"-o", "APT::Sandbox::User=root"}, args...)
 	}
-	if _, err := run(ctx, debs, "apt-get", append(args, pkgs...)...); err != nil {
+	versions, err := archiveVersions(ctx, pkgs)
+	if err != nil {
+		return err
+	}
+	for _, p := range pkgs {
+		if v, ok := versions[p]; ok {
+			p += "=" + v
+		}
+		args = append(args, p)
+	}
+	if _, err := run(ctx, debs, "apt-get", args...); err != nil {
 		return fmt.Errorf("sandbox: image build: %w (is the apt index current? run apt-get update)", err)
 	}
 
@@ -89,10 +111,16 @@ func (r *recipe) assemble(ctx context.Context, work, rootfs string, minimal bool
 	if err := writeSystemFiles(rootfs, uid, gid); err != nil {
 		return err
 	}
+	if r.dev {
+		// What maintainer scripts would have set up with update-alternatives.
+		if err := linkMissing(rootfs, "usr/bin/cc", "gcc"); err != nil {
+			return err
+		}
+	}
 	if r.python != "" {
 		for _, name := range []string{"python3", "python"} {
-			if err := os.Symlink(r.python, filepath.Join(rootfs, "usr/bin", name)); err != nil {
-				return fmt.Errorf("sandbox: image build: link %s: %w", name, err)
+			if err := linkMissing(rootfs, "usr/bin/"+name, r.python); err != nil {
+				return err
 			}
 		}
 		say("precompiling the %s standard library", r.python)
@@ -109,11 +137,55 @@ func (r *recipe) assemble(ctx context.Context, work, rootfs string, minimal bool
 	return nil
 }
 
+// archiveVersions returns the newest version of each package that an apt
+// source offers (apt-cache madison lists them newest first). apt-get
+// download would otherwise ask for the installed version, which a host
+// may hold from elsewhere and no source offers.
+func archiveVersions(ctx context.Context, pkgs []string) (map[string]string, error) {
+	out, err := run(ctx, "", "apt-cache", append([]string{"madison"}, pkgs...)...)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: image build: %w", err)
+	}
+	return parseMadison(out), nil
+}
+
+// parseMadison reads "apt-cache madison" output: the first version listed
+// from a Packages index for each package.
+func parseMadison(out string) map[string]string {
+	versions := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Split(line, "|")
+		if len(f) < 3 || !strings.Contains(f[2], "Packages") {
+			continue
+		}
+		name, v := strings.TrimSpace(f[0]), strings.TrimSpace(f[1])
+		if _, ok := versions[name]; !ok {
+			versions[name] = v
+		}
+	}
+	return versions
+}
+
+// linkMissing makes the symlink rel → target in rootfs unless rel exists.
+func linkMissing(rootfs, rel, target string) error {
+	p := filepath.Join(rootfs, rel)
+	if _, err := os.Lstat(p); err == nil {
+		return nil
+	}
+	if err := os.Symlink(target, p); err != nil {
+		return fmt.Errorf("sandbox: image build: link %s: %w", rel, err)
+	}
+	return nil
+}
+
 // changes are the image settings applied at import.
-func (r *recipe) changes(uid, gid int, minimal bool) []string {
+func (r *recipe) changes(uid, gid int) []string {
 	title := "loomfs sandbox (busybox, " + r.python + ")"
-	if minimal {
+	switch {
+	case r.minimal:
 		title = "loomfs sandbox (busybox only)"
+	case r.dev:
+		title = "loomfs sandbox dev (busybox, " + r.python + ", " + strings.Join(DevPackages, ", ") + ")"
 	}
 	return []string{
 		"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -154,6 +226,12 @@ func pythonPackage(ctx context.Context) (string, error) {
 // zlib1g). Edges into tools such as dpkg or perl, needed only by maintainer
 // scripts that never run in the sandbox, are not followed.
 func libraryClosure(ctx context.Context, roots []string) ([]string, error) {
+	return closure(ctx, roots, func(d string) bool { return strings.HasPrefix(d, "lib") || d == "zlib1g" })
+}
+
+// closure returns roots plus every package reached through Depends and
+// Pre-Depends edges into packages follow accepts.
+func closure(ctx context.Context, roots []string, follow func(string) bool) ([]string, error) {
 	deps, err := dependencies(ctx, roots, true) // one apt-cache run: it is slow
 	if err != nil {
 		return nil, err
@@ -166,7 +244,7 @@ func libraryClosure(ctx context.Context, roots []string) ([]string, error) {
 		}
 		seen[p] = true
 		for _, d := range deps[p] {
-			if strings.HasPrefix(d, "lib") || d == "zlib1g" {
+			if follow(d) {
 				walk(d)
 			}
 		}
@@ -199,11 +277,12 @@ func dependencies(ctx context.Context, pkgs []string, recurse bool) (map[string]
 
 // parseDepends reads "apt-cache depends --important" output: for each
 // package its Depends and Pre-Depends, taking the first choice of each
-// "a | b" group and skipping virtual names and ":any" qualifiers.
+// "a | b" group, the first provider of a virtual name, and dropping
+// ":any" qualifiers.
 func parseDepends(out string) map[string][]string {
 	deps := map[string][]string{}
 	var cur string
-	inGroup := false
+	inGroup, virtual := false, false
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		line := sc.Text()
@@ -221,13 +300,26 @@ func parseDepends(out string) map[string][]string {
 		field := strings.TrimSpace(line)
 		alt := strings.HasPrefix(field, "|")
 		kind, name, ok := strings.Cut(strings.TrimPrefix(field, "|"), ": ")
-		if !ok || (kind != "Depends" && kind != "PreDepends") {
-			continue // a provider listed under a virtual name
+		if !ok {
+			// A provider listed under a virtual name.
+			if virtual && cur != "" {
+				deps[cur] = append(deps[cur], strings.TrimSpace(field))
+			}
+			virtual = false
+			continue
+		}
+		virtual = false
+		if kind != "Depends" && kind != "PreDepends" {
+			continue
 		}
 		first := !inGroup
 		inGroup = alt
 		name, _, _ = strings.Cut(strings.TrimSpace(name), ":") // drop ":any"
-		if !first || strings.HasPrefix(name, "<") || cur == "" {
+		if !first || cur == "" {
+			continue
+		}
+		if strings.HasPrefix(name, "<") {
+			virtual = true
 			continue
 		}
 		deps[cur] = append(deps[cur], name)
@@ -362,6 +454,9 @@ func checkLibraries(rootfs string) (int, error) {
 	var missing []string
 	checked := 0
 	err := filepath.WalkDir(rootfs, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == "testdata" {
+			return filepath.SkipDir // a toolchain's test fixtures (other systems' binaries), never loaded
+		}
 		if err != nil || !d.Type().IsRegular() {
 			return err
 		}

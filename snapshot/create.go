@@ -504,9 +504,12 @@ func (s *scanned) add(rel string, info store.Info, dev uint64, old *state) error
 			return store.SkipDir
 		}
 		return nil
-	case info.Kind == policy.KindDir && info.Stat.Dev != dev:
+	case info.OtherMount || info.Stat.Dev != dev:
 		skip("other_filesystem")
-		return store.SkipDir
+		if info.Kind == policy.KindDir {
+			return store.SkipDir
+		}
+		return nil
 	case info.Kind == policy.KindDir:
 		s.entries = append(s.entries, Entry{Path: rel, Type: typeDir, Perm: info.Perm, MTime: info.Stat.Mtim.Nano()})
 		s.stats = append(s.stats, entryOf(kindDir, info, ""))

@@ -21,10 +21,11 @@
 // # What is not kept
 //
 // Symlinks, hard-linked files, FIFOs, sockets, devices and setuid or
-// setgid files are skipped and listed in the manifest as skipped; so is a
-// directory on another filesystem. An emulated link (store/link.go) is
-// kept, as an entry of type "symlink" whose blob is its target, and is
-// restored as the same marked file, never as a symlink. Owner, group and times of directories
+// setgid files are skipped and listed in the manifest as skipped; so is
+// any object on another filesystem or mount (a bind mount included). An
+// emulated link (store/link.go) is kept, as an entry of type "symlink"
+// whose blob is its target, and is restored as the same marked file, never
+// as a symlink. Owner, group and times of directories
 // are not kept; a restored file gets its recorded owner permission bits
 // (at most 0700) and modification time.
 //

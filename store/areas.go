@@ -253,6 +253,10 @@ func walkStat(ctx context.Context, dirfd int, dev uint64, note func(dirfd int, n
 		if err != nil {
 			continue
 		}
+		if !sameMount(dup, fd) {
+			unix.Close(fd)
+			continue
+		}
 		err = walkStat(ctx, fd, dev, note)
 		unix.Close(fd)
 		if err != nil {

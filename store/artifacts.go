@@ -261,10 +261,10 @@ func (v *Volume) openExisting(s Scope, pol *policy.Policy) (*Workspace, error) {
 	if err != nil {
 		return nil, policy.FromErrno(err, "open scope", s.String())
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, mnt, err := lstatAt(fd, "")
+	if err != nil {
 		unix.Close(fd)
 		return nil, policy.FromErrno(err, "open scope", s.String())
 	}
-	return &Workspace{vol: v, scope: s, pol: pol.WithScope(s.Main()), dir: os.NewFile(uintptr(fd), s.Dir()), dev: st.Dev}, nil
+	return &Workspace{vol: v, scope: s, pol: pol.WithScope(s.Main()), dir: os.NewFile(uintptr(fd), s.Dir()), dev: st.Dev, mnt: mnt}, nil
 }

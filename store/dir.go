@@ -37,11 +37,11 @@ func (w *Workspace) readDirFD(ctx context.Context, f *os.File, rel string) ([]In
 		if !w.pol.Listed(policy.Join(rel, name)) {
 			continue
 		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(int(f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		st, mnt, err := lstatAt(int(f.Fd()), name)
+		if err != nil {
 			continue // removed meanwhile
 		}
-		out = append(out, infoOf(name, &st))
+		out = append(out, w.infoOf(name, &st, mnt))
 	}
 	return out, nil
 }
@@ -55,7 +55,7 @@ var SkipDir = io.EOF
 
 // Walk visits the tree at rel depth first in name order. It descends one
 // component at a time from directory fds with O_NOFOLLOW, never through a
-// symlink and never onto another filesystem; the root of the walk itself
+// symlink and never onto another mount; the root of the walk itself
 // is not passed to fn.
 func (w *Workspace) Walk(ctx context.Context, rel string, fn WalkFunc) error {
 	f, _, err := w.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
@@ -79,7 +79,7 @@ func (w *Workspace) walkFD(ctx context.Context, dir *os.File, rel string, fn Wal
 			}
 			return err
 		}
-		if e.Kind != policy.KindDir || e.Stat.Dev != w.dev {
+		if e.Kind != policy.KindDir || e.OtherMount {
 			continue
 		}
 		fd, err := unix.Openat(int(dir.Fd()), e.Name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)

@@ -97,7 +97,8 @@ func (w *Workspace) PlaceLink(parent *Dir, name, rel, target string) (Info, erro
 	if err := unix.Fstat(int(tmp.Fd()), &st); err != nil {
 		return Info{}, policy.FromErrno(err, "symlink", rel)
 	}
-	return infoOf(name, &st), nil
+	// Made in parent, a directory of the scope, so on the scope's mount.
+	return w.infoOf(name, &st, w.mnt), nil
 }
 
 // ReadLink returns the target of the emulated link at rel. Anything else
@@ -119,11 +120,11 @@ func (w *Workspace) ReadLinkAt(parent *Dir, name, rel string) (string, Info, err
 		return "", Info{}, err
 	}
 	pfd := int(parent.Fd())
-	var pre unix.Stat_t
-	if err := unix.Fstatat(pfd, name, &pre, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	pre, preMnt, err := lstatAt(pfd, name)
+	if err != nil {
 		return "", Info{}, policy.FromErrno(err, "readlink", rel)
 	}
-	if err := checkLink(rel, infoOf(name, &pre)); err != nil {
+	if err := checkLink(rel, w.infoOf(name, &pre, preMnt)); err != nil {
 		return "", Info{}, err
 	}
 	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
@@ -131,11 +132,11 @@ func (w *Workspace) ReadLinkAt(parent *Dir, name, rel string) (string, Info, err
 		return "", Info{}, policy.FromErrno(err, "readlink", rel)
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, mnt, err := lstatAt(fd, "")
+	if err != nil {
 		return "", Info{}, policy.FromErrno(err, "readlink", rel)
 	}
-	info := infoOf(name, &st)
+	info := w.infoOf(name, &st, mnt)
 	if st.Dev != w.dev {
 		return "", Info{}, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
 	}

@@ -27,18 +27,15 @@ func (w *Workspace) OpenPath(op policy.Op, rel string) (int, unix.Statx_t, error
 	if err != nil {
 		return -1, sx, policy.FromErrno(err, op.String(), rel)
 	}
-	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &sx)
+	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, unix.STATX_BASIC_STATS|unix.STATX_BTIME|unix.STATX_MNT_ID, &sx)
 	if err != nil {
 		unix.Close(fd)
 		return -1, sx, policy.FromErrno(err, op.String(), rel)
 	}
-	if unix.Mkdev(sx.Dev_major, sx.Dev_minor) != w.dev {
-		unix.Close(fd)
-		return -1, sx, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
-	}
 	var st unix.Stat_t
 	st.Mode, st.Nlink, st.Size = uint32(sx.Mode), uint64(sx.Nlink), int64(sx.Size)
-	if err := policy.CheckObject(op, rel, policy.ObjectOf(&st)); err != nil {
+	st.Dev = unix.Mkdev(sx.Dev_major, sx.Dev_minor)
+	if err := policy.CheckObject(op, rel, w.infoOf(name, &st, sx.Mnt_id).Object()); err != nil {
 		unix.Close(fd)
 		return -1, sx, err
 	}

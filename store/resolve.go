@@ -47,7 +47,7 @@ func openBeneath(dirfd int, rel string, flags int, mode uint32) (int, error) {
 
 // walkNoFollow is the fallback for kernels without openat2: each component
 // is opened with O_NOFOLLOW from the previous fd, and must stay on the same
-// device as dirfd.
+// device and mount as dirfd.
 func walkNoFollow(dirfd int, rel string, flags int, mode uint32) (int, error) {
 	var root unix.Stat_t
 	if err := unix.Fstat(dirfd, &root); err != nil {
@@ -84,7 +84,7 @@ func walkNoFollow(dirfd int, rel string, flags int, mode uint32) (int, error) {
 			unix.Close(next)
 			return -1, err
 		}
-		if st.Dev != root.Dev {
+		if st.Dev != root.Dev || !sameMount(dirfd, next) {
 			unix.Close(next)
 			return -1, unix.EXDEV
 		}
@@ -100,7 +100,7 @@ func walkNoFollow(dirfd int, rel string, flags int, mode uint32) (int, error) {
 		return -1, err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Dev != root.Dev {
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev != root.Dev || !sameMount(dirfd, fd) {
 		unix.Close(fd)
 		if err == nil {
 			err = unix.EXDEV
@@ -119,22 +119,72 @@ type Info struct {
 	Nlink   uint64
 	ModTime time.Time
 	Stat    unix.Stat_t
+	// OtherMount is set for an object on another mount than the scope's
+	// (a bind mount of the same filesystem has the same device number).
+	OtherMount bool
 }
 
 // Object returns what policy.CheckObject needs.
 func (i Info) Object() policy.Object {
-	return policy.Object{Kind: i.Kind, Perm: i.Perm, Nlink: i.Nlink, Size: i.Size}
+	return policy.Object{Kind: i.Kind, Perm: i.Perm, Nlink: i.Nlink, Size: i.Size, OtherMount: i.OtherMount}
 }
 
-func infoOf(name string, st *unix.Stat_t) Info {
+// infoOf describes an object of the scope whose stat is st and whose
+// mount id is mnt.
+func (w *Workspace) infoOf(name string, st *unix.Stat_t, mnt uint64) Info {
 	o := policy.ObjectOf(st)
 	return Info{
-		Name:    name,
-		Kind:    o.Kind,
-		Size:    st.Size,
-		Perm:    o.Perm,
-		Nlink:   o.Nlink,
-		ModTime: time.Unix(st.Mtim.Unix()),
-		Stat:    *st,
+		Name:       name,
+		Kind:       o.Kind,
+		Size:       st.Size,
+		Perm:       o.Perm,
+		Nlink:      o.Nlink,
+		ModTime:    time.Unix(st.Mtim.Unix()),
+		Stat:       *st,
+		OtherMount: mnt != w.mnt || st.Dev != w.dev,
 	}
+}
+
+// lstatAt is fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW) that also returns
+// the id of the mount the object is on; an empty name describes dirfd.
+// Only the mount id tells a bind mount of the same filesystem apart.
+func lstatAt(dirfd int, name string) (unix.Stat_t, uint64, error) {
+	var sx unix.Statx_t
+	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_SYNC_AS_STAT
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	var st unix.Stat_t
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &sx); err != nil {
+		return st, 0, err
+	}
+	st.Dev = unix.Mkdev(sx.Dev_major, sx.Dev_minor)
+	st.Ino = sx.Ino
+	st.Nlink = uint64(sx.Nlink)
+	st.Mode = uint32(sx.Mode)
+	st.Uid, st.Gid = sx.Uid, sx.Gid
+	st.Rdev = unix.Mkdev(sx.Rdev_major, sx.Rdev_minor)
+	st.Size = int64(sx.Size)
+	st.Blksize = int64(sx.Blksize)
+	st.Blocks = int64(sx.Blocks)
+	st.Atim = unix.Timespec{Sec: sx.Atime.Sec, Nsec: int64(sx.Atime.Nsec)}
+	st.Mtim = unix.Timespec{Sec: sx.Mtime.Sec, Nsec: int64(sx.Mtime.Nsec)}
+	st.Ctim = unix.Timespec{Sec: sx.Ctime.Sec, Nsec: int64(sx.Ctime.Nsec)}
+	return st, sx.Mnt_id, nil
+}
+
+// mountID returns the id of the mount fd is on.
+func mountID(fd int) (uint64, error) {
+	_, mnt, err := lstatAt(fd, "")
+	return mnt, err
+}
+
+// sameMount reports whether fd is on the mount of dirfd.
+func sameMount(dirfd, fd int) bool {
+	a, err := mountID(dirfd)
+	if err != nil {
+		return false
+	}
+	b, err := mountID(fd)
+	return err == nil && a == b
 }

@@ -465,8 +465,8 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 	if err != nil {
 		return nil, policy.FromErrno(err, "open legacy run", rel)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, mnt, err := lstatAt(fd, "")
+	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("stat legacy run %s: %w", r.id, err)
 	}
@@ -485,6 +485,7 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		dir:     os.NewFile(uintptr(fd), rel),
 		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
 		dev:     st.Dev,
+		mnt:     mnt,
 		journal: &journal{},
 	}, nil
 }

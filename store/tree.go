@@ -28,6 +28,7 @@ func (w *Workspace) Unfiltered() *Workspace {
 		dir:     w.dir,
 		state:   w.state,
 		dev:     w.dev,
+		mnt:     w.mnt,
 		journal: w.journal,
 	}
 }
@@ -152,6 +153,11 @@ func removeContents(ctx context.Context, dirfd int, dev uint64, rel string, u *p
 				fd, err := unix.Openat(dup, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 				if err != nil {
 					keep(fmt.Errorf("open %s: %w", p, err))
+					continue
+				}
+				if !sameMount(dup, fd) {
+					unix.Close(fd)
+					keep(fmt.Errorf("%s is another mount; left in place", p))
 					continue
 				}
 				err = removeContents(ctx, fd, dev, p, u)

@@ -175,8 +175,8 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 	if err != nil {
 		return nil, policy.FromErrno(err, "open scope", s.String())
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, mnt, err := lstatAt(fd, "")
+	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("stat scope %s: %w", s, err)
 	}
@@ -192,6 +192,7 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 		dir:     os.NewFile(uintptr(fd), s.Dir()),
 		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
 		dev:     st.Dev,
+		mnt:     mnt,
 		journal: &journal{},
 	}
 	if w.pol.Readme {

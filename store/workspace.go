@@ -25,6 +25,7 @@ type Workspace struct {
 	dir   *os.File // O_PATH fd of the scope directory
 	state *os.File // O_PATH fd of .agentloom-locks/<hash>
 	dev   uint64
+	mnt   uint64 // mount id of dir: nothing on another mount is used
 
 	usageMu    sync.Mutex
 	usage      policy.Usage
@@ -110,22 +111,23 @@ func checkEntry(rel, name string) error {
 
 // Lstat describes the object at rel without following it.
 func (w *Workspace) Lstat(rel string) (Info, error) {
-	var st unix.Stat_t
 	if rel == "." {
-		if err := unix.Fstat(w.DirFD(), &st); err != nil {
+		st, mnt, err := lstatAt(w.DirFD(), "")
+		if err != nil {
 			return Info{}, policy.FromErrno(err, "stat", rel)
 		}
-		return infoOf(".", &st), nil
+		return w.infoOf(".", &st, mnt), nil
 	}
 	parent, name, err := w.Parent(rel)
 	if err != nil {
 		return Info{}, err
 	}
 	defer parent.Close()
-	if err := unix.Fstatat(int(parent.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	st, mnt, err := lstatAt(int(parent.Fd()), name)
+	if err != nil {
 		return Info{}, policy.FromErrno(err, "stat", rel)
 	}
-	return infoOf(name, &st), nil
+	return w.infoOf(name, &st, mnt), nil
 }
 
 // Open opens the existing object at rel for op with open flags. The object
@@ -156,11 +158,11 @@ func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir
 			return nil, Info{}, err
 		}
 		dirfd = int(parent.Fd())
-		var pre unix.Stat_t
-		if err := unix.Fstatat(dirfd, name, &pre, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		pre, mnt, err := lstatAt(dirfd, name)
+		if err != nil {
 			return nil, Info{}, policy.FromErrno(err, op.String(), rel)
 		}
-		if err := policy.CheckObject(op, rel, policy.ObjectOf(&pre)); err != nil {
+		if err := policy.CheckObject(op, rel, w.infoOf(name, &pre, mnt).Object()); err != nil {
 			return nil, Info{}, err
 		}
 	}
@@ -168,16 +170,12 @@ func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir
 	if err != nil {
 		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, mnt, err := lstatAt(fd, "")
+	if err != nil {
 		unix.Close(fd)
 		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
 	}
-	info := infoOf(name, &st)
-	if st.Dev != w.dev {
-		unix.Close(fd)
-		return nil, Info{}, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
-	}
+	info := w.infoOf(name, &st, mnt)
 	if err := policy.CheckObject(op, rel, info.Object()); err != nil {
 		unix.Close(fd)
 		return nil, Info{}, err

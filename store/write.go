@@ -203,11 +203,11 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 	}
 	defer parent.Close()
 	pfd := int(parent.Fd())
-	var st unix.Stat_t
-	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	st, mnt, err := lstatAt(pfd, name)
+	if err != nil {
 		return policy.FromErrno(err, "delete", rel)
 	}
-	info := infoOf(name, &st)
+	info := w.infoOf(name, &st, mnt)
 	if err := policy.CheckObject(policy.OpDelete, rel, info.Object()); err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func entryOf(ws *store.Workspace, rel string, info store.Info) Entry {
 		e.Target = target
 		return e
 	}
-	if info.Kind != policy.KindDir {
+	if info.Kind != policy.KindDir || info.OtherMount {
 		if err := policy.CheckObject(policy.OpRead, rel, info.Object()); err != nil {
 			e.Refused = string(policy.CodeOf(err))
 		}

@@ -25,6 +25,9 @@ type GlobResult struct {
 	// SkippedDeep counts entries whose path is longer than the tools can
 	// name (policy.MaxPathBytes); their subtrees are not walked.
 	SkippedDeep int `json:"skipped_deep,omitempty"`
+	// SkippedRefused counts the objects left out for being on another
+	// mount than the scope's.
+	SkippedRefused int `json:"skipped_refused,omitempty"`
 }
 
 // GrepResult is what workspace_grep returns.

@@ -134,7 +134,7 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 	deep := strings.Contains(pattern, "**")
 	depth := strings.Count(pattern, "/") + 1
 	var matches []string
-	visited, walkCut, skippedDeep := 0, false, 0
+	visited, walkCut, skippedDeep, refused := 0, false, 0, 0
 	err = t.WS.Walk(ctx, base, func(rel string, info store.Info) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -147,6 +147,10 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		if !policy.Addressable(rel) {
 			skippedDeep++
 			return store.SkipDir
+		}
+		if info.OtherMount {
+			refused++ // never matched: not even its name belongs to the scope
+			return nil
 		}
 		r := relTo(base, rel)
 		if glob.match(r) {
@@ -164,7 +168,7 @@ func handleGlob(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, err
 	}
 	sort.Strings(matches)
-	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut, SkippedDeep: skippedDeep}
+	out := GlobResult{Pattern: in.Pattern, Path: base, Matches: []string{}, Total: len(matches), Truncated: walkCut, SkippedDeep: skippedDeep, SkippedRefused: refused}
 	if len(matches) > limit {
 		matches, out.Truncated = matches[:limit], true
 	}
@@ -343,8 +347,8 @@ func handleGrep(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 				out.SkippedDeep++
 				return store.SkipDir
 			}
-			if info.Kind != policy.KindRegular {
-				if info.Kind != policy.KindDir {
+			if info.Kind != policy.KindRegular || info.OtherMount {
+				if info.Kind != policy.KindDir || info.OtherMount {
 					out.SkippedRefused++
 				}
 				return nil
