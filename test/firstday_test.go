@@ -76,10 +76,6 @@ printf 'package main\n\nimport "testing"\n\nfunc TestMain(t *testing.T) {}\n' > 
 type firstDay struct {
 	name   string
 	script string
-	// knownBroken names the issue item whose fix makes the scenario pass
-	// in loomfs; until then the failure is expected (and logged), and an
-	// unexpected pass fails the test so the mark is removed.
-	knownBroken string
 }
 
 var firstDays = []firstDay{
@@ -94,7 +90,6 @@ cd /workspace && git clone -q /tmp/src clone && cd clone
 st=$(git status --porcelain); test -z "$st" || { echo "not clean: $st"; exit 1; }
 ./run.sh && ./link.sh
 echo "= $(readlink link.sh) $(readlink d/up) $(git ls-files -s run.sh | cut -c1-6)"`,
-		knownBroken: "issue 14 items 1, 2: executable bits dropped on create, symlinks refused",
 	},
 	{
 		name: "git init, commit, stash, checkout",
@@ -105,13 +100,11 @@ echo b >> a.txt && git stash -q && git checkout -q -b other && git checkout -q m
 git stash pop -q && git commit -qam two
 st=$(git status --porcelain); test -z "$st" || { echo "not clean: $st"; exit 1; }
 echo "= $(git ls-files -s x.sh | cut -c1-6) $(git log --oneline | wc -l) $(git ls-files | tr '\n' ' ')"`,
-		knownBroken: "issue 14 items 1, 5: executable bits dropped on create, .workspace_ready listed and committed",
 	},
 	{
 		name: "python venv",
 		script: `
 python3 -m venv venv && ./venv/bin/python -c 'import sys; print("=", sys.prefix, sys.prefix != sys.base_prefix)'`,
-		knownBroken: "issue 14 item 2: the venv's lib64 symlink is refused",
 	},
 	{
 		name: "npm install of a package with a bin",
@@ -123,7 +116,6 @@ npm pack --silent >/dev/null
 mkdir /workspace/app && cd /workspace/app && echo '{"name":"app","version":"1.0.0"}' > package.json
 npm install --offline --no-audit --no-fund --loglevel=error /tmp/pkg/hello-bin-1.0.0.tgz >/dev/null
 ./node_modules/.bin/hello`,
-		knownBroken: "issue 14 items 1, 2: the bin's symlink is refused and its mode dropped",
 	},
 	{
 		name: "tar, unzip and tarfile of links and executables",
@@ -131,13 +123,11 @@ npm install --offline --no-audit --no-fund --loglevel=error /tmp/pkg/hello-bin-1
 mkdir x-tar x-unzip && tar -xf /tmp/t.tar -C x-tar && unzip -q /tmp/t.zip -d x-unzip
 python3 -c 'import tarfile; tarfile.open("/tmp/t.tar").extractall("x-py")'
 check x-tar/t; check x-unzip/t; check x-py/t`,
-		knownBroken: "issue 14 items 1, 2: links refused, executable bits dropped",
 	},
 	{
 		name: "cp -a of links and executables",
 		script: makeTree + checkTree + `
 cp -a /tmp/t cpa && check cpa`,
-		knownBroken: "issue 14 items 1, 2: links refused, executable bits dropped",
 	},
 	{
 		name: "make and gcc",
@@ -151,14 +141,12 @@ make -s && ./hello`,
 		name: "go build",
 		script: goModule + `
 go build -o app . && ./app`,
-		knownBroken: "issue 14 item 1: go build -o output is created 0600, not executable",
 	},
 	{
 		name: "go test with the default temp dir",
 		script: goModule + `
 go test -count=1 . >/tmp/go-test.log 2>&1 || { tail -5 /tmp/go-test.log; exit 1; }
 echo "= go test ok"`,
-		knownBroken: "issue 14 item 4: /tmp is noexec, go test can't run the test binary it builds there",
 	},
 	{
 		name: "sqlite, two connections and a second process",
@@ -184,7 +172,6 @@ r = subprocess.run([sys.executable, "-c", child % (db, 0.2)], capture_output=Tru
 a.execute("commit")
 print("= rows", a.execute("select count(*) from t").fetchone()[0], "second process kept out:", "locked" in r.stderr)
 EOF`,
-		knownBroken: "issue 14 item 6: POSIX record locks act as OFD locks, two connections get 'database is locked'",
 	},
 }
 
@@ -256,8 +243,8 @@ func runLoomfs(t *testing.T, image, script string) outcome {
 }
 
 // TestFirstDay runs each scenario both ways and compares: the plain run
-// must work, and the loomfs run must do the same unless the scenario is
-// marked known broken.
+// must work, and the loomfs run must do the same: exit the same way and
+// print the same facts (modes, link targets, outputs).
 func TestFirstDay(t *testing.T) {
 	needImage(t, devImage)
 	for _, sc := range firstDays {
@@ -268,14 +255,8 @@ func TestFirstDay(t *testing.T) {
 				t.Fatalf("the scenario fails on a plain bind mount, so it shows nothing about loomfs: %s", plain.out)
 			}
 			lf := runLoomfs(t, devImage, script)
-			same := lf.ok && lf.facts == plain.facts
-			switch {
-			case sc.knownBroken == "" && !same:
+			if !lf.ok || lf.facts != plain.facts {
 				t.Errorf("in loomfs run: %s\non a plain bind mount: %s", lf, plain)
-			case sc.knownBroken != "" && same:
-				t.Errorf("KNOWN BROKEN scenario now works in loomfs (%s): remove its knownBroken mark", sc.knownBroken)
-			case sc.knownBroken != "":
-				t.Logf("KNOWN BROKEN (%s), as expected:\nin loomfs run: %s\non a plain bind mount: %s", sc.knownBroken, lf, plain)
 			}
 		})
 	}
