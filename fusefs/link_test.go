@@ -420,8 +420,10 @@ func TestLinksGitAndNpm(t *testing.T) {
 		}
 	})
 	t.Run("npm install", func(t *testing.T) {
-		cmd := exec.Command("sh", "-c", `mkdir app && cd app && echo '{}' > package.json && npm install --silent --no-audit --no-fund --offline "$0"/hello-1.0.0.tgz && readlink node_modules/.bin/hello`, pkg)
-		cmd.Dir = e.mnt
+		// cd in the shell, not cmd.Dir: nothing of the mount is touched
+		// between this process's fork and the child's exec (see
+		// TestToolDoorKeepsMode).
+		cmd := exec.Command("sh", "-c", `cd "$1" && mkdir app && cd app && echo '{}' > package.json && npm install --silent --no-audit --no-fund --offline "$0"/hello-1.0.0.tgz && readlink node_modules/.bin/hello`, pkg, e.mnt)
 		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "npm_config_cache="+t.TempDir())
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "../hello/hello.js") {
