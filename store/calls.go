@@ -137,17 +137,18 @@ func readCall(dfd int, name string) (*CallRecord, error) {
 }
 
 // writeJSONAt writes v as name in directory dfd via a temporary file, fsync
-// and rename; with noReplace an existing name answers EEXIST.
+// and rename; with noReplace an existing name answers EEXIST (PlaceNew).
 func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
 	tmp, err := writeTempJSON(dfd, v)
 	if err != nil {
 		return err
 	}
-	var flags uint
 	if noReplace {
-		flags = unix.RENAME_NOREPLACE
+		err = PlaceNew(dfd, tmp, name)
+	} else {
+		err = unix.Renameat(dfd, tmp, dfd, name)
 	}
-	if err := unix.Renameat2(dfd, tmp, dfd, name, flags); err != nil {
+	if err != nil {
 		unix.Unlinkat(dfd, tmp, 0)
 		return err
 	}
