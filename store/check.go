@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -204,10 +205,48 @@ func filesystemOf(root, backend string, warnings []string) (string, []string) {
 		return "", append(warnings, fmt.Sprintf("statfs %s: %v", root, err))
 	}
 	name, network := fsName(int64(sfs.Type))
+	if t := mountType(root); t != "" {
+		// The magic number says only "fuse"; the mount table says which.
+		name = t
+	}
 	if backend == BackendSharedPOSIX && !network {
 		warnings = append(warnings, fmt.Sprintf("the root is on %s, a filesystem local to this node: other nodes see it only if it is exported to them", name))
 	}
 	return name, warnings
+}
+
+// mountType is the filesystem type /proc/self/mountinfo gives the mount
+// root is on ("fuse.ceph-fuse", "nfs4"), or "" if it can't be told.
+func mountType(root string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	return mountTypeOf(string(b), unix.Major(st.Dev), unix.Minor(st.Dev))
+}
+
+// mountTypeOf finds the filesystem type of device major:minor in the text
+// of a mountinfo file: "36 35 98:0 /mnt1 /mnt/parent rw - ext3 /dev/root rw".
+func mountTypeOf(mountinfo string, major, minor uint32) string {
+	dev := fmt.Sprintf("%d:%d", major, minor)
+	typ := ""
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != dev {
+			continue
+		}
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) {
+				typ = f[i+1] // the last such mount is the one on top
+				break
+			}
+		}
+	}
+	return typ
 }
 
 func fsName(magic int64) (name string, network bool) {
@@ -276,28 +315,35 @@ func probe(ctx context.Context, r *CheckReport, root string) (lockOK bool) {
 	r.add("probe_namespace", true, "made %s", where)
 
 	// Every name the probe may create, removed whatever happened.
-	names := []string{"file", "renamed", "dir", "target", "target.tmp", "target.new", "lock"}
+	names := []string{"file", "renamed", "dir", "target", "target.tmp", "target.new", "created", "lock"}
 	defer func() {
 		for _, n := range names {
 			unix.Unlinkat(nfd, n, 0)
 		}
 		unix.Unlinkat(nfd, "dir", unix.AT_REMOVEDIR)
 		unix.Close(nfd)
-		err := unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR)
-		if madeLocks {
-			// Only if it is still empty: a real scope may have come meanwhile.
-			unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR)
-		}
-		var st unix.Stat_t
-		if serr := unix.Fstatat(lfd, ns, &st, unix.AT_SYMLINK_NOFOLLOW); serr != unix.ENOENT {
-			r.add("probe_cleanup", false, "%s is still there: %v", where, err)
+		if err := unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR); err != nil {
+			r.add("probe_cleanup", false, "remove %s: %v", where, err)
 			return
 		}
 		detail := "removed " + where
 		if madeLocks {
-			detail += " and the " + LocksDir + " it made"
+			// Only if it is still empty: a real scope may have come meanwhile.
+			if unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR) == nil {
+				detail += " and the " + LocksDir + " it made"
+			}
 		}
-		r.add("probe_cleanup", true, "%s", detail)
+		// lfd may name a directory just removed: a filesystem without
+		// negative caching (GlusterFS) answers ESTALE, which means gone too.
+		var st unix.Stat_t
+		switch err := unix.Fstatat(lfd, ns, &st, unix.AT_SYMLINK_NOFOLLOW); err {
+		case unix.ENOENT, unix.ESTALE:
+			r.add("probe_cleanup", true, "%s", detail)
+		case nil:
+			r.add("probe_cleanup", false, "%s is still there after its removal", where)
+		default:
+			r.add("probe_cleanup", false, "stat %s after its removal: %v", where, err)
+		}
 	}()
 
 	if err := probeFiles(nfd); err != nil {
@@ -411,19 +457,39 @@ func probeReplace(dfd int) (string, error) {
 		return "", fmt.Errorf("the temporary file is still there after the rename")
 	}
 	detail := "wrote a temporary file, fsynced, renamed it over the target, read the new content back"
+	// RENAME_NOREPLACE onto a new name: onto an existing one the kernel
+	// answers EEXIST from its own cache without asking the filesystem.
 	if err := write("target.new", "x"); err != nil {
 		return "", err
 	}
-	switch err := unix.Renameat2(dfd, "target.new", dfd, "target", unix.RENAME_NOREPLACE); err {
-	case unix.EEXIST:
-		detail += "; RENAME_NOREPLACE works"
-	case unix.EINVAL, unix.ENOSYS:
-		detail += "; no RENAME_NOREPLACE here (loomfs falls back on the scope lock)"
+	switch err := renameNoReplace(dfd, "target.new", "created"); err {
 	case nil:
-		return "", fmt.Errorf("RENAME_NOREPLACE replaced an existing file")
+		detail += "; RENAME_NOREPLACE works"
+		unix.Unlinkat(dfd, "created", 0)
+	case unix.EINVAL, unix.ENOSYS:
+		detail += "; no RENAME_NOREPLACE here (exclusive creates hard-link instead)"
+		unix.Unlinkat(dfd, "target.new", 0)
 	default:
-		return "", fmt.Errorf("rename with RENAME_NOREPLACE: %w", err)
+		return "", fmt.Errorf("rename with RENAME_NOREPLACE onto a new name: %w", err)
 	}
+	// The exclusive create loomfs uses, whichever way it goes here.
+	if err := write("target.new", "x"); err != nil {
+		return "", err
+	}
+	if err := PlaceNew(dfd, "target.new", "created"); err != nil {
+		return "", fmt.Errorf("exclusive create of a new name: %w", err)
+	}
+	if err := write("target.new", "y"); err != nil {
+		return "", err
+	}
+	switch err := PlaceNew(dfd, "target.new", "created"); err {
+	case unix.EEXIST:
+	case nil:
+		return "", fmt.Errorf("an exclusive create replaced an existing file")
+	default:
+		return "", fmt.Errorf("exclusive create onto an existing name: %w", err)
+	}
+	detail += "; an exclusive create made a new name and refused an existing one"
 	return detail, nil
 }
 

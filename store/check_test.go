@@ -172,3 +172,63 @@ func TestProbesInParallel(t *testing.T) {
 		t.Errorf("probes left something:\nbefore\n%s\nafter\n%s", before, got)
 	}
 }
+
+// TestProbeRenameNoReplace: the probe tries RENAME_NOREPLACE onto a new
+// name (onto an existing one the kernel answers from its own cache) and
+// says which way exclusive creates go; both ways pass.
+func TestProbeRenameNoReplace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refused bool
+		detail  string
+	}{
+		{"renameat2 works", false, "RENAME_NOREPLACE works"},
+		{"renameat2 refused", true, "no RENAME_NOREPLACE here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.refused {
+				store.RefuseRenameNoReplace(t)
+			}
+			root := filepath.Join(t.TempDir(), "root")
+			goodShared(t, root)
+			r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true})
+			if !r.OK {
+				t.Fatalf("check failed: %v", failed(r))
+			}
+			for _, c := range r.Checks {
+				if c.Name == "probe_atomic_replace" && !strings.Contains(c.Detail, tc.detail) {
+					t.Errorf("probe_atomic_replace says %q; want it to mention %q", c.Detail, tc.detail)
+				}
+			}
+		})
+	}
+}
+
+// TestMountType: the filesystem type comes from the mount table, which
+// names a FUSE filesystem ("fuse.ceph-fuse") where statfs says only "fuse".
+func TestMountType(t *testing.T) {
+	const mountinfo = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+90 22 0:52 / /mnt/a rw,nosuid,nodev,relatime shared:50 - fuse.ceph-fuse ceph-fuse rw,user_id=0
+91 22 0:53 / /mnt/b rw,relatime - nfs4 srv:/export rw,vers=4.1
+92 22 8:1 /srv /mnt/bind rw,relatime shared:1 - ext4 /dev/sda1 rw
+`
+	for _, tc := range []struct {
+		major, minor uint32
+		want         string
+	}{
+		{0, 52, "fuse.ceph-fuse"},
+		{0, 53, "nfs4"},
+		{8, 1, "ext4"},
+		{0, 99, ""},
+	} {
+		if got := store.MountTypeOf(mountinfo, tc.major, tc.minor); got != tc.want {
+			t.Errorf("device %d:%d: type %q, want %q", tc.major, tc.minor, got, tc.want)
+		}
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	goodShared(t, root)
+	r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID})
+	if r.Filesystem == "" || strings.HasPrefix(r.Filesystem, "unknown") {
+		t.Errorf("filesystem of a temporary directory: %q", r.Filesystem)
+	}
+}

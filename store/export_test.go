@@ -34,3 +34,6 @@ func RefuseRenameNoReplace(t testing.TB) {
 	renameNoReplace = func(int, string, string) error { return unix.EINVAL }
 	t.Cleanup(func() { renameNoReplace = old })
 }
+
+// MountTypeOf is mountTypeOf, for tests.
+var MountTypeOf = mountTypeOf
