@@ -135,6 +135,17 @@ func sharedVolume(t *testing.T) (src string, a, b *node) {
 		src = filepath.Join(ra, name)
 		marker(src)
 		t.Cleanup(func() { os.RemoveAll(src) })
+		// Two clients of one filesystem: two mounts, one volume.
+		var sa, sb unix.Stat_t
+		if err := unix.Stat(src, &sa); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Stat(filepath.Join(rb, name, store.VolumeMarker), &sb); err != nil {
+			t.Fatalf("%s: node B does not see the volume made through node A: %v", dfsRootsEnv, err)
+		}
+		if sa.Dev == sb.Dev {
+			t.Fatalf("%s: %s and %s are one mount, not two clients", dfsRootsEnv, ra, rb)
+		}
 		return src, mk("node-a", src), mk("node-b", filepath.Join(rb, name))
 	}
 	if os.Geteuid() != 0 {
