@@ -134,7 +134,10 @@ func sharedVolume(t *testing.T) (src string, a, b *node) {
 		name := strings.ReplaceAll(t.Name(), "/", "-") + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		src = filepath.Join(ra, name)
 		marker(src)
-		t.Cleanup(func() { os.RemoveAll(src) })
+		// Removed through node B: on CephFS a client's first look at files
+		// another client just made can wait seconds each in the MDS, and
+		// most tests end on B.
+		t.Cleanup(func() { os.RemoveAll(filepath.Join(rb, name)) })
 		// Two clients of one filesystem: two mounts, one volume.
 		var sa, sb unix.Stat_t
 		if err := unix.Stat(src, &sa); err != nil {
