@@ -30,8 +30,10 @@ written). It never creates a missing root or marker.
 --probe also works for real, in a random namespace
 <root>/.agentloom-locks/probe-<random>/ that it removes afterwards: create,
 write, fsync, read back, rename and delete files and a directory; replace a
-file atomically (temporary file, fsync, rename); take an advisory lock and
-check that a second open file description is refused it while held.
+file atomically (temporary file, fsync, rename); create a file exclusively,
+saying whether RENAME_NOREPLACE works or loomfs hard-links instead; take an
+advisory lock and check that a second open file description is refused it
+while held. The filesystem is named as the mount table names it.
 
 The answer is honest about its reach: single_node is always true (only this
 node was checked) and advisory_lock_local says the lock worked on this node,
