@@ -248,11 +248,13 @@ func TestNodesMountFlock(t *testing.T) {
 	if err := unix.Flock(int(fa.Fd()), unix.LOCK_UN); err != nil {
 		t.Fatal(err)
 	}
+	released := time.Now()
 	select {
 	case err := <-got:
 		if err != nil {
 			t.Fatalf("flock on node B after the release: %v", err)
 		}
+		t.Logf("node B got the lock %v after node A released it", time.Since(released).Round(time.Millisecond))
 	case <-time.After(20 * time.Second):
 		t.Fatal("node B did not get the lock after node A released it")
 	}
@@ -304,9 +306,11 @@ func TestNodesMounts(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ma, "via-a.txt"), []byte("through A's mount"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	read := time.Now()
 	if got, err := os.ReadFile(filepath.Join(mb, "via-a.txt")); err != nil || string(got) != "through A's mount" {
 		t.Fatalf("read through B's mount: %q %v", got, err)
 	}
+	t.Logf("read through B's mount of what A's mount wrote: %v", time.Since(read).Round(time.Millisecond))
 	if err := os.WriteFile(filepath.Join(mb, "via-a.txt"), []byte("changed on B"), 0o600); err != nil {
 		t.Fatal(err)
 	}
