@@ -232,3 +232,48 @@ func TestMountType(t *testing.T) {
 		t.Errorf("filesystem of a temporary directory: %q", r.Filesystem)
 	}
 }
+
+// TestProbePeer: --peer probes the volume through a second path too. A
+// second mount of the same directory passes; a path that holds another
+// copy of the volume fails, since it never sees the probe's files.
+func TestProbePeer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a second mount needs root")
+	}
+	base := t.TempDir()
+	root, bind, other := filepath.Join(base, "root"), filepath.Join(base, "bind"), filepath.Join(base, "other")
+	goodShared(t, root)
+	goodShared(t, other)
+	mkdir(t, bind)
+	if err := unix.Mount(root, bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(bind, unix.MNT_DETACH) })
+	for _, tc := range []struct {
+		name, peer string
+		ok         bool
+		mentioning string
+	}{
+		{"the same volume at a second mount", bind, true, "lost nothing"},
+		{"another directory with the same marker", other, false, "does not see"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true, Peer: tc.peer})
+			var peer *store.CheckItem
+			for i := range r.Checks {
+				if r.Checks[i].Name == "probe_peer" {
+					peer = &r.Checks[i]
+				}
+			}
+			if peer == nil || peer.OK != tc.ok || r.OK != tc.ok || !strings.Contains(peer.Detail, tc.mentioning) {
+				t.Fatalf("probe_peer %+v, ok %v; want ok %v mentioning %q (failed: %v)", peer, r.OK, tc.ok, tc.mentioning, failed(r))
+			}
+			if names := checkNames(r); names[len(names)-1] != "probe_cleanup" {
+				t.Errorf("checks %v: the probe did not clean up last", names)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(filepath.Join(root, store.LocksDir)); len(ents) != 0 {
+		t.Errorf("the probe left %v", ents)
+	}
+}

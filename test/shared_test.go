@@ -27,7 +27,8 @@ import (
 )
 
 // TestNodesProbe: check --probe passes on a fresh volume from both nodes,
-// and names the filesystem as the mount table does.
+// names the filesystem as the mount table does, and passes through both
+// nodes at once with --peer.
 func TestNodesProbe(t *testing.T) {
 	_, a, b := sharedVolume(t)
 	var types []string
@@ -43,6 +44,21 @@ func TestNodesProbe(t *testing.T) {
 		types = append(types, rep.Filesystem)
 	}
 	t.Logf("filesystem: %v", types)
+
+	// Through both clients at once: replaces seen at once, locks
+	// excluding, locked increments lost none.
+	r := a.run("--json", "check", "--probe", "--peer", b.root)
+	var rep store.CheckReport
+	if err := json.Unmarshal(r.stdout, &rep); err != nil || r.code != 0 || !rep.OK {
+		t.Fatalf("check --probe --peer: exit %d, %s %s", r.code, r.stdout, r.stderr)
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "probe_peer" {
+			t.Logf("probe_peer: %s", c.Detail)
+			return
+		}
+	}
+	t.Errorf("check --probe --peer made no probe_peer check: %s", r.stdout)
 }
 
 // TestNodesReplay: a call made with --call-id on node B is replayed, not
