@@ -7,7 +7,7 @@ FUZZTIME  ?= 15s
 FUZZMINIMIZE ?= 2000x
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test unit fuzz lint bench demo setup clean
+.PHONY: all build test test-dfs unit fuzz lint bench demo setup clean
 
 all: build
 
@@ -30,6 +30,13 @@ test: build
 ## fuzz: a short fuzz of the path validator; prints the final execution count, fails if it stalls.
 fuzz:
 	GO=$(GO) bash scripts/fuzz FuzzCleanPath ./policy/ $(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE)
+
+## test-dfs: the shared-volume tests on two clients of a single-host CephFS (root; scripts/cephfs), taken down after.
+DFS_TESTS ?= ^TestNode
+test-dfs: build
+	bash scripts/cephfs up
+	LOOMFS_DFS_ROOTS=$$(bash scripts/cephfs roots) $(GO) test -race -count=1 -timeout 20m -run '$(DFS_TESTS)' ./test/; \
+		rc=$$?; bash scripts/cephfs down; exit $$rc
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -403,17 +403,7 @@ func (r *Repo) storeBlob(src io.Reader, sync bool) (sha string, n int64, isNew b
 		unix.Unlinkat(bfd, tmp, 0)
 		return "", 0, false, err
 	}
-	err = unix.Renameat2(bfd, tmp, bfd, blobPath(sha), unix.RENAME_NOREPLACE)
-	if err == unix.EINVAL {
-		// No RENAME_NOREPLACE (older NFS); the scope lock serialises
-		// snapshots of a scope, so check and rename.
-		var st unix.Stat_t
-		if unix.Fstatat(bfd, blobPath(sha), &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-			err = unix.EEXIST
-		} else {
-			err = unix.Renameat(bfd, tmp, bfd, blobPath(sha))
-		}
-	}
+	err = store.PlaceNew(bfd, tmp, blobPath(sha))
 	if err == unix.EEXIST {
 		unix.Unlinkat(bfd, tmp, 0)
 		return sha, n, false, nil

@@ -108,10 +108,17 @@ func (w *Workspace) callsDir() (int, error) { return w.stateSubdir(CallsDir) }
 // stateSubdir opens (creating) a directory of the scope's state directory.
 func (w *Workspace) stateSubdir(name string) (int, error) {
 	sfd := int(w.state.Fd())
-	if err := unix.Mkdirat(sfd, name, policy.DirPerm); err != nil && err != unix.EEXIST {
-		return -1, fmt.Errorf("%s dir: %w", name, err)
+	open := func() (int, error) {
+		return unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	}
-	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := open()
+	if err == unix.ENOENT {
+		// First use: made here, not before every call.
+		if err := unix.Mkdirat(sfd, name, policy.DirPerm); err != nil && err != unix.EEXIST {
+			return -1, fmt.Errorf("%s dir: %w", name, err)
+		}
+		fd, err = open()
+	}
 	if err != nil {
 		return -1, fmt.Errorf("%s dir: %w", name, err)
 	}
@@ -137,17 +144,18 @@ func readCall(dfd int, name string) (*CallRecord, error) {
 }
 
 // writeJSONAt writes v as name in directory dfd via a temporary file, fsync
-// and rename; with noReplace an existing name answers EEXIST.
+// and rename; with noReplace an existing name answers EEXIST (PlaceNew).
 func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
 	tmp, err := writeTempJSON(dfd, v)
 	if err != nil {
 		return err
 	}
-	var flags uint
 	if noReplace {
-		flags = unix.RENAME_NOREPLACE
+		err = PlaceNew(dfd, tmp, name)
+	} else {
+		err = unix.Renameat(dfd, tmp, dfd, name)
 	}
-	if err := unix.Renameat2(dfd, tmp, dfd, name, flags); err != nil {
+	if err != nil {
 		unix.Unlinkat(dfd, tmp, 0)
 		return err
 	}

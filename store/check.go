@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +33,9 @@ type CheckOptions struct {
 	Root     string
 	VolumeID string // shared_posix: what the marker must hold
 	Probe    bool   // also do file operations in a temporary namespace
+	// Peer is the same volume at a second path (another client's mount):
+	// with Probe, the probe's replaces and locks are checked through it.
+	Peer string
 }
 
 // CheckItem is one finding.
@@ -148,7 +153,7 @@ func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 	auditWritable(r, root)
 	selfChecks(r, root)
 	if opts.Probe {
-		r.AdvisoryLockLocal = probe(ctx, r, root)
+		r.AdvisoryLockLocal = probe(ctx, r, root, opts)
 	}
 	return r
 }
@@ -204,10 +209,48 @@ func filesystemOf(root, backend string, warnings []string) (string, []string) {
 		return "", append(warnings, fmt.Sprintf("statfs %s: %v", root, err))
 	}
 	name, network := fsName(int64(sfs.Type))
+	if t := mountType(root); t != "" {
+		// The magic number says only "fuse"; the mount table says which.
+		name = t
+	}
 	if backend == BackendSharedPOSIX && !network {
 		warnings = append(warnings, fmt.Sprintf("the root is on %s, a filesystem local to this node: other nodes see it only if it is exported to them", name))
 	}
 	return name, warnings
+}
+
+// mountType is the filesystem type /proc/self/mountinfo gives the mount
+// root is on ("fuse.ceph-fuse", "nfs4"), or "" if it can't be told.
+func mountType(root string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	return mountTypeOf(string(b), unix.Major(st.Dev), unix.Minor(st.Dev))
+}
+
+// mountTypeOf finds the filesystem type of device major:minor in the text
+// of a mountinfo file: "36 35 98:0 /mnt1 /mnt/parent rw - ext3 /dev/root rw".
+func mountTypeOf(mountinfo string, major, minor uint32) string {
+	dev := fmt.Sprintf("%d:%d", major, minor)
+	typ := ""
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != dev {
+			continue
+		}
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) {
+				typ = f[i+1] // the last such mount is the one on top
+				break
+			}
+		}
+	}
+	return typ
 }
 
 func fsName(magic int64) (name string, network bool) {
@@ -239,7 +282,7 @@ func fsName(magic int64) (name string, network bool) {
 // probe does real file operations in a fresh namespace under
 // .agentloom-locks and removes it; it reports whether the lock check
 // passed.
-func probe(ctx context.Context, r *CheckReport, root string) (lockOK bool) {
+func probe(ctx context.Context, r *CheckReport, root string, opts CheckOptions) (lockOK bool) {
 	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		r.add("probe_namespace", false, "open %s: %v", root, err)
@@ -276,28 +319,35 @@ func probe(ctx context.Context, r *CheckReport, root string) (lockOK bool) {
 	r.add("probe_namespace", true, "made %s", where)
 
 	// Every name the probe may create, removed whatever happened.
-	names := []string{"file", "renamed", "dir", "target", "target.tmp", "target.new", "lock"}
+	names := []string{"file", "renamed", "dir", "target", "target.tmp", "target.new", "created", "lock", "peer", "peer.tmp", "peer.lock"}
 	defer func() {
 		for _, n := range names {
 			unix.Unlinkat(nfd, n, 0)
 		}
 		unix.Unlinkat(nfd, "dir", unix.AT_REMOVEDIR)
 		unix.Close(nfd)
-		err := unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR)
-		if madeLocks {
-			// Only if it is still empty: a real scope may have come meanwhile.
-			unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR)
-		}
-		var st unix.Stat_t
-		if serr := unix.Fstatat(lfd, ns, &st, unix.AT_SYMLINK_NOFOLLOW); serr != unix.ENOENT {
-			r.add("probe_cleanup", false, "%s is still there: %v", where, err)
+		if err := unix.Unlinkat(lfd, ns, unix.AT_REMOVEDIR); err != nil {
+			r.add("probe_cleanup", false, "remove %s: %v", where, err)
 			return
 		}
 		detail := "removed " + where
 		if madeLocks {
-			detail += " and the " + LocksDir + " it made"
+			// Only if it is still empty: a real scope may have come meanwhile.
+			if unix.Unlinkat(rfd, LocksDir, unix.AT_REMOVEDIR) == nil {
+				detail += " and the " + LocksDir + " it made"
+			}
 		}
-		r.add("probe_cleanup", true, "%s", detail)
+		// lfd may name a directory just removed: a filesystem without
+		// negative caching (GlusterFS) answers ESTALE, which means gone too.
+		var st unix.Stat_t
+		switch err := unix.Fstatat(lfd, ns, &st, unix.AT_SYMLINK_NOFOLLOW); err {
+		case unix.ENOENT, unix.ESTALE:
+			r.add("probe_cleanup", true, "%s", detail)
+		case nil:
+			r.add("probe_cleanup", false, "%s is still there after its removal", where)
+		default:
+			r.add("probe_cleanup", false, "stat %s after its removal: %v", where, err)
+		}
 	}()
 
 	if err := probeFiles(nfd); err != nil {
@@ -320,7 +370,168 @@ func probe(ctx context.Context, r *CheckReport, root string) (lockOK bool) {
 		return false
 	}
 	r.add("probe_lock", true, "an OFD write lock was taken, refused to a second open file description while held, and released (this node only)")
+	if opts.Peer != "" {
+		detail, err := probePeer(nfd, opts, where)
+		r.add("probe_peer", err == nil, "%s", firstOf(err, detail))
+	}
 	return true
+}
+
+func firstOf(err error, detail string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return detail
+}
+
+// The peer probe's replaces, and its locked increments per side: few, as
+// on CephFS each handover of the lock between clients costs about a second.
+const (
+	peerRounds     = 20
+	peerIncrements = 5
+)
+
+// probePeer checks the probe's namespace nfd through the peer path of the
+// same volume: every replace made here is read there at once, a lock held
+// here is refused there, and increments made under the lock from both
+// sides at once lose nothing. A one-path probe can't see a client that
+// serves a file's old content after another client's rename.
+func probePeer(nfd int, opts CheckOptions, where string) (string, error) {
+	peer, err := filepath.Abs(opts.Peer)
+	if err != nil {
+		return "", fmt.Errorf("peer: %w", err)
+	}
+	if opts.Backend == BackendSharedPOSIX {
+		if err := CheckMarker(peer, opts.VolumeID); err != nil {
+			return "", fmt.Errorf("peer %s: %w", peer, err)
+		}
+	}
+	prfd, err := unix.Open(peer, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("peer: open %s: %w", peer, err)
+	}
+	defer unix.Close(prfd)
+	pfd, err := openBeneath(prfd, where, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return "", fmt.Errorf("the peer %s does not see %s made through the root (%v): not the same volume, or its client caches lookups", peer, where, err)
+	}
+	defer unix.Close(pfd)
+
+	replace := func(dfd int, content string) error {
+		fd, err := unix.Openat(dfd, "peer.tmp", unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = unix.Write(fd, []byte(content))
+		if err == nil {
+			err = unix.Fsync(fd)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		return unix.Renameat(dfd, "peer.tmp", dfd, "peer")
+	}
+	read := func(dfd int) (string, error) {
+		fd, err := unix.Openat(dfd, "peer", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(fd)
+		buf := make([]byte, 64)
+		n, err := unix.Read(fd, buf)
+		if n < 0 {
+			n = 0
+		}
+		return string(buf[:n]), err
+	}
+	start := time.Now()
+	stale := 0
+	for i := range peerRounds {
+		want := fmt.Sprintf("round %d", i)
+		if err := replace(nfd, want); err != nil {
+			return "", fmt.Errorf("replace through the root: %w", err)
+		}
+		got, err := read(pfd)
+		if err != nil {
+			return "", fmt.Errorf("read through the peer: %w", err)
+		}
+		if got != want {
+			stale++
+		}
+	}
+	if stale > 0 {
+		return "", fmt.Errorf("the peer read the old content after %d of %d replaces through the root: its client caches, and compare-and-swap would lose updates (see DEPLOY.md for the client options)", stale, peerRounds)
+	}
+
+	replaces := time.Since(start)
+	lock := func(dfd int) (int, error) {
+		return unix.Openat(dfd, "peer.lock", unix.O_CREAT|unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	}
+	la, err := lock(nfd)
+	if err != nil {
+		return "", fmt.Errorf("lock file through the root: %w", err)
+	}
+	defer unix.Close(la)
+	lb, err := lock(pfd)
+	if err != nil {
+		return "", fmt.Errorf("lock file through the peer: %w", err)
+	}
+	defer unix.Close(lb)
+	wr, un := unix.Flock_t{Type: unix.F_WRLCK}, unix.Flock_t{Type: unix.F_UNLCK}
+	if err := unix.FcntlFlock(uintptr(la), unix.F_OFD_SETLK, &wr); err != nil {
+		return "", fmt.Errorf("lock through the root: %w", err)
+	}
+	try := wr
+	switch err := unix.FcntlFlock(uintptr(lb), unix.F_OFD_SETLK, &try); err {
+	case unix.EAGAIN, unix.EACCES:
+	case nil:
+		return "", fmt.Errorf("the peer got the lock while the root held it: locks don't exclude between these clients")
+	default:
+		return "", fmt.Errorf("lock through the peer: %w", err)
+	}
+	unix.FcntlFlock(uintptr(la), unix.F_OFD_SETLK, &un)
+
+	// Both sides at once: lock, read, replace with one more, unlock.
+	if err := replace(nfd, "0"); err != nil {
+		return "", fmt.Errorf("replace through the root: %w", err)
+	}
+	start = time.Now()
+	errs := make(chan error, 2)
+	for _, side := range [][2]int{{nfd, la}, {pfd, lb}} {
+		go func() {
+			errs <- func() error {
+				for range peerIncrements {
+					l := wr
+					if err := unix.FcntlFlock(uintptr(side[1]), unix.F_OFD_SETLKW, &l); err != nil {
+						return err
+					}
+					got, err := read(side[0])
+					if err == nil {
+						v, _ := strconv.Atoi(got)
+						err = replace(side[0], strconv.Itoa(v+1))
+					}
+					u := un
+					unix.FcntlFlock(uintptr(side[1]), unix.F_OFD_SETLK, &u)
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			return "", fmt.Errorf("increment race: %w", err)
+		}
+	}
+	got, _ := read(pfd)
+	if got != strconv.Itoa(2*peerIncrements) {
+		return "", fmt.Errorf("%d increments under the lock from the root and the peer at once left %q: updates were lost", 2*peerIncrements, got)
+	}
+	return fmt.Sprintf("through the peer %s: read each of %d replaces at once (%v in all), refused the lock the root held, and %d locked increments from both at once lost nothing (%v)",
+		peer, peerRounds, replaces.Round(time.Millisecond), 2*peerIncrements, time.Since(start).Round(time.Millisecond)), nil
 }
 
 func probeFiles(dfd int) error {
@@ -411,19 +622,39 @@ func probeReplace(dfd int) (string, error) {
 		return "", fmt.Errorf("the temporary file is still there after the rename")
 	}
 	detail := "wrote a temporary file, fsynced, renamed it over the target, read the new content back"
+	// RENAME_NOREPLACE onto a new name: onto an existing one the kernel
+	// answers EEXIST from its own cache without asking the filesystem.
 	if err := write("target.new", "x"); err != nil {
 		return "", err
 	}
-	switch err := unix.Renameat2(dfd, "target.new", dfd, "target", unix.RENAME_NOREPLACE); err {
-	case unix.EEXIST:
-		detail += "; RENAME_NOREPLACE works"
-	case unix.EINVAL, unix.ENOSYS:
-		detail += "; no RENAME_NOREPLACE here (loomfs falls back on the scope lock)"
+	switch err := renameNoReplace(dfd, "target.new", "created"); err {
 	case nil:
-		return "", fmt.Errorf("RENAME_NOREPLACE replaced an existing file")
+		detail += "; RENAME_NOREPLACE works"
+		unix.Unlinkat(dfd, "created", 0)
+	case unix.EINVAL, unix.ENOSYS:
+		detail += "; no RENAME_NOREPLACE here (exclusive creates hard-link instead)"
+		unix.Unlinkat(dfd, "target.new", 0)
 	default:
-		return "", fmt.Errorf("rename with RENAME_NOREPLACE: %w", err)
+		return "", fmt.Errorf("rename with RENAME_NOREPLACE onto a new name: %w", err)
 	}
+	// The exclusive create loomfs uses, whichever way it goes here.
+	if err := write("target.new", "x"); err != nil {
+		return "", err
+	}
+	if err := PlaceNew(dfd, "target.new", "created"); err != nil {
+		return "", fmt.Errorf("exclusive create of a new name: %w", err)
+	}
+	if err := write("target.new", "y"); err != nil {
+		return "", err
+	}
+	switch err := PlaceNew(dfd, "target.new", "created"); err {
+	case unix.EEXIST:
+	case nil:
+		return "", fmt.Errorf("an exclusive create replaced an existing file")
+	default:
+		return "", fmt.Errorf("exclusive create onto an existing name: %w", err)
+	}
+	detail += "; an exclusive create made a new name and refused an existing one"
 	return detail, nil
 }
 

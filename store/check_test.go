@@ -172,3 +172,108 @@ func TestProbesInParallel(t *testing.T) {
 		t.Errorf("probes left something:\nbefore\n%s\nafter\n%s", before, got)
 	}
 }
+
+// TestProbeRenameNoReplace: the probe tries RENAME_NOREPLACE onto a new
+// name (onto an existing one the kernel answers from its own cache) and
+// says which way exclusive creates go; both ways pass.
+func TestProbeRenameNoReplace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refused bool
+		detail  string
+	}{
+		{"renameat2 works", false, "RENAME_NOREPLACE works"},
+		{"renameat2 refused", true, "no RENAME_NOREPLACE here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.refused {
+				store.RefuseRenameNoReplace(t)
+			}
+			root := filepath.Join(t.TempDir(), "root")
+			goodShared(t, root)
+			r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true})
+			if !r.OK {
+				t.Fatalf("check failed: %v", failed(r))
+			}
+			for _, c := range r.Checks {
+				if c.Name == "probe_atomic_replace" && !strings.Contains(c.Detail, tc.detail) {
+					t.Errorf("probe_atomic_replace says %q; want it to mention %q", c.Detail, tc.detail)
+				}
+			}
+		})
+	}
+}
+
+// TestMountType: the filesystem type comes from the mount table, which
+// names a FUSE filesystem ("fuse.ceph-fuse") where statfs says only "fuse".
+func TestMountType(t *testing.T) {
+	const mountinfo = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+90 22 0:52 / /mnt/a rw,nosuid,nodev,relatime shared:50 - fuse.ceph-fuse ceph-fuse rw,user_id=0
+91 22 0:53 / /mnt/b rw,relatime - nfs4 srv:/export rw,vers=4.1
+92 22 8:1 /srv /mnt/bind rw,relatime shared:1 - ext4 /dev/sda1 rw
+`
+	for _, tc := range []struct {
+		major, minor uint32
+		want         string
+	}{
+		{0, 52, "fuse.ceph-fuse"},
+		{0, 53, "nfs4"},
+		{8, 1, "ext4"},
+		{0, 99, ""},
+	} {
+		if got := store.MountTypeOf(mountinfo, tc.major, tc.minor); got != tc.want {
+			t.Errorf("device %d:%d: type %q, want %q", tc.major, tc.minor, got, tc.want)
+		}
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	goodShared(t, root)
+	r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID})
+	if r.Filesystem == "" || strings.HasPrefix(r.Filesystem, "unknown") {
+		t.Errorf("filesystem of a temporary directory: %q", r.Filesystem)
+	}
+}
+
+// TestProbePeer: --peer probes the volume through a second path too. A
+// second mount of the same directory passes; a path that holds another
+// copy of the volume fails, since it never sees the probe's files.
+func TestProbePeer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a second mount needs root")
+	}
+	base := t.TempDir()
+	root, bind, other := filepath.Join(base, "root"), filepath.Join(base, "bind"), filepath.Join(base, "other")
+	goodShared(t, root)
+	goodShared(t, other)
+	mkdir(t, bind)
+	if err := unix.Mount(root, bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(bind, unix.MNT_DETACH) })
+	for _, tc := range []struct {
+		name, peer string
+		ok         bool
+		mentioning string
+	}{
+		{"the same volume at a second mount", bind, true, "lost nothing"},
+		{"another directory with the same marker", other, false, "does not see"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID, Probe: true, Peer: tc.peer})
+			var peer *store.CheckItem
+			for i := range r.Checks {
+				if r.Checks[i].Name == "probe_peer" {
+					peer = &r.Checks[i]
+				}
+			}
+			if peer == nil || peer.OK != tc.ok || r.OK != tc.ok || !strings.Contains(peer.Detail, tc.mentioning) {
+				t.Fatalf("probe_peer %+v, ok %v; want ok %v mentioning %q (failed: %v)", peer, r.OK, tc.ok, tc.mentioning, failed(r))
+			}
+			if names := checkNames(r); names[len(names)-1] != "probe_cleanup" {
+				t.Errorf("checks %v: the probe did not clean up last", names)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(filepath.Join(root, store.LocksDir)); len(ents) != 0 {
+		t.Errorf("the probe left %v", ents)
+	}
+}

@@ -1,6 +1,10 @@
 package store
 
-import "testing"
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 // UseNoFollowWalk makes the calling test resolve paths the way a kernel
 // without openat2 does (one O_NOFOLLOW component at a time), so that both
@@ -21,3 +25,15 @@ func RotateJournalAt(t testing.TB, size int64) {
 
 // SyncDir is syncDir, for tests.
 var SyncDir = syncDir
+
+// RefuseRenameNoReplace makes renameat2(RENAME_NOREPLACE) answer EINVAL
+// for the calling test, as ceph-fuse and GlusterFS do. The test must not
+// run in parallel.
+func RefuseRenameNoReplace(t testing.TB) {
+	old := renameNoReplace
+	renameNoReplace = func(int, string, string) error { return unix.EINVAL }
+	t.Cleanup(func() { renameNoReplace = old })
+}
+
+// MountTypeOf is mountTypeOf, for tests.
+var MountTypeOf = mountTypeOf

@@ -79,15 +79,10 @@ func (w *Workspace) PlaceLink(parent *Dir, name, rel, target string) (Info, erro
 		// linkat of an O_TMPFILE fails with EEXIST on a taken name.
 		err = linkTemp(tmp, pfd, name)
 	} else {
-		err = unix.Renameat2(pfd, tmpName, pfd, name, unix.RENAME_NOREPLACE)
-		if err == unix.EINVAL {
-			// No RENAME_NOREPLACE (older NFS): link, which never replaces,
-			// then drop the temporary name. In between the file has two
-			// links and is refused, never shown half-made.
-			if err = unix.Linkat(pfd, tmpName, pfd, name, 0); err == nil {
-				unix.Unlinkat(pfd, tmpName, 0)
-			}
-		}
+		// Where PlaceNew falls back to link(2), the file has two links
+		// until the temporary name goes, and is refused, never shown
+		// half-made.
+		err = PlaceNew(pfd, tmpName, name)
 	}
 	if err != nil {
 		cleanup()

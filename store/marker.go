@@ -127,10 +127,6 @@ func (w *Workspace) readState(name string) (*Marker, error) {
 // writeState writes a JSON file into the state directory atomically.
 func (w *Workspace) writeState(name string, v any, noReplace bool) error {
 	err := writeJSONAt(int(w.state.Fd()), name, v, noReplace)
-	if err == unix.EINVAL && noReplace {
-		// No RENAME_NOREPLACE here (older NFS); the scope lock serialises.
-		err = writeJSONAt(int(w.state.Fd()), name, v, false)
-	}
 	if err == unix.EEXIST {
 		return fmt.Errorf("write %s: a marker already exists", name)
 	}

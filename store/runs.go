@@ -491,26 +491,9 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 }
 
 // createJSONAt writes v as a new file name in dfd, atomically: readers see
-// no file or the whole record. An existing name answers EEXIST. Where the
-// filesystem lacks RENAME_NOREPLACE (older NFS) the temporary file is
-// hard-linked to name instead, which also fails if name exists.
+// no file or the whole record. An existing name answers EEXIST.
 func createJSONAt(dfd int, name string, v any) error {
-	err := writeJSONAt(dfd, name, v, true)
-	if err != unix.EINVAL {
-		return err
-	}
-	// No RENAME_NOREPLACE here (older NFS): link(2) refuses an existing
-	// name just as well.
-	tmp, err := writeTempJSON(dfd, v)
-	if err != nil {
-		return err
-	}
-	err = unix.Linkat(dfd, tmp, dfd, name, 0)
-	unix.Unlinkat(dfd, tmp, 0)
-	if err == nil {
-		err = syncDir(dfd)
-	}
-	return err
+	return writeJSONAt(dfd, name, v, true)
 }
 
 // readJSONAt reads the JSON file name in dfd into v. A missing file is

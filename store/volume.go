@@ -134,7 +134,17 @@ func (v *Volume) recheck() error {
 
 // mkdirAll creates rel (cleaned, trusted) beneath dirfd, component by
 // component, never following a symlink, and returns an O_PATH fd of it.
+// A path that is all there already is opened in one resolution, without a
+// mkdirat per component: on a shared filesystem each is a round trip to
+// the metadata server that answers EEXIST.
 func mkdirAll(dirfd int, rel string) (int, error) {
+	fd, err := openBeneath(dirfd, rel, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err == nil {
+		return fd, nil
+	}
+	if err != unix.ENOENT {
+		return -1, fmt.Errorf("open %s: %w", rel, err)
+	}
 	cur, err := unix.Dup(dirfd)
 	if err != nil {
 		return -1, err

@@ -78,8 +78,8 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 }
 
 // replace writes data to a temporary file of mode perm in parent and
-// renames it to name. With mustCreate the rename refuses to replace an
-// object that appeared meanwhile (RENAME_NOREPLACE).
+// renames it to name. With mustCreate it refuses to replace an object that
+// appeared meanwhile (PlaceNew).
 func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool) error {
 	if err := w.ReadyToChange(); err != nil {
 		return err
@@ -113,23 +113,17 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uin
 			return policy.FromErrno(err, "write", rel)
 		}
 	}
-	flags := uint(0)
 	if mustCreate {
-		flags = unix.RENAME_NOREPLACE
+		err = PlaceNew(pfd, tmpName, name)
+	} else {
+		err = unix.Renameat(pfd, tmpName, pfd, name)
 	}
-	if err := unix.Renameat2(pfd, tmpName, pfd, name, flags); err != nil {
-		if err == unix.EINVAL && flags != 0 {
-			// The filesystem lacks RENAME_NOREPLACE (older NFS); the scope
-			// lock still serialises writers that follow the protocol.
-			err = unix.Renameat(pfd, tmpName, pfd, name)
+	if err != nil {
+		cleanup()
+		if err == unix.EEXIST {
+			return w.conflict(rel, "")
 		}
-		if err != nil {
-			cleanup()
-			if err == unix.EEXIST {
-				return w.conflict(rel, "")
-			}
-			return policy.FromErrno(err, "rename", rel)
-		}
+		return policy.FromErrno(err, "rename", rel)
 	}
 	tmp.Close()
 	w.NoteChange(rel, false)

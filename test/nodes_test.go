@@ -1,12 +1,15 @@
 package test
 
-// Several "nodes" on one shared volume. This machine has no NFS client, so
-// a node here is a loomfs process that sees the same root at its own path:
-// the root is bind-mounted at two places, and each node is given its own
-// --root (and --data and working directory). They contend for the same
-// locks through the same kernel, which shows that loomfs derives every
-// name from logical ids and never from a host path; it does not show how a
-// real NFS client and server behave (see DEPLOY.md for the two-node trial).
+// Several "nodes" on one shared volume. A node here is a loomfs process
+// that sees the volume at its own path, with its own --root (and --data and
+// working directory). With LOOMFS_DFS_ROOTS=A,B the two paths are two
+// clients of a real distributed filesystem (scripts/cephfs: CephFS through
+// two ceph-fuse mounts, each with its own caches and its own session with
+// the metadata server), so locks, caches and renames go over the network
+// protocol as between real nodes. Without it the volume is a local
+// directory bind-mounted at two places: the nodes contend for the same
+// locks through the same kernel, which shows that loomfs derives every name
+// from logical ids and never from a host path, and nothing more.
 
 import (
 	"bufio"
@@ -86,28 +89,77 @@ type node struct {
 	dir      string
 }
 
-// sharedVolume makes an administrator's volume (root and marker) and
-// bind-mounts it at two paths, one per node; the mounts go at cleanup.
+// dfsRootsEnv names two mount paths of one real distributed filesystem,
+// "A,B": two clients standing in for two nodes (scripts/cephfs mounts
+// CephFS so). Without it the nodes share a bind-mounted local directory.
+const dfsRootsEnv = "LOOMFS_DFS_ROOTS"
+
+// dfsRoots returns the two mount paths of $LOOMFS_DFS_ROOTS, or ok false.
+func dfsRoots(t *testing.T) (a, b string, ok bool) {
+	v := os.Getenv(dfsRootsEnv)
+	if v == "" {
+		return "", "", false
+	}
+	a, b, ok = strings.Cut(v, ",")
+	if !ok || a == "" || b == "" || strings.Contains(b, ",") {
+		t.Fatalf("%s=%q: want two mount paths, A,B", dfsRootsEnv, v)
+	}
+	return a, b, true
+}
+
+// sharedVolume makes an administrator's volume (root and marker) seen by
+// two nodes at two paths: a fresh directory of the distributed filesystem
+// of $LOOMFS_DFS_ROOTS through its two clients, or else a local directory
+// bind-mounted twice. src is the volume as node A's client sees it; the
+// volume and the mounts go at cleanup.
 func sharedVolume(t *testing.T) (src string, a, b *node) {
 	t.Helper()
+	base := t.TempDir()
+	mk := func(name, root string) *node {
+		dir := filepath.Join(base, name, "work")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return &node{t: t, root: root, volumeID: nodeVolume, dir: dir}
+	}
+	marker := func(root string) {
+		if err := os.MkdirAll(root, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, store.VolumeMarker), []byte(nodeVolume+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ra, rb, ok := dfsRoots(t); ok {
+		name := strings.ReplaceAll(t.Name(), "/", "-") + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		src = filepath.Join(ra, name)
+		marker(src)
+		// Removed through node B: on CephFS a client's first look at files
+		// another client just made can wait seconds each in the MDS, and
+		// most tests end on B.
+		t.Cleanup(func() { os.RemoveAll(filepath.Join(rb, name)) })
+		// Two clients of one filesystem: two mounts, one volume.
+		var sa, sb unix.Stat_t
+		if err := unix.Stat(src, &sa); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Stat(filepath.Join(rb, name, store.VolumeMarker), &sb); err != nil {
+			t.Fatalf("%s: node B does not see the volume made through node A: %v", dfsRootsEnv, err)
+		}
+		if sa.Dev == sb.Dev {
+			t.Fatalf("%s: %s and %s are one mount, not two clients", dfsRootsEnv, ra, rb)
+		}
+		return src, mk("node-a", src), mk("node-b", filepath.Join(rb, name))
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("bind mounts need root")
 	}
-	base := t.TempDir()
 	src = filepath.Join(base, "export")
-	if err := os.MkdirAll(src, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, store.VolumeMarker), []byte(nodeVolume+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mk := func(name string) *node {
+	marker(src)
+	bind := func(name string) *node {
 		mnt := filepath.Join(base, name, "mnt", "loom")
-		dir := filepath.Join(base, name, "work")
-		for _, d := range []string{mnt, dir} {
-			if err := os.MkdirAll(d, 0o700); err != nil {
-				t.Fatal(err)
-			}
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			t.Fatal(err)
 		}
 		if err := unix.Mount(src, mnt, "", unix.MS_BIND, ""); err != nil {
 			t.Fatalf("bind-mount the volume at %s: %v", mnt, err)
@@ -117,9 +169,9 @@ func sharedVolume(t *testing.T) (src string, a, b *node) {
 				unix.Unmount(mnt, unix.MNT_DETACH)
 			}
 		})
-		return &node{t: t, root: mnt, volumeID: nodeVolume, dir: dir}
+		return mk(name, mnt)
 	}
-	return src, mk("node-a"), mk("node-b")
+	return src, bind("node-a"), bind("node-b")
 }
 
 func (n *node) command(args ...string) *exec.Cmd {
@@ -366,7 +418,8 @@ func TestNodesScopeLock(t *testing.T) {
 func TestNodeWithWrongVolumeID(t *testing.T) {
 	src, a, b := sharedVolume(t)
 	a.mustTool("acme/coder/s1", "workspace_write", `{"path":"f","content":"x"}`)
-	before := tree(t, filepath.Dir(filepath.Dir(src)))
+	everything := func() string { return tree(t, src) + tree(t, a.dir) + tree(t, b.dir) }
+	before := everything()
 	for _, n := range []*node{a, b} {
 		wrong := *n
 		wrong.volumeID = "team-volume-v2"
@@ -378,7 +431,7 @@ func TestNodeWithWrongVolumeID(t *testing.T) {
 			t.Errorf("check with the wrong volume id on %s: exit %d %s", n.root, r.code, r.stdout)
 		}
 	}
-	if got := tree(t, filepath.Dir(filepath.Dir(src))); got != before {
+	if got := everything(); got != before {
 		t.Errorf("a refused node changed the tree:\nbefore\n%s\nafter\n%s", before, got)
 	}
 }

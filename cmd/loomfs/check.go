@@ -16,6 +16,7 @@ func init() { addCommand(newCheckCmd) }
 
 func newCheckCmd(g *globals) *cobra.Command {
 	var probe bool
+	var peer string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "check [--probe]",
@@ -40,8 +41,17 @@ an engine that does not answer is reported, and fails the check only with
 --probe also works for real, in a random namespace
 <root>/.agentloom-locks/probe-<random>/ that it removes afterwards: create,
 write, fsync, read back, rename and delete files and a directory; replace a
-file atomically (temporary file, fsync, rename); take an advisory lock and
-check that a second open file description is refused it while held.
+file atomically (temporary file, fsync, rename); create a file exclusively,
+saying whether RENAME_NOREPLACE works or loomfs hard-links instead; take an
+advisory lock and check that a second open file description is refused it
+while held. The filesystem is named as the mount table names it.
+
+--peer ROOT2 (with --probe) names the same volume mounted at a second path,
+by another client: a second mount on this node, or a second node's mount
+reached by the operator. The probe then reads each of its replaces through
+the peer at once, checks that a lock held through the root is refused
+through the peer, and races locked increments from both: a client that
+serves old content after another's rename fails it.
 
 The answer is honest about its reach: single_node is always true (only this
 node was checked) and advisory_lock_local says the lock worked on this node,
@@ -52,6 +62,7 @@ local directory and never claims it is shared.
 Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 		Example: `  loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1
   loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1 --probe --json
+  loomfs check --backend shared_posix --root /mnt/a --volume-id team-v1 --probe --peer /mnt/b
   loomfs check --backend local --root /srv/loom/workspaces`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -61,7 +72,10 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 			if timeout <= 0 {
 				return usagef("--timeout must be positive")
 			}
-			opts := store.CheckOptions{Backend: g.backend, Root: g.root, VolumeID: g.volumeID, Probe: probe}
+			if peer != "" && !probe {
+				return usagef("--peer needs --probe")
+			}
+			opts := store.CheckOptions{Backend: g.backend, Root: g.root, VolumeID: g.volumeID, Probe: probe, Peer: peer}
 			r := checkWithin(cmd.Context(), opts, timeout)
 			rt := runtimeWithin(cmd.Context(), probe, timeout)
 			r.OK = r.OK && rt.OK
@@ -80,6 +94,7 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 	}
 	cmd.Flags().BoolVar(&probe, "probe", false, "also do file operations, an atomic replace and a lock check in a temporary namespace, then remove it")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up when the filesystem has not answered by then")
+	cmd.Flags().StringVar(&peer, "peer", "", "with --probe: the same volume at a second path (another client's mount), to probe through both")
 	return cmd
 }
 

@@ -1,0 +1,112 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// TestPlaceNew: an exclusive create refuses an existing name and leaves no
+// temporary file, with RENAME_NOREPLACE and without it (ceph-fuse,
+// GlusterFS).
+func TestPlaceNew(t *testing.T) {
+	for _, refused := range []bool{false, true} {
+		name := "renameat2"
+		if refused {
+			name = "no RENAME_NOREPLACE"
+		}
+		t.Run(name, func(t *testing.T) {
+			if refused {
+				store.RefuseRenameNoReplace(t)
+			}
+			dir := t.TempDir()
+			dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(dfd)
+			mkfile(t, filepath.Join(dir, "tmp1"), "new")
+			if err := store.PlaceNew(dfd, "tmp1", "rec"); err != nil {
+				t.Fatalf("PlaceNew onto a new name: %v", err)
+			}
+			mkfile(t, filepath.Join(dir, "tmp2"), "other")
+			if err := store.PlaceNew(dfd, "tmp2", "rec"); !errors.Is(err, unix.EEXIST) {
+				t.Fatalf("PlaceNew onto an existing name = %v, want EEXIST", err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dir, "rec")); string(b) != "new" {
+				t.Errorf("rec holds %q, want %q", b, "new")
+			}
+			if _, err := os.Stat(filepath.Join(dir, "tmp1")); !os.IsNotExist(err) {
+				t.Errorf("the placed temporary file is still there: %v", err)
+			}
+		})
+	}
+}
+
+// TestNoRenameNoReplace: every exclusive create of a scope works where
+// the filesystem refuses RENAME_NOREPLACE, and still refuses a second
+// create of the same name.
+func TestNoRenameNoReplace(t *testing.T) {
+	store.RefuseRenameNoReplace(t)
+	ctx := context.Background()
+	ws := newEnv(t).open(t, mainScope, nil)
+	cases := []struct {
+		name string
+		run  func() error
+	}{
+		{"call record", func() error {
+			if rec, err := ws.BeginCall("c1", "workspace_write", []byte("{}")); err != nil || rec != nil {
+				return errors.Join(err, errors.New("BeginCall returned a record on first use"))
+			}
+			rec, err := ws.BeginCall("c1", "workspace_write", []byte("{}"))
+			if err == nil && rec == nil {
+				return errors.New("the second BeginCall of c1 found no record")
+			}
+			return err
+		}},
+		{"confirmation token", func() error {
+			tok, err := ws.IssueToken(store.Confirmation{Path: "a.txt"})
+			if err != nil {
+				return err
+			}
+			c, err := ws.RedeemToken(tok)
+			if err == nil && c == nil {
+				return errors.New("the token issued is not redeemable")
+			}
+			return err
+		}},
+		{"new file", func() error {
+			if _, err := ws.WriteFile(ctx, "new.txt", []byte("x"), nil); err != nil {
+				return err
+			}
+			_, err := ws.WriteFile(ctx, "new.txt", []byte("y"), ptr(""))
+			if policy.CodeOf(err) != policy.Conflict {
+				return errors.Join(err, errors.New("a write expecting no file did not conflict with one"))
+			}
+			return nil
+		}},
+		{"exec marker", func() error {
+			if err := ws.SetMarker(store.Marker{Scope: mainScope.String()}); err != nil {
+				return err
+			}
+			if err := ws.SetMarker(store.Marker{Scope: mainScope.String()}); err == nil {
+				return errors.New("a second marker was set over the first")
+			}
+			return ws.ClearMarker()
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.run(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
