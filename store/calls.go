@@ -1,12 +1,16 @@
 package store
 
 import (
+	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +41,33 @@ type CallRecord struct {
 	Finished time.Time       `json:"finished,omitzero"`
 }
 
+// The call records of a scope live in its state directory's CallsDir, in
+// one append-only log per writer (a Workspace that began a call), so a
+// busy session adds lines, not files. Each line is one CallRecord in JSON:
+// a "started" line, fsynced before the call runs, and a "done" line,
+// fsynced once its outcome is known. A reader looks an id up across every
+// writer's log; an id whose last line is "started" was begun and never
+// finished. A line not ending in a newline (a writer that died while
+// appending it) is ignored.
+//
+// Two writers racing to begin the same id are decided by an OFD lock on
+// CallsLock, held while the logs are read and the started line appended:
+// one of them appends, the other finds its line. No exclusive rename is
+// needed, and a log is only ever appended to by its own writer.
+
+// CallsLock is the lock file in CallsDir that decides who begins a call.
+const CallsLock = "claim.lock"
+
+const callLogSuffix = ".log"
+
+// callLog is one Workspace's view of the scope's call logs.
+type callLog struct {
+	mu    sync.Mutex
+	f     *os.File         // this writer's log; nil until its first call
+	read  map[string]int64 // log name -> offset read up to (after a newline)
+	index map[string]*CallRecord
+}
+
 // BeginCall records that call id starts running tool with input. If the id
 // was seen before it returns that record instead and records nothing; the
 // caller replays a done record and decides what an unfinished one means.
@@ -55,22 +86,28 @@ func (w *Workspace) BeginCall(id, tool string, input []byte) (*CallRecord, error
 		return nil, err
 	}
 	defer unix.Close(dfd)
-	name := callFile(id)
-	err = writeJSONAt(dfd, name, rec, true)
-	if err == nil {
-		return nil, nil
-	}
-	if err != unix.EEXIST {
+	c := &w.calls
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	unlock, err := lockCalls(dfd)
+	if err != nil {
 		return nil, fmt.Errorf("record call %s: %w", id, err)
 	}
-	prev, err := readCall(dfd, name)
-	if err != nil {
-		return nil, err
+	defer unlock()
+	if err := c.refresh(dfd); err != nil {
+		return nil, fmt.Errorf("record call %s: %w", id, err)
 	}
-	if prev.Tool != tool || prev.InputSHA != rec.InputSHA {
-		return nil, policy.Errorf(policy.Conflict, "call id %q was already used for another call (%s); use a new call id", id, prev.Tool)
+	if prev := c.index[id]; prev != nil {
+		if prev.Tool != tool || prev.InputSHA != rec.InputSHA {
+			return nil, policy.Errorf(policy.Conflict, "call id %q was already used for another call (%s); use a new call id", id, prev.Tool)
+		}
+		cp := *prev
+		return &cp, nil
 	}
-	return prev, nil
+	if err := c.append(dfd, &rec); err != nil {
+		return nil, fmt.Errorf("record call %s: %w", id, err)
+	}
+	return nil, nil
 }
 
 // FinishCall records the outcome of call id.
@@ -85,13 +122,168 @@ func (w *Workspace) FinishCall(id, tool string, input []byte, result json.RawMes
 	}
 	defer unix.Close(dfd)
 	rec := CallRecord{CallID: id, Tool: tool, InputSHA: hex.EncodeToString(sum[:]), State: CallDone, Result: result, Error: perr, Finished: time.Now().UTC()}
-	if prev, err := readCall(dfd, callFile(id)); err == nil {
+	c := &w.calls
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev := c.index[id]; prev != nil {
 		rec.Started = prev.Started
 	}
-	if err := writeJSONAt(dfd, callFile(id), rec, false); err != nil {
+	if err := c.append(dfd, &rec); err != nil {
 		return fmt.Errorf("record outcome of call %s: %w", id, err)
 	}
 	return nil
+}
+
+// lockCalls takes the OFD write lock of CallsLock in dfd, waiting for it:
+// it is only ever held while logs are read and one line appended.
+func lockCalls(dfd int) (unlock func(), err error) {
+	fd, err := unix.Openat(dfd, CallsLock, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", CallsLock, err)
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	for {
+		err = unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &lk)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", CallsLock, err)
+	}
+	return func() {
+		un := unix.Flock_t{Type: unix.F_UNLCK}
+		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &un)
+		unix.Close(fd)
+	}, nil
+}
+
+// refresh reads the lines the logs in dfd gained since the last refresh.
+func (c *callLog) refresh(dfd int) error {
+	names, err := dirNames(dfd, callLogSuffix)
+	if err != nil {
+		return err
+	}
+	if c.read == nil {
+		c.read = map[string]int64{}
+		c.index = map[string]*CallRecord{}
+	}
+	for _, name := range names {
+		if err := c.readLog(dfd, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *callLog) readLog(dfd int, name string) error {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil // removed by gc
+	}
+	if err != nil {
+		return fmt.Errorf("read call log %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	off := c.read[name]
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("read call log %s: %w", name, err)
+	}
+	if fi.Size() <= off {
+		return nil
+	}
+	b := make([]byte, fi.Size()-off)
+	n, err := f.ReadAt(b, off)
+	if err != nil && err != io.EOF {
+		return fmt.Errorf("read call log %s: %w", name, err)
+	}
+	b = b[:n]
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		var rec CallRecord
+		if json.Unmarshal(b[:i], &rec) == nil && rec.CallID != "" {
+			c.index[rec.CallID] = &rec
+		}
+		b = b[i+1:]
+		off += int64(i + 1)
+	}
+	c.read[name] = off
+	return nil
+}
+
+// append writes rec as one line of this writer's log, fsynced, opening the
+// log (a new file) on first use.
+func (c *callLog) append(dfd int, rec *CallRecord) error {
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	line = append(line, '\n')
+	if c.f == nil {
+		name := rand.Text() + callLogSuffix
+		fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+		if err != nil {
+			return fmt.Errorf("create call log: %w", err)
+		}
+		if err := syncDir(dfd); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		c.f = os.NewFile(uintptr(fd), name)
+	}
+	if _, err := c.f.Write(line); err != nil {
+		// A torn line is ignored by readers; start a new log next time.
+		c.f.Close()
+		c.f = nil
+		return err
+	}
+	if err := c.f.Sync(); err != nil {
+		c.f.Close()
+		c.f = nil
+		return err
+	}
+	if c.index == nil {
+		c.read = map[string]int64{}
+		c.index = map[string]*CallRecord{}
+	}
+	c.index[rec.CallID] = rec
+	return nil
+}
+
+func (c *callLog) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.f != nil {
+		c.f.Close()
+		c.f = nil
+	}
+}
+
+// dirNames lists the names in dfd ending in suffix, not hidden.
+func dirNames(dfd int, suffix string) ([]string, error) {
+	dup, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	d := os.NewFile(uintptr(dup), ".")
+	defer d.Close()
+	all, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	names := all[:0]
+	for _, n := range all {
+		if strings.HasSuffix(n, suffix) && !strings.HasPrefix(n, ".") {
+			names = append(names, n)
+		}
+	}
+	return names, nil
 }
 
 // recordFile names the record of key (a call id, a token) by its hash, so
@@ -100,8 +292,6 @@ func recordFile(key string) string {
 	s := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(s[:16]) + ".json"
 }
-
-func callFile(id string) string { return recordFile(id) }
 
 func (w *Workspace) callsDir() (int, error) { return w.stateSubdir(CallsDir) }
 
@@ -123,24 +313,6 @@ func (w *Workspace) stateSubdir(name string) (int, error) {
 		return -1, fmt.Errorf("%s dir: %w", name, err)
 	}
 	return fd, nil
-}
-
-func readCall(dfd int, name string) (*CallRecord, error) {
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("read call record: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("read call record: %w", err)
-	}
-	var rec CallRecord
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return nil, fmt.Errorf("read call record: %w", err)
-	}
-	return &rec, nil
 }
 
 // writeJSONAt writes v as name in directory dfd via a temporary file, fsync

@@ -33,6 +33,7 @@ type Workspace struct {
 	caps       capUsage // usage of each capped subtree (subtree.go)
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
+	calls   callLog  // call records (calls.go)
 }
 
 // Scope returns the workspace's scope.
@@ -50,6 +51,7 @@ func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 // Close releases the pinned fds.
 func (w *Workspace) Close() error {
 	w.closeJournal()
+	w.calls.close()
 	w.state.Close()
 	return w.dir.Close()
 }

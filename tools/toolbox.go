@@ -228,7 +228,13 @@ const cancelGrace = 250 * time.Millisecond
 func (t *Toolbox) Wait() { t.inflight.Wait() }
 
 func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
-	rec, err := t.WS.BeginCall(callID, name, input)
+	// Only changes are recorded for replay (SPEC §4): replaying a read
+	// is reading again.
+	recordID := ""
+	if Mutating(name) {
+		recordID = callID
+	}
+	rec, err := t.WS.BeginCall(recordID, name, input)
 	if err != nil {
 		return nil, err
 	}
@@ -238,10 +244,8 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 			return nil, rec.Error
 		case rec.State == store.CallDone:
 			return rec.Result, nil
-		case Mutating(name):
-			return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
 		}
-		// A read whose outcome is unknown is safe to run again.
+		return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
 	}
 	if Mutating(name) {
 		wait := t.LockWait
@@ -252,19 +256,19 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		unlock, err := t.WS.Lock(lctx)
 		cancel()
 		if err != nil {
-			return nil, t.finish(callID, name, input, nil, err)
+			return nil, t.finish(recordID, name, input, nil, err)
 		}
 		defer unlock()
 	}
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
 	if err != nil {
-		return nil, t.finish(callID, name, input, nil, err)
+		return nil, t.finish(recordID, name, input, nil, err)
 	}
 	b, merr := json.Marshal(out)
 	if merr != nil {
 		return nil, fmt.Errorf("encode %s result: %w", name, merr)
 	}
-	return b, t.finish(callID, name, input, b, nil)
+	return b, t.finish(recordID, name, input, b, nil)
 }
 
 // finish records the outcome for replay and returns err unchanged, or the

@@ -368,12 +368,119 @@ func TestReplay(t *testing.T) {
 	if _, err := call(t, tb, Read, map[string]any{"path": "u.txt"}); policy.CodeOf(err) != policy.NotFound {
 		t.Fatalf("unknown-outcome write was executed: %v", err)
 	}
-	// A refusal is recorded and replayed too.
-	_, err = tb.Call(ctx, Read, "call-3", json.RawMessage(`{"path":"missing"}`))
+	// A refusal of a change is recorded and replayed too.
+	_, err = tb.Call(ctx, Delete, "call-3", json.RawMessage(`{"path":"missing"}`))
 	wantCode(t, err, policy.NotFound)
 	mustCall(t, tb, Write, map[string]any{"path": "missing", "content": "now"})
-	_, err = tb.Call(ctx, Read, "call-3", json.RawMessage(`{"path":"missing"}`))
+	_, err = tb.Call(ctx, Delete, "call-3", json.RawMessage(`{"path":"missing"}`))
 	wantCode(t, err, policy.NotFound)
+	if r := mustCall(t, tb, Read, map[string]any{"path": "missing"}); r["content"] != "now" {
+		t.Fatalf("replay re-executed the delete: %v", r["content"])
+	}
+	// A read is not recorded: replaying it reads again.
+	_, err = tb.Call(ctx, Read, "call-4", json.RawMessage(`{"path":"later"}`))
+	wantCode(t, err, policy.NotFound)
+	mustCall(t, tb, Write, map[string]any{"path": "later", "content": "here"})
+	out, err := tb.Call(ctx, Read, "call-4", json.RawMessage(`{"path":"later"}`))
+	if err != nil || !strings.Contains(string(out), `"here"`) {
+		t.Fatalf("replayed read = %s, %v; want the file read again", out, err)
+	}
+}
+
+// callFiles lists the files under the scope's call records.
+func callFiles(t *testing.T, tb *Toolbox) []string {
+	t.Helper()
+	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), store.CallsDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// callBytes sums the sizes of the files of call records.
+func callBytes(t *testing.T, tb *Toolbox) int64 {
+	t.Helper()
+	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), store.CallsDir)
+	var n int64
+	for _, name := range callFiles(t, tb) {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += fi.Size()
+	}
+	return n
+}
+
+// TestReadsRecordNothing: no read-only tool leaves a call record.
+func TestReadsRecordNothing(t *testing.T) {
+	tb, _ := newBox(t, nil)
+	ctx := context.Background()
+	mustCall(t, tb, Mkdir, map[string]any{"path": "d"})
+	if _, err := tb.Call(ctx, Write, "w-1", json.RawMessage(`{"path":"d/a.txt","content":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	before := callBytes(t, tb)
+	reads := []struct {
+		name string
+		in   string
+	}{
+		{List, `{"path":"d"}`},
+		{Stat, `{"path":"d/a.txt"}`},
+		{Glob, `{"pattern":"**/*.txt"}`},
+		{Grep, `{"pattern":"x"}`},
+		{Read, `{"path":"d/a.txt"}`},
+	}
+	for i, r := range reads {
+		if Mutating(r.name) {
+			t.Fatalf("%s is listed as mutating", r.name)
+		}
+		if _, err := tb.Call(ctx, r.name, fmt.Sprintf("read-%d", i), json.RawMessage(r.in)); err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+	}
+	for _, name := range Names {
+		if !Mutating(name) && !strings.Contains(fmt.Sprint(reads), name) {
+			t.Errorf("read-only tool %s is not covered", name)
+		}
+	}
+	if after := callBytes(t, tb); after != before {
+		t.Errorf("reads changed the call records: %d bytes -> %d", before, after)
+	}
+	// A read never begins a call record: the id is still free.
+	if rec, err := tb.WS.BeginCall("read-0", List, []byte(`{"path":"d"}`)); err != nil || rec != nil {
+		t.Errorf("a read left a call record: %+v, %v", rec, err)
+	}
+}
+
+// TestCallRecordsBounded: a long session adds lines to a log, not a file
+// per call.
+func TestCallRecordsBounded(t *testing.T) {
+	tb, _ := newBox(t, nil)
+	ctx := context.Background()
+	const n = 10000
+	for i := range n {
+		name, in := Read, `{"path":"f.txt"}`
+		if i%2 == 0 {
+			name, in = Write, fmt.Sprintf(`{"path":"f.txt","content":"%d"}`, i)
+		}
+		if _, err := tb.Call(ctx, name, fmt.Sprintf("c-%d", i), json.RawMessage(in)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if files := callFiles(t, tb); len(files) > 2 {
+		t.Errorf("%d calls left %d files of call records, want at most 2: %v", n, len(files), files[:min(len(files), 5)])
+	}
+	// Every write is still replayed from its record.
+	out, err := tb.Call(ctx, Write, "c-0", json.RawMessage(`{"path":"f.txt","content":"0"}`))
+	if err != nil || !strings.Contains(string(out), `"bytes":1`) {
+		t.Errorf("replay of the first write = %s, %v", out, err)
+	}
 }
 
 func TestPathModes(t *testing.T) {
