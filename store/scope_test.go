@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentloom/loomfs/policy"
@@ -315,5 +318,90 @@ func TestReplay(t *testing.T) {
 	var pe *policy.Error
 	if _, err := ws.BeginCall("call-1", "workspace_delete", input); !errors.As(err, &pe) || !strings.Contains(pe.Message, "new call id") {
 		t.Errorf("conflict message %v does not tell the model what to do", err)
+	}
+}
+
+// TestBeginCallRace: writers on separate handles (separate lock
+// descriptions, as separate processes have) racing to begin the same call
+// ids: each id is begun exactly once, and every other writer finds it.
+func TestBeginCallRace(t *testing.T) {
+	e := newEnv(t)
+	const writers, ids = 6, 40
+	wss := make([]*store.Workspace, writers)
+	for i := range wss {
+		vol, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { vol.Close() })
+		ws, err := vol.Open(context.Background(), mainScope, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ws.Close() })
+		wss[i] = ws
+	}
+	var begun [ids]atomic.Int32
+	var wg sync.WaitGroup
+	for _, ws := range wss {
+		wg.Go(func() {
+			for i := range ids {
+				id := fmt.Sprintf("c-%d", i)
+				rec, err := ws.BeginCall(id, "workspace_write", []byte("{}"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if rec == nil {
+					begun[i].Add(1)
+					if err := ws.FinishCall(id, "workspace_write", []byte("{}"), json.RawMessage(`{}`), nil); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range begun {
+		if n := begun[i].Load(); n != 1 {
+			t.Errorf("call c-%d was begun %d times, want once", i, n)
+		}
+	}
+}
+
+// TestCallLogTornLine: a writer that died while appending leaves a line
+// without its newline; readers ignore it, so a call whose "done" line was
+// torn is still unfinished (unknown outcome), never half-read.
+func TestCallLogTornLine(t *testing.T) {
+	e := newEnv(t)
+	ws := e.open(t, mainScope, nil)
+	in := []byte("{}")
+	if rec, err := ws.BeginCall("c-1", "workspace_write", in); err != nil || rec != nil {
+		t.Fatalf("BeginCall = %+v, %v", rec, err)
+	}
+	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir)
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil || len(logs) != 1 {
+		t.Fatalf("call logs %v, %v; want one", logs, err)
+	}
+	f, err := os.OpenFile(logs[0], os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"call_id":"c-1","tool":"workspace_write","state":"done","res`)
+	f.Close()
+	vol2, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol2.Close()
+	ws2, err := vol2.Open(context.Background(), mainScope, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws2.Close()
+	rec, err := ws2.BeginCall("c-1", "workspace_write", in)
+	if err != nil || rec == nil || rec.State != store.CallStarted {
+		t.Fatalf("after a torn line BeginCall = %+v, %v; want the started record", rec, err)
 	}
 }
