@@ -3,6 +3,7 @@ package retention_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -461,4 +462,35 @@ func hasItem(items []retention.Item, kind, reason string) bool {
 		}
 	}
 	return false
+}
+
+// TestCallRecordsOfEndedSessions: the call records of a session gc removes
+// go with it, and nothing of them is left under the lock directory.
+func TestCallRecordsOfEndedSessions(t *testing.T) {
+	ctx := context.Background()
+	v := newVolume(t)
+	ws := v.open(t, "sp/ag/old")
+	for i := range 3 {
+		id := fmt.Sprintf("c-%d", i)
+		if _, err := ws.BeginCall(id, "workspace_write", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		if err := ws.FinishCall(id, "workspace_write", []byte("{}"), []byte(`{}`), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := filepath.Join(v.root, store.LocksDir, ws.Scope().Hash(), store.CallsDir)
+	if ents, err := os.ReadDir(calls); err != nil || len(ents) == 0 {
+		t.Fatalf("no call records before gc: %v, %v", ents, err)
+	}
+	ws.Close()
+	if _, err := retention.Collect(ctx, v.vol, retention.Options{Clock: fakeClock{time.Now().Add(30 * 24 * time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if v.exists(t, "sp/ag/old") {
+		t.Fatal("the old session was kept")
+	}
+	if _, err := os.Stat(calls); !os.IsNotExist(err) {
+		t.Errorf("the call records of a removed session are still there: %v", err)
+	}
 }
