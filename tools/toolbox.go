@@ -111,8 +111,8 @@ type Toolbox struct {
 	inflight sync.WaitGroup
 }
 
-// Call runs the named tool with JSON input. callID, if set, makes the call
-// replayable (SPEC §4). The result is JSON; a refusal is a *policy.Error
+// Call runs the named tool with JSON input. callID, if set, makes a change
+// replayable (SPEC §4); a read is not recorded and runs again. The result is JSON; a refusal is a *policy.Error
 // as a model may read it (policy.Public): operator trouble is logged to Log
 // with its detail and answered without it.
 func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {

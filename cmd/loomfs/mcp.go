@@ -33,8 +33,8 @@ their descriptions and input schemas are those "loomfs tools" prints.
 
 The scope is fixed by --scope; no tool argument can change it. Refusals are
 MCP tool errors carrying the loomfs error code and message. A request's
-JSON-RPC id is its call id (mcp-<session>-<id>), so a request repeated in
-the same session gets the recorded result. A client's cancellation cancels
+JSON-RPC id is its call id (mcp-<session>-<id>), so a change repeated in
+the same session gets the recorded result (a read is read again). A client's cancellation cancels
 the call, and a running command's container with it.
 
 --http ADDR serves on ADDR (host:port, :port or port). Without a host it

@@ -27,9 +27,10 @@ func newToolCmd(g *globals) *cobra.Command {
 stdout. On a refusal it prints {"error":{"code":…,"message":…}} and exits 1.
 
 --input takes the tool's JSON arguments, or "-" to read them from stdin.
---call-id makes the call replayable: a call recorded as done returns the
+--call-id makes a change replayable: one recorded as done returns the
 recorded result; a write whose outcome was never recorded answers
-unknown_outcome instead of running again.
+unknown_outcome instead of running again. A read is not recorded: it is
+read again.
 
 Run "loomfs tools" for every tool's name, description and input schema.`,
 		Example: `  loomfs tool workspace_write --scope acme/coder/s1 --input '{"path":"a.txt","content":"hi\n"}'
