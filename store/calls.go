@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -42,8 +43,8 @@ type CallRecord struct {
 }
 
 // The call records of a scope live in its state directory's CallsDir, in
-// one append-only log per writer (a Workspace that began a call), so a
-// busy session adds lines, not files. Each line is one CallRecord in JSON:
+// append-only logs, each appended to by one writer (a Workspace that began
+// a call) at a time, so a busy session adds lines, not files. Each line is one CallRecord in JSON:
 // a "started" line, fsynced before the call runs, and a "done" line,
 // fsynced once its outcome is known. A reader looks an id up across every
 // writer's log; an id whose last line is "started" was begun and never
@@ -53,7 +54,9 @@ type CallRecord struct {
 // Two writers racing to begin the same id are decided by an OFD lock on
 // CallsLock, held while the logs are read and the started line appended:
 // one of them appends, the other finds its line. No exclusive rename is
-// needed, and a log is only ever appended to by its own writer.
+// needed. A writer holds an OFD lock on its log while it may append, and
+// only the holder appends; a later writer takes over a log nobody holds,
+// so a process per call still leaves one log, not one per process.
 
 // CallsLock is the lock file in CallsDir that decides who begins a call.
 const CallsLock = "claim.lock"
@@ -226,16 +229,11 @@ func (c *callLog) append(dfd int, rec *CallRecord) error {
 	}
 	line = append(line, '\n')
 	if c.f == nil {
-		name := rand.Text() + callLogSuffix
-		fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+		f, err := openCallLog(dfd)
 		if err != nil {
-			return fmt.Errorf("create call log: %w", err)
-		}
-		if err := syncDir(dfd); err != nil {
-			unix.Close(fd)
 			return err
 		}
-		c.f = os.NewFile(uintptr(fd), name)
+		c.f = f
 	}
 	if _, err := c.f.Write(line); err != nil {
 		// A torn line is ignored by readers; start a new log next time.
@@ -254,6 +252,75 @@ func (c *callLog) append(dfd int, rec *CallRecord) error {
 	}
 	c.index[rec.CallID] = rec
 	return nil
+}
+
+// openCallLog returns a log for this writer to append to, holding its OFD
+// write lock for as long as it is open: a log whose writer ended (no lock
+// held) is taken over, so the number of logs stays that of the writers
+// that ran at once, however many processes came and went. A new log is
+// made only when every one is held.
+func openCallLog(dfd int) (*os.File, error) {
+	names, err := dirNames(dfd, callLogSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("call logs: %w", err)
+	}
+	for _, name := range names {
+		fd, err := unix.Openat(dfd, name, unix.O_RDWR|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if f, ok := adoptCallLog(fd, name); ok {
+			return f, nil
+		}
+	}
+	for range 3 {
+		name := rand.Text() + callLogSuffix
+		fd, err := unix.Openat(dfd, name, unix.O_RDWR|unix.O_APPEND|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+		if err != nil {
+			return nil, fmt.Errorf("create call log: %w", err)
+		}
+		if err := syncDir(dfd); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+		// Another writer may have taken it over between create and lock.
+		if f, ok := adoptCallLog(fd, name); ok {
+			return f, nil
+		}
+	}
+	return nil, errors.New("create call log: every new log was taken by another writer")
+}
+
+// adoptCallLog takes the OFD write lock of log fd without waiting and, if
+// it gets it, ends a line its last writer tore (died while appending), so
+// the torn line stays one unreadable line and the next one is whole. It
+// closes fd when the log is not taken.
+func adoptCallLog(fd int, name string) (*os.File, bool) {
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk); err != nil {
+		unix.Close(fd)
+		return nil, false
+	}
+	f := os.NewFile(uintptr(fd), name)
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, false
+	}
+	if n := fi.Size(); n > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, n-1); err != nil {
+			f.Close()
+			return nil, false
+		}
+		if last[0] != '\n' {
+			if _, err := f.Write([]byte{'\n'}); err != nil {
+				f.Close()
+				return nil, false
+			}
+		}
+	}
+	return f, true
 }
 
 func (c *callLog) close() {

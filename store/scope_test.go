@@ -404,4 +404,56 @@ func TestCallLogTornLine(t *testing.T) {
 	if err != nil || rec == nil || rec.State != store.CallStarted {
 		t.Fatalf("after a torn line BeginCall = %+v, %v; want the started record", rec, err)
 	}
+	// The writer is gone: the next one takes its log over, and its lines
+	// are whole after the torn one.
+	ws.Close()
+	if rec, err := ws2.BeginCall("c-2", "workspace_write", in); err != nil || rec != nil {
+		t.Fatalf("BeginCall c-2 = %+v, %v", rec, err)
+	}
+	if err := ws2.FinishCall("c-2", "workspace_write", in, json.RawMessage(`{"ok":1}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := filepath.Glob(filepath.Join(dir, "*.log")); len(now) != 1 {
+		t.Errorf("call logs %v; want the ended writer's log taken over", now)
+	}
+	ws3 := e.open(t, mainScope, nil)
+	if rec, err := ws3.BeginCall("c-2", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallDone || string(rec.Result) != `{"ok":1}` {
+		t.Errorf("c-2 after the torn line = %+v, %v; want its done record", rec, err)
+	}
+	if rec, err := ws3.BeginCall("c-1", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallStarted {
+		t.Errorf("c-1 = %+v, %v; want still started", rec, err)
+	}
+}
+
+// TestCallLogsBounded: writers that come and go (a process per call) take
+// over the logs of ended ones; only writers alive at once need a log each.
+func TestCallLogsBounded(t *testing.T) {
+	e := newEnv(t)
+	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir)
+	for i := range 50 {
+		ws := e.open(t, mainScope, nil)
+		id := fmt.Sprintf("c-%d", i)
+		if rec, err := ws.BeginCall(id, "workspace_write", []byte("{}")); err != nil || rec != nil {
+			t.Fatalf("BeginCall %s = %+v, %v", id, rec, err)
+		}
+		if err := ws.FinishCall(id, "workspace_write", []byte("{}"), json.RawMessage(`{}`), nil); err != nil {
+			t.Fatal(err)
+		}
+		ws.Close()
+	}
+	a, b := e.open(t, mainScope, nil), e.open(t, mainScope, nil)
+	for _, ws := range []*store.Workspace{a, b} {
+		if rec, err := ws.BeginCall("c-0", "workspace_write", []byte("{}")); err != nil || rec == nil || rec.State != store.CallDone {
+			t.Fatalf("c-0 = %+v, %v; want done", rec, err)
+		}
+	}
+	for i, ws := range []*store.Workspace{a, b} {
+		if _, err := ws.BeginCall(fmt.Sprintf("live-%d", i), "workspace_write", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) != 2 {
+		t.Errorf("50 writers one after another and 2 at once left %d logs, want 2", len(logs))
+	}
 }
