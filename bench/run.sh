@@ -6,8 +6,9 @@
 # fuse (bench/fuse.sh: native vs loomfs vs go-fuse loopback vs bindfs),
 # snapshot (bench/snapshot.sh: snapshots vs cp -a and rsync -a); and, only
 # when named, runtime (bench/runtime.sh: workspace_command under runc vs
-# runsc) and firstday (bench/firstday.sh: a coding agent's first-day
-# workloads in loomfs run vs a plain bind mount).
+# runsc), firstday (bench/firstday.sh: a coding agent's first-day
+# workloads in loomfs run vs a plain bind mount) and mcp (bench/mcp.sh:
+# loomfs mcp vs the reference MCP filesystem server, needs npm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
