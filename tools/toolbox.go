@@ -141,10 +141,17 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
 	fields, ferr := topFields(name, input)
 	json.Unmarshal(fields["path"], &ev.Path)
-	started := ev
-	started.Result = "started"
-	if err := t.sink().Record(ctx, started); err != nil {
-		return nil, auditErr(err)
+	// A change is recorded before it is made ("started"), so nothing
+	// changes unrecorded. A read changes nothing, and input refused before
+	// anything runs is known at once: each is one record, its outcome, one
+	// append instead of two.
+	mutating := Mutating(name) && ferr == nil
+	if mutating {
+		started := ev
+		started.Result = "started"
+		if err := t.sink().Record(ctx, started); err != nil {
+			return nil, auditErr(err)
+		}
 	}
 
 	var res json.RawMessage
@@ -160,11 +167,13 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		if pe.Code == policy.Internal {
 			ev.Result = "error"
 		}
-		t.sink().Record(ctx, ev)
+		if rerr := t.sink().Record(ctx, ev); rerr != nil && !mutating {
+			return nil, auditErr(rerr)
+		}
 		return nil, pe
 	}
 	ev.Result = "ok"
-	if Mutating(name) {
+	if mutating {
 		// Results of changes are small; reads' would cost a second parse.
 		var m struct {
 			Bytes  int64  `json:"bytes"`
@@ -173,9 +182,12 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		json.Unmarshal(res, &m)
 		ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
 	}
-	// The change is made by now: a failure to record its outcome is kept
-	// in the log's status, not turned into a false refusal.
-	t.sink().Record(ctx, ev)
+	// A change is made by now: a failure to record its outcome is kept in
+	// the log's status, not turned into a false refusal. A read whose only
+	// record could not be written is refused: nothing goes unrecorded.
+	if err := t.sink().Record(ctx, ev); err != nil && !mutating {
+		return nil, auditErr(err)
+	}
 	return res, nil
 }
 
