@@ -168,3 +168,33 @@ func TestCrossMountFUSE(t *testing.T) {
 		t.Error("a file was created in the outside directory")
 	}
 }
+
+// TestCrossMountMarkedFile: a file that looks like an emulated link (the
+// sticky mark) bind-mounted into the scope from elsewhere on the same
+// filesystem is refused as on another mount, never read as a link: not by
+// the store, not by the tools' listing, not through the mount.
+func TestCrossMountMarkedFile(t *testing.T) {
+	e := newEnv(t)
+	marked := e.outside + "/marked"
+	mustWrite(t, marked, "/etc/shadow")
+	if err := os.Chmod(marked, os.ModeSticky|0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, e.host("link"), "")
+	bindMount(t, marked, e.host("link"))
+
+	if target, _, err := e.ws.ReadLink("link"); err == nil || !strings.Contains(err.Error(), "another mount") {
+		t.Errorf("store ReadLink of a bound marked file: %q, %v; want it refused as on another mount", target, err)
+	}
+	tb := &tools.Toolbox{WS: e.ws}
+	out, err := tb.Call(context.Background(), tools.List, "", json.RawMessage(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "/etc/shadow") {
+		t.Errorf("the listing shows the bound file's content as a target: %s", out)
+	}
+	if target, err := os.Readlink(e.path("link")); err == nil {
+		t.Errorf("readlink through the mount: %q, want a refusal", target)
+	}
+}

@@ -132,9 +132,6 @@ func (w *Workspace) ReadLinkAt(parent *Dir, name, rel string) (string, Info, err
 		return "", Info{}, policy.FromErrno(err, "readlink", rel)
 	}
 	info := w.infoOf(name, &st, mnt)
-	if st.Dev != w.dev {
-		return "", Info{}, policy.Errorf(policy.InvalidPath, "%s is on another filesystem; loomfs does not cross mounts", rel)
-	}
 	if err := checkLink(rel, info); err != nil {
 		return "", Info{}, err
 	}
@@ -154,12 +151,12 @@ func (w *Workspace) ReadLinkAt(parent *Dir, name, rel string) (string, Info, err
 // checkLink refuses anything but an emulated link loomfs may read.
 func checkLink(rel string, info Info) error {
 	switch {
-	case info.Kind == policy.KindSymlink:
+	case info.Kind == policy.KindSymlink, info.OtherMount, info.Kind == policy.KindLink && info.Nlink > 1:
+		// A real symlink, anything on another mount (a bind mount of a
+		// marked file included), a link with a second name: refused.
 		return policy.CheckObject(policy.OpRead, rel, info.Object())
 	case info.Kind != policy.KindLink:
 		return policy.Errorf(policy.InvalidInput, "%s is not a symbolic link", rel)
-	case info.Nlink > 1:
-		return policy.CheckObject(policy.OpRead, rel, info.Object())
 	}
 	return nil
 }
