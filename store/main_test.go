@@ -165,6 +165,23 @@ func (e *testEnv) open(t *testing.T, sc store.Scope, pol *policy.Policy) *store.
 	return ws
 }
 
+// openAnew opens scope sc through a volume of its own, as another process
+// would: nothing is shared with e's handles but the files.
+func (e *testEnv) openAnew(t *testing.T, sc store.Scope) *store.Workspace {
+	t.Helper()
+	vol, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
+	if err != nil {
+		t.Fatalf("OpenVolume: %v", err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	ws, err := vol.Open(context.Background(), sc, nil)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", sc, err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
 // dir is where scope sc lives on disk.
 func (e *testEnv) dir(sc store.Scope) string { return filepath.Join(e.root, sc.Dir()) }
 

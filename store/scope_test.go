@@ -269,16 +269,7 @@ func TestReplay(t *testing.T) {
 			t.Fatalf("BeginCall = %+v, %v", rec, err)
 		}
 		// The process dies here. Another one, on another handle, replays.
-		vol2, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer vol2.Close()
-		ws2, err := vol2.Open(context.Background(), mainScope, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ws2.Close()
+		ws2 := e.openAnew(t, mainScope)
 		rec, err := ws2.BeginCall("call-2", "workspace_write", in)
 		if err != nil || rec == nil || rec.State != store.CallStarted || rec.Result != nil {
 			t.Fatalf("replay of an unfinished call = %+v, %v; want the started record", rec, err)
@@ -329,17 +320,7 @@ func TestBeginCallRace(t *testing.T) {
 	const writers, ids = 6, 40
 	wss := make([]*store.Workspace, writers)
 	for i := range wss {
-		vol, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { vol.Close() })
-		ws, err := vol.Open(context.Background(), mainScope, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws.Close() })
-		wss[i] = ws
+		wss[i] = e.openAnew(t, mainScope)
 	}
 	var begun [ids]atomic.Int32
 	var wg sync.WaitGroup
@@ -390,16 +371,7 @@ func TestCallLogTornLine(t *testing.T) {
 	}
 	f.WriteString(`{"call_id":"c-1","tool":"workspace_write","state":"done","res`)
 	f.Close()
-	vol2, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vol2.Close()
-	ws2, err := vol2.Open(context.Background(), mainScope, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws2.Close()
+	ws2 := e.openAnew(t, mainScope)
 	rec, err := ws2.BeginCall("c-1", "workspace_write", in)
 	if err != nil || rec == nil || rec.State != store.CallStarted {
 		t.Fatalf("after a torn line BeginCall = %+v, %v; want the started record", rec, err)
