@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"syscall"
 )
 
@@ -121,6 +122,16 @@ func Public(err error) *Error {
 		return pe
 	}
 	return &Error{Code: pe.Code, Message: msg, SHA256: pe.SHA256, Count: pe.Count, Token: pe.Token, Err: pe}
+}
+
+var hostPath = regexp.MustCompile(`(^|[\s"'(=\[])/[^\s"'():,\]]*`)
+
+// MaskHostPaths replaces every absolute path in msg by "<path>", for a
+// message that must keep its words (a container runtime's own, naming the
+// engine's state directories) but may not show a model or a container a
+// host path. Public replaces the messages that need nothing of their words.
+func MaskHostPaths(msg string) string {
+	return hostPath.ReplaceAllString(msg, "${1}<path>")
 }
 
 // errnos maps each code to what the filesystem answers. It is the only such

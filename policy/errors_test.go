@@ -255,3 +255,19 @@ func TestPublicKeepsHostPathsOut(t *testing.T) {
 		t.Fatalf("a refusal for the model was rewritten: %#v", pe)
 	}
 }
+
+func TestMaskHostPaths(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`OCI runtime create failed: unable to retrieve OCI runtime error (open /var/run/docker/containerd/daemon/x/log.json: no such file or directory): /usr/local/lib/loomfs/runtime-failstart did not terminate successfully: exit status 1: unknown`,
+			`OCI runtime create failed: unable to retrieve OCI runtime error (open <path>: no such file or directory): <path> did not terminate successfully: exit status 1: unknown`},
+		{`creating interfaces from net namespace "/proc/18572/ns/net": cannot run with network enabled in root network namespace: unknown`,
+			`creating interfaces from net namespace "<path>": cannot run with network enabled in root network namespace: unknown`},
+		{`path=/srv/x,other`, `path=<path>,other`},
+		{`exit status 1`, `exit status 1`},
+		{`a/b relative stays`, `a/b relative stays`},
+	} {
+		if got := policy.MaskHostPaths(tc.in); got != tc.want {
+			t.Errorf("MaskHostPaths(%q)\n = %q\nwant %q", tc.in, got, tc.want)
+		}
+	}
+}

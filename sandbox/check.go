@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // RuntimeReport is what `loomfs check` says about the sandbox runtime.
@@ -38,13 +40,13 @@ func CheckRuntime(ctx context.Context, cfg Config, probe bool) RuntimeReport {
 	rep := RuntimeReport{Runtime: cfg.Runtime}
 	r, err := NewRunner(ctx, cfg)
 	if err != nil {
-		rep.Message = MaskHostPaths(err.Error())
+		rep.Message = policy.MaskHostPaths(err.Error())
 		return rep
 	}
 	defer r.Close()
 	info, err := r.cli.Info(ctx)
 	if err != nil {
-		rep.Message = MaskHostPaths(fmt.Sprintf("engine info: %v", err))
+		rep.Message = policy.MaskHostPaths(fmt.Sprintf("engine info: %v", err))
 		return rep
 	}
 	rep.EngineDefault = info.DefaultRuntime
@@ -67,7 +69,7 @@ func CheckRuntime(ctx context.Context, cfg Config, probe bool) RuntimeReport {
 	}
 	rep.Probed = true
 	if err := r.probe(ctx); err != nil {
-		rep.Message = MaskHostPaths(err.Error())
+		rep.Message = policy.MaskHostPaths(err.Error())
 		return rep
 	}
 	rep.ProbeOK, rep.OK = true, true

@@ -107,7 +107,7 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if holders := held(); len(holders) > 0 {
 		reason := fmt.Sprintf("after container %s was removed, its projection was still held by %s", res.ContainerName, holderNames(holders))
 		if err != nil {
-			reason += "; the command had failed: " + MaskHostPaths(err.Error())
+			reason += "; the command had failed: " + policy.MaskHostPaths(err.Error())
 		}
 		if qerr := hooks.quarantineHeld(reason, holders); qerr != nil {
 			return tools.CommandResult{}, fmt.Errorf("%s; and quarantining failed: %w", reason, qerr)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +17,8 @@ import (
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // Limits on one command's run time (SPEC §5).
@@ -354,7 +355,7 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 			res.Cancelled = true
 			return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
 		}
-		msg := MaskHostPaths(err.Error())
+		msg := policy.MaskHostPaths(err.Error())
 		r.observe(octx, "container_start_failed", req, res, map[string]any{"error": msg, "runtime": r.cfg.Runtime})
 		return true, fmt.Errorf("%w: %s", ErrStartFailed, msg)
 	}
@@ -596,15 +597,6 @@ func validHash(s string) bool {
 }
 
 // hostPath is an absolute path in an engine or runtime message.
-var hostPath = regexp.MustCompile(`(^|[\s"'(=\[])/[^\s"'():,\]]*`)
-
-// MaskHostPaths replaces every absolute path in msg by "<path>": the
-// runtime's messages name the engine's state directories, which no model
-// or container may see.
-func MaskHostPaths(msg string) string {
-	return hostPath.ReplaceAllString(msg, "${1}<path>")
-}
-
 // NewContainerName returns loomfs-<first 12 of the scope hash>-<8 random hex digits>.
 func NewContainerName(scopeHash string) string {
 	var b [4]byte
