@@ -1,0 +1,132 @@
+package quota
+
+import (
+	"context"
+
+	"go.uber.org/zap"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Report is what a reconcile found.
+type Report struct {
+	Account   policy.Usage `json:"account"`   // as all holders counted it, before any correction
+	Walk      policy.Usage `json:"walk"`      // what the scope holds
+	Corrected policy.Usage `json:"corrected"` // added to the ledger (walk - account), if it was corrected
+	// Busy says the reconcile made no correction because the scope was
+	// changing (another holder held a grant or unfolded changes, or the
+	// walks disagreed).
+	Busy bool `json:"busy,omitempty"`
+}
+
+// Reconcile compares the account with walks of the scope and corrects
+// the ledger to what they found, logging the correction and its size. It
+// corrects only when nothing moved: no other live holder holds a grant or
+// unfolded changes (another node's record may be behind what it did), this
+// holder made no change, and two walks agree, so a change in flight is
+// never taken for drift. A dead holder found is folded in first.
+func (a *Account) Reconcile(ctx context.Context, log *zap.Logger) (Report, error) {
+	return a.reconcile(ctx, log, 2)
+}
+
+// Recount is Reconcile after a change the account did not see (a subtree
+// cleared, the scope restored): one walk is enough, since the caller knows
+// the scope changed, but other holders must still be quiet.
+func (a *Account) Recount(ctx context.Context, log *zap.Logger) (Report, error) {
+	return a.reconcile(ctx, log, 1)
+}
+
+func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Report, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return Report{}, errClosed
+	}
+	var rep Report
+	err := a.locked(ctx, func(l *ledger, live []holder) (bool, error) {
+		account := func() policy.Usage {
+			u := l.usage()
+			u.Bytes += a.r.spent.Bytes
+			u.Files += a.r.spent.Files
+			for _, h := range live {
+				u.Bytes += h.rec.spent.Bytes
+				u.Files += h.rec.spent.Files
+			}
+			return u
+		}
+		rep.Account = account()
+		for _, h := range live {
+			if h.rec != (record{}) {
+				rep.Busy = true
+			}
+		}
+		for i := 0; i < walks; i++ {
+			// a.mu is held, so this holder changes nothing meanwhile.
+			w, err := a.opts.Walk(ctx)
+			if err != nil {
+				return false, err
+			}
+			if i > 0 && w != rep.Walk {
+				rep.Busy = true
+			}
+			rep.Walk = w
+		}
+		if rep.Busy || rep.Walk == rep.Account {
+			return false, nil
+		}
+		rep.Corrected = policy.Usage{Bytes: rep.Walk.Bytes - rep.Account.Bytes, Files: rep.Walk.Files - rep.Account.Files}
+		l.Bytes += rep.Corrected.Bytes
+		l.Files += rep.Corrected.Files
+		log.Warn("quota account corrected to a walk of the scope",
+			zap.Int64("bytes", rep.Corrected.Bytes), zap.Int64("files", rep.Corrected.Files),
+			zap.Int64("account_bytes", rep.Account.Bytes), zap.Int64("account_files", rep.Account.Files),
+			zap.Int64("walk_bytes", rep.Walk.Bytes), zap.Int64("walk_files", rep.Walk.Files))
+		return true, nil
+	})
+	return rep, err
+}
+
+// State is the account as Inspect reads it.
+type State struct {
+	Known   bool         `json:"known"`   // the ledger exists and reads back
+	Ledger  policy.Usage `json:"ledger"`  // what holders folded in
+	Used    policy.Usage `json:"used"`    // the ledger plus what every holder spent and not folded in
+	Granted policy.Usage `json:"granted"` // held by live holders, not spent yet
+	Holders int          `json:"holders"` // live holders
+	Dead    int          `json:"dead"`    // records of holders gone, not folded in yet
+}
+
+// Inspect reads the account kept in the directory dirfd without taking
+// its lock or changing anything.
+func Inspect(dirfd int) (State, error) {
+	var s State
+	fd, err := openLedgerRO(dirfd)
+	if err != nil || fd < 0 {
+		return s, err
+	}
+	defer closeFD(fd)
+	l, ok, err := readLedger(fd)
+	if err != nil {
+		return s, err
+	}
+	s.Known, s.Ledger, s.Used = ok, l.usage(), l.usage()
+	hs, err := holders(dirfd, "")
+	if err != nil {
+		return s, err
+	}
+	for _, h := range hs {
+		s.Used.Bytes += h.rec.spent.Bytes
+		s.Used.Files += h.rec.spent.Files
+		if h.live {
+			s.Holders++
+			s.Granted.Bytes += h.rec.grant.Bytes
+			s.Granted.Files += h.rec.grant.Files
+		} else {
+			s.Dead++
+		}
+	}
+	return s, nil
+}
