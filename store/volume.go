@@ -204,6 +204,7 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 		dev:     st.Dev,
 		mnt:     mnt,
 		journal: &journal{},
+		quota:   &scopeQuota{},
 	}
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {
