@@ -17,15 +17,23 @@ import (
 type quotaReport struct {
 	Scope   string       `json:"scope"`
 	Known   bool         `json:"known"` // the account exists (something has changed the scope through loomfs)
-	Account policy.Usage `json:"account"`
-	Walk    policy.Usage `json:"walk"`
-	Granted policy.Usage `json:"granted"` // held by live holders, not spent yet
+	Account counts `json:"account"`
+	Walk    counts `json:"walk"`
+	Granted counts `json:"granted"` // held by live holders, not spent yet
 	Holders int          `json:"holders"` // processes with the scope open for changes now
 	Dead    int          `json:"dead"`    // holders gone, not folded in yet (the next grant folds them)
 	Match   bool         `json:"match"`
 	OK      bool         `json:"ok"`
 	Detail  string       `json:"detail"`
 }
+
+// counts is a policy.Usage as the JSON output names it.
+type counts struct {
+	Bytes int64 `json:"bytes"`
+	Files int64 `json:"files"`
+}
+
+func countsOf(u policy.Usage) counts { return counts{u.Bytes, u.Files} }
 
 // checkQuota compares the scope's account with a walk, changing nothing.
 // A difference fails the check only when no holder is live: one that is
@@ -42,8 +50,8 @@ func checkQuota(ctx context.Context, ws *store.Workspace) quotaReport {
 		r.Detail = fmt.Sprintf("the scope can't be walked: %v", policy.Public(err))
 		return r
 	}
-	r.Known, r.Account, r.Walk = st.Known, st.Used, walk
-	r.Granted, r.Holders, r.Dead = st.Granted, st.Holders, st.Dead
+	r.Known, r.Account, r.Walk = st.Known, countsOf(st.Used), countsOf(walk)
+	r.Granted, r.Holders, r.Dead = countsOf(st.Granted), st.Holders, st.Dead
 	r.Match = !st.Known || st.Used == walk
 	switch {
 	case !st.Known:
