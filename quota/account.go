@@ -34,10 +34,12 @@ type Options struct {
 type Account struct {
 	opts   Options
 	dir    int // the account's directory
-	ledger int // LedgerFile, held open for its lock
-	name   string
-	rec    int    // this holder's record, OFD-locked while open
-	mem    []byte // the record, mapped shared (or a buffer where it can't be)
+	ledger int // the ledger's lock file, held open
+	node   nodeID
+	name   string // h-<id>: the record's name (its live file is name+liveSuffix)
+	tmp    string // t-<id>: this holder's temporary name for what it replaces
+	live   int    // the live file, OFD-locked while open
+	mem    []byte // its figures, mapped shared (or a buffer where it can't be)
 	mapped bool
 
 	mu      sync.Mutex
@@ -64,7 +66,7 @@ func Open(dirfd int, opts Options) (*Account, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open quota dir: %w", err)
 	}
-	a := &Account{opts: opts, dir: dir, ledger: -1, rec: -1}
+	a := &Account{opts: opts, dir: dir, ledger: -1, live: -1, node: localNode(dir)}
 	if err := a.open(); err != nil {
 		a.release()
 		return nil, err
@@ -74,51 +76,59 @@ func Open(dirfd int, opts Options) (*Account, error) {
 
 func (a *Account) open() error {
 	var err error
-	a.ledger, err = unix.Openat(a.dir, LedgerFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
-	if err != nil {
-		return fmt.Errorf("open quota ledger: %w", err)
+	if a.ledger, err = openLedgerLock(a.dir); err != nil {
+		return err
 	}
 	var id [8]byte
 	rand.Read(id[:])
 	a.name = recordPrefix + hex.EncodeToString(id[:])
-	// The record is made whole and locked under a name no reaper looks
-	// at, then renamed into place: a record seen without its lock is a
-	// dead holder's.
-	tmp := "t-" + hex.EncodeToString(id[:])
-	a.rec, err = unix.Openat(a.dir, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	a.tmp = "t-" + hex.EncodeToString(id[:])
+	// The live file is made whole and locked under a name no reaper
+	// looks at, then renamed into place: a live file seen without its
+	// lock is a dead holder's.
+	a.live, err = unix.Openat(a.dir, a.tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
 		return fmt.Errorf("create quota record: %w", err)
 	}
+	fail := func(what string, err error) error {
+		unix.Unlinkat(a.dir, a.tmp, 0)
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	lk := unix.Flock_t{Type: unix.F_WRLCK}
-	if err := unix.FcntlFlock(uintptr(a.rec), unix.F_OFD_SETLK, &lk); err != nil {
-		unix.Unlinkat(a.dir, tmp, 0)
-		return fmt.Errorf("lock quota record: %w", err)
+	if err := unix.FcntlFlock(uintptr(a.live), unix.F_OFD_SETLK, &lk); err != nil {
+		return fail("lock quota record", err)
 	}
-	if err := unix.Ftruncate(a.rec, recordSize); err != nil {
-		unix.Unlinkat(a.dir, tmp, 0)
-		return fmt.Errorf("size quota record: %w", err)
+	if err := unix.Ftruncate(a.live, recordSize); err != nil {
+		return fail("size quota record", err)
 	}
-	if mem, err := unix.Mmap(a.rec, 0, recordSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+	if mem, err := unix.Mmap(a.live, 0, recordSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
 		a.mem, a.mapped = mem, true
 	} else {
 		a.mem = make([]byte, recordSize)
 	}
-	if err := a.sync(); err != nil {
-		unix.Unlinkat(a.dir, tmp, 0)
-		return err
+	a.r.put(a.mem, a.node)
+	if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
+		return fail("write quota record", err)
 	}
-	if err := unix.Renameat(a.dir, tmp, a.dir, a.name); err != nil {
-		unix.Unlinkat(a.dir, tmp, 0)
-		return fmt.Errorf("place quota record: %w", err)
+	if err := a.sync(); err != nil {
+		return fail("write quota record", err)
+	}
+	if err := unix.Renameat(a.dir, a.tmp, a.dir, a.name+liveSuffix); err != nil {
+		return fail("place quota record", err)
 	}
 	return nil
 }
 
-// sync writes the record where other holders, other nodes among them,
-// read it: the mapping alone may reach them late.
+// sync writes the record where holders on other nodes read it: the live
+// file is current only for those sharing this node's page cache.
 func (a *Account) sync() error {
-	a.r.put(a.mem)
-	if _, err := unix.Pwrite(a.rec, a.mem[:recordSize], 0); err != nil {
+	a.r.put(a.mem, a.node)
+	if !a.mapped {
+		if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
+			return fmt.Errorf("write quota record: %w", err)
+		}
+	}
+	if err := replaceAt(a.dir, a.tmp+".rec", a.name, a.mem[:recordSize]); err != nil {
 		return fmt.Errorf("write quota record: %w", err)
 	}
 	return nil
@@ -171,7 +181,7 @@ func (a *Account) spend(bytes, files int64) {
 	a.r.spent.Bytes += bytes
 	a.r.spent.Files += files
 	if a.mapped {
-		a.r.put(a.mem)
+		a.r.put(a.mem, a.node)
 	}
 	a.changes++
 	if a.timer == nil {
@@ -207,21 +217,15 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 		return fmt.Errorf("lock quota ledger: %w", err)
 	}
 	defer lockFD(a.ledger, unix.F_UNLCK)
-	l, ok, err := readLedger(a.ledger)
+	l, ok, err := readLedger(a.dir)
 	if err != nil {
 		return err
 	}
-	hs, err := holders(a.dir, a.name)
+	hs, err := holders(a.dir, a.name, a.node)
 	if err != nil {
 		return err
 	}
-	changed := false
-	if !ok {
-		if l, err = a.count(ctx, hs); err != nil {
-			return err
-		}
-		changed = true
-	}
+	changed, recount := false, !ok
 	var live []holder
 	for _, h := range hs {
 		if h.live {
@@ -229,24 +233,48 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 			continue
 		}
 		// Its holder is gone: what it spent stays counted, its grant
-		// comes back.
+		// comes back. One on another node may have spent some of its
+		// grant since its last sync: the whole grant is counted as
+		// spent, and the scope counted again if nobody else is changing
+		// it.
 		l.Bytes += h.rec.spent.Bytes
 		l.Files += h.rec.spent.Files
-		unix.Unlinkat(a.dir, h.name, 0)
+		if !h.local {
+			l.Bytes += h.rec.grant.Bytes
+			l.Files += h.rec.grant.Files
+			recount = true
+		}
+		unix.Unlinkat(a.dir, h.id+liveSuffix, 0)
+		unix.Unlinkat(a.dir, h.id, 0)
+		changed = true
+	}
+	if recount && (!ok || quiet(live)) {
+		if l, err = a.count(ctx, live); err != nil {
+			return err
+		}
 		changed = true
 	}
 	fnChanged, err := fn(&l, live)
 	if changed || fnChanged {
-		if werr := writeLedger(a.ledger, l); werr != nil && err == nil {
+		if werr := writeLedger(a.dir, a.tmp+".ledger", l); werr != nil && err == nil {
 			err = werr
 		}
 	}
 	return err
 }
 
+// quiet reports whether no live holder holds a grant or unfolded changes.
+func quiet(live []holder) bool {
+	for _, h := range live {
+		if h.rec != (record{}) {
+			return false
+		}
+	}
+	return true
+}
+
 // count makes a new ledger from a walk: what the scope holds less what
-// holders have spent and not folded in (the dead ones are folded in
-// next).
+// the live holders hs (and this one) have spent and not folded in.
 func (a *Account) count(ctx context.Context, hs []holder) (ledger, error) {
 	if a.opts.Walk == nil {
 		return ledger{}, errors.New("quota ledger is missing and nothing can count the scope")
@@ -312,7 +340,7 @@ func (a *Account) settle() error {
 		// The ledger is written before the record is cleared: a crash in
 		// between counts the spending twice (refusing early, until a
 		// reconcile) rather than not at all.
-		if err := writeLedger(a.ledger, *l); err != nil {
+		if err := writeLedger(a.dir, a.tmp+".ledger", *l); err != nil {
 			return false, err
 		}
 		a.r = record{}
@@ -327,7 +355,7 @@ func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
 	if a.closed {
 		return policy.Usage{}, errClosed
 	}
-	l, ok, err := readLedger(a.ledger)
+	l, ok, err := readLedger(a.dir)
 	if err != nil {
 		return policy.Usage{}, err
 	}
@@ -343,7 +371,7 @@ func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
 		}
 		l = ledger{Bytes: u.Bytes, Files: u.Files}
 	}
-	hs, err := holders(a.dir, a.name)
+	hs, err := holders(a.dir, a.name, a.node)
 	if err != nil {
 		return policy.Usage{}, err
 	}
@@ -372,6 +400,7 @@ func (a *Account) Close() error {
 	}
 	err := a.settle()
 	if err == nil {
+		unix.Unlinkat(a.dir, a.name+liveSuffix, 0)
 		unix.Unlinkat(a.dir, a.name, 0)
 	}
 	a.release()
@@ -383,8 +412,8 @@ func (a *Account) release() {
 		unix.Munmap(a.mem)
 		a.mapped = false
 	}
-	if a.rec >= 0 {
-		unix.Close(a.rec)
+	if a.live >= 0 {
+		unix.Close(a.live)
 	}
 	if a.ledger >= 0 {
 		unix.Close(a.ledger)

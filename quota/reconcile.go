@@ -103,17 +103,12 @@ type State struct {
 // its lock or changing anything.
 func Inspect(dirfd int) (State, error) {
 	var s State
-	fd, err := openLedgerRO(dirfd)
-	if err != nil || fd < 0 {
-		return s, err
-	}
-	defer closeFD(fd)
-	l, ok, err := readLedger(fd)
+	l, ok, err := readLedger(dirfd)
 	if err != nil {
 		return s, err
 	}
 	s.Known, s.Ledger, s.Used = ok, l.usage(), l.usage()
-	hs, err := holders(dirfd, "")
+	hs, err := holders(dirfd, "", localNode(dirfd))
 	if err != nil {
 		return s, err
 	}
