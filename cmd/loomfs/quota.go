@@ -15,16 +15,16 @@ import (
 // quotaReport is what loomfs check --scope says of a scope's quota account:
 // the account as every holder counted it, beside a walk of the scope.
 type quotaReport struct {
-	Scope   string       `json:"scope"`
-	Known   bool         `json:"known"` // the account exists (something has changed the scope through loomfs)
+	Scope   string `json:"scope"`
+	Known   bool   `json:"known"` // the account exists (something has changed the scope through loomfs)
 	Account counts `json:"account"`
 	Walk    counts `json:"walk"`
 	Granted counts `json:"granted"` // held by live holders, not spent yet
-	Holders int          `json:"holders"` // processes with the scope open for changes now
-	Dead    int          `json:"dead"`    // holders gone, not folded in yet (the next grant folds them)
-	Match   bool         `json:"match"`
-	OK      bool         `json:"ok"`
-	Detail  string       `json:"detail"`
+	Holders int    `json:"holders"` // processes with the scope open for changes now
+	Dead    int    `json:"dead"`    // holders gone, not folded in yet (the next grant folds them)
+	Match   bool   `json:"match"`
+	OK      bool   `json:"ok"`
+	Detail  string `json:"detail"`
 }
 
 // counts is a policy.Usage as the JSON output names it.
