@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -170,5 +173,35 @@ except OSError as e:
 	}
 	if n := len(e.sink.find("unlink", "ok", "")); n != 0 {
 		t.Errorf("TemporaryFile unlinked a named file %d times", n)
+	}
+}
+
+// TestReconcileCorrectsDrift: bytes the account did not see (a file
+// planted in the backing store) are found by the reconcile, corrected, and
+// logged with their size.
+func TestReconcileCorrectsDrift(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := os.WriteFile(e.path("seen"), make([]byte, 1000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitReleased(t, e.m)
+	mustWrite(t, e.host("planted"), strings.Repeat("p", 500))
+	core, logs := observer.New(zap.WarnLevel)
+	rep, err := e.ws.Reconcile(ctx, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Corrected != (policy.Usage{Bytes: 500, Files: 1}) {
+		t.Errorf("reconcile %+v, want a correction of 500 bytes in 1 file", rep)
+	}
+	if logs.Len() != 1 || logs.All()[0].ContextMap()["bytes"] != int64(500) {
+		t.Errorf("correction logged as %v", logs.All())
+	}
+	if u, _ := e.ws.Usage(ctx); u != (policy.Usage{Bytes: 1500, Files: 2}) {
+		t.Errorf("usage after the reconcile %+v", u)
+	}
+	if rep, _ := e.ws.Reconcile(ctx, zap.New(core)); rep.Corrected != (policy.Usage{}) || logs.Len() != 1 {
+		t.Errorf("a second reconcile corrected %+v", rep)
 	}
 }
