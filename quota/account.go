@@ -263,10 +263,12 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 	return err
 }
 
-// quiet reports whether no live holder holds a grant or unfolded changes.
+// quiet reports whether the live holders' figures are known exactly: none
+// on another node holds a grant or unfolded changes (what it did since its
+// last sync is unknown here). Those on this node are read live.
 func quiet(live []holder) bool {
 	for _, h := range live {
-		if h.rec != (record{}) {
+		if !h.local && h.rec != (record{}) {
 			return false
 		}
 	}

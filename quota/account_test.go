@@ -236,15 +236,30 @@ func TestReconcile(t *testing.T) {
 		t.Errorf("usage after reconcile %+v", u)
 	}
 
+	// Another holder on this node is read live: its changes are no drift.
 	b := open(t, dir, quota.Options{Limits: limits(1000, 10), Walk: sc.walk, Idle: time.Hour})
 	if err := b.Reserve(10, 0); err != nil {
 		t.Fatal(err)
 	}
-	sc.bytes.Store(0)
-	rep, err = a.Reconcile(context.Background(), nil)
-	if err != nil || !rep.Busy || rep.Corrected != (policy.Usage{}) {
-		t.Errorf("with another holder active: %+v, %v", rep, err)
+	sc.bytes.Store(50)
+	if rep, err := a.Reconcile(context.Background(), nil); err != nil || rep.Busy || rep.Corrected != (policy.Usage{}) {
+		t.Errorf("with another holder on this node: %+v, %v", rep, err)
 	}
+
+	// Walks that disagree are a change in flight, not drift.
+	moving := &movingScope{}
+	c := open(t, openDir(t, t.TempDir()), quota.Options{Limits: limits(1000, 10), Walk: moving.walk, Idle: time.Hour})
+	rep, err = c.Reconcile(context.Background(), nil)
+	if err != nil || !rep.Busy || rep.Corrected != (policy.Usage{}) {
+		t.Errorf("with walks that disagree: %+v, %v", rep, err)
+	}
+}
+
+// movingScope grows by a byte at every walk.
+type movingScope struct{ n atomic.Int64 }
+
+func (m *movingScope) walk(context.Context) (policy.Usage, error) {
+	return policy.Usage{Bytes: m.n.Add(1)}, nil
 }
 
 // TestTornLedgerIsCounted: a ledger that can't be read back is counted

@@ -35,6 +35,8 @@
 // Account.Reconcile walks the scope under the ledger lock and, when two
 // walks agree with each other and the account has not moved between
 // them, corrects the ledger to what the walk found, logging the
-// correction and its size. Inspect reads the account without taking or
-// changing anything (loomfs check).
+// correction and its size. Holders on this node are read live, so only
+// an active holder on another node, whose record may lag, holds a
+// correction back. Inspect reads the account without taking or changing
+// anything (loomfs check).
 package quota

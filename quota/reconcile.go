@@ -14,15 +14,15 @@ type Report struct {
 	Walk      policy.Usage `json:"walk"`      // what the scope holds
 	Corrected policy.Usage `json:"corrected"` // added to the ledger (walk - account), if it was corrected
 	// Busy says the reconcile made no correction because the scope was
-	// changing (another holder held a grant or unfolded changes, or the
-	// walks disagreed).
+	// changing (a holder on another node held a grant or unfolded
+	// changes, or the walks disagreed).
 	Busy bool `json:"busy,omitempty"`
 }
 
 // Reconcile compares the account with walks of the scope and corrects
 // the ledger to what they found, logging the correction and its size. It
-// corrects only when nothing moved: no other live holder holds a grant or
-// unfolded changes (another node's record may be behind what it did), this
+// corrects only when nothing moved: no live holder on another node holds a
+// grant or unfolded changes (its record may be behind what it did), this
 // holder made no change, and two walks agree, so a change in flight is
 // never taken for drift. A dead holder found is folded in first.
 func (a *Account) Reconcile(ctx context.Context, log *zap.Logger) (Report, error) {
@@ -58,11 +58,7 @@ func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Re
 			return u
 		}
 		rep.Account = account()
-		for _, h := range live {
-			if h.rec != (record{}) {
-				rep.Busy = true
-			}
-		}
+		rep.Busy = !quiet(live)
 		for i := 0; i < walks; i++ {
 			// a.mu is held, so this holder changes nothing meanwhile.
 			w, err := a.opts.Walk(ctx)
