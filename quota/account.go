@@ -36,10 +36,11 @@ type Account struct {
 	dir    int // the account's directory
 	ledger int // the ledger's lock file, held open
 	node   nodeID
-	name   string // h-<id>: the record's name (its live file is name+liveSuffix)
-	tmp    string // t-<id>: this holder's temporary name for what it replaces
-	live   int    // the live file, OFD-locked while open
-	mem    []byte // its figures, mapped shared (or a buffer where it can't be)
+	name   string  // h-<id>: the record's name (its live file is name+liveSuffix)
+	tmp    string  // t-<id>: this holder's temporary name for what it replaces
+	snap   version // name.<n>: the record as last synced
+	live   int     // the live file, OFD-locked while open
+	mem    []byte  // its figures, mapped shared (or a buffer where it can't be)
 	mapped bool
 
 	mu      sync.Mutex
@@ -83,6 +84,7 @@ func (a *Account) open() error {
 	rand.Read(id[:])
 	a.name = recordPrefix + hex.EncodeToString(id[:])
 	a.tmp = "t-" + hex.EncodeToString(id[:])
+	a.snap = version{base: a.name}
 	// The live file is made whole and locked under a name no reaper
 	// looks at, then renamed into place: a live file seen without its
 	// lock is a dead holder's.
@@ -128,7 +130,7 @@ func (a *Account) sync() error {
 			return fmt.Errorf("write quota record: %w", err)
 		}
 	}
-	if err := replaceAt(a.dir, a.tmp+".rec", a.name, a.mem[:recordSize]); err != nil {
+	if err := a.snap.publish(a.dir, a.tmp+".rec", a.mem[:recordSize]); err != nil {
 		return fmt.Errorf("write quota record: %w", err)
 	}
 	return nil
@@ -211,17 +213,23 @@ func (a *Account) idleCheck() {
 
 // locked runs fn with the ledger lock held and the ledger read (counted
 // first if it is new or torn) and dead holders folded in; fn returns
-// whether the ledger changed. a.mu is held.
-func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) (bool, error)) error {
+// whether the ledger changed, and after, if not nil, runs once the ledger
+// is written. a.mu is held.
+func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) (bool, error), after func() error) error {
 	if err := lockFD(a.ledger, unix.F_WRLCK); err != nil {
 		return fmt.Errorf("lock quota ledger: %w", err)
 	}
 	defer lockFD(a.ledger, unix.F_UNLCK)
-	l, ok, err := readLedger(a.dir)
+	names, err := listDir(a.dir)
 	if err != nil {
 		return err
 	}
-	hs, err := holders(a.dir, a.name, a.node)
+	lv := versionOf(names, LedgerFile)
+	l, ok, err := readLedger(a.dir, lv)
+	if err != nil {
+		return err
+	}
+	hs, err := holders(a.dir, names, a.name, a.node)
 	if err != nil {
 		return err
 	}
@@ -244,8 +252,7 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 			l.Files += h.rec.grant.Files
 			recount = true
 		}
-		unix.Unlinkat(a.dir, h.id+liveSuffix, 0)
-		unix.Unlinkat(a.dir, h.id, 0)
+		h.remove(a.dir)
 		changed = true
 	}
 	if recount && (!ok || quiet(live)) {
@@ -255,12 +262,21 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 		changed = true
 	}
 	fnChanged, err := fn(&l, live)
+	if err != nil {
+		if changed {
+			writeLedger(a.dir, a.tmp+".ledger", &lv, l)
+		}
+		return err
+	}
 	if changed || fnChanged {
-		if werr := writeLedger(a.dir, a.tmp+".ledger", l); werr != nil && err == nil {
-			err = werr
+		if err := writeLedger(a.dir, a.tmp+".ledger", &lv, l); err != nil {
+			return err
 		}
 	}
-	return err
+	if after != nil {
+		return after()
+	}
+	return nil
 }
 
 // quiet reports whether the live holders' figures are known exactly: none
@@ -313,7 +329,7 @@ func (a *Account) refill(pb, pf int64) error {
 			a.r.grant.Files = grant(lim-taken.Files, pf, a.opts.MaxGrant.Files, n)
 		}
 		return false, a.sync()
-	})
+	}, nil)
 }
 
 // grant sizes a grant of need out of free, with some to spare: a share of
@@ -336,17 +352,16 @@ func (a *Account) settle() error {
 	if a.r == (record{}) {
 		return nil
 	}
+	// The ledger is written before the record is cleared: a crash in
+	// between counts the spending twice (refusing early, until a
+	// reconcile) rather than not at all.
 	return a.locked(context.Background(), func(l *ledger, _ []holder) (bool, error) {
 		l.Bytes += a.r.spent.Bytes
 		l.Files += a.r.spent.Files
-		// The ledger is written before the record is cleared: a crash in
-		// between counts the spending twice (refusing early, until a
-		// reconcile) rather than not at all.
-		if err := writeLedger(a.dir, a.tmp+".ledger", *l); err != nil {
-			return false, err
-		}
+		return true, nil
+	}, func() error {
 		a.r = record{}
-		return false, a.sync()
+		return a.sync()
 	})
 }
 
@@ -357,33 +372,20 @@ func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
 	if a.closed {
 		return policy.Usage{}, errClosed
 	}
-	l, ok, err := readLedger(a.dir)
-	if err != nil {
-		return policy.Usage{}, err
-	}
-	if !ok {
-		// New or torn: count it under the lock.
-		var u policy.Usage
-		err := a.locked(ctx, func(l *ledger, live []holder) (bool, error) {
-			u = l.usage()
-			return false, nil
-		})
-		if err != nil {
-			return policy.Usage{}, err
+	st, err := inspect(a.dir, a.name, a.node)
+	if err == nil && !st.Known {
+		// New or torn: count it under the lock, and look again.
+		err = a.locked(ctx, func(*ledger, []holder) (bool, error) { return false, nil }, nil)
+		if err == nil {
+			st, err = inspect(a.dir, a.name, a.node)
 		}
-		l = ledger{Bytes: u.Bytes, Files: u.Files}
 	}
-	hs, err := holders(a.dir, a.name, a.node)
 	if err != nil {
 		return policy.Usage{}, err
 	}
-	u := l.usage()
+	u := st.Used
 	u.Bytes += a.r.spent.Bytes
 	u.Files += a.r.spent.Files
-	for _, h := range hs {
-		u.Bytes += h.rec.spent.Bytes
-		u.Files += h.rec.spent.Files
-	}
 	return u, nil
 }
 
@@ -402,8 +404,7 @@ func (a *Account) Close() error {
 	}
 	err := a.settle()
 	if err == nil {
-		unix.Unlinkat(a.dir, a.name+liveSuffix, 0)
-		unix.Unlinkat(a.dir, a.name, 0)
+		holder{id: a.name, snap: a.snap}.remove(a.dir)
 	}
 	a.release()
 	return err

@@ -26,7 +26,7 @@ func (s *scope) walk(context.Context) (policy.Usage, error) {
 	return policy.Usage{Bytes: s.bytes.Load(), Files: s.files.Load()}, nil
 }
 
-func openDir(t *testing.T, path string) int {
+func openDir(t testing.TB, path string) int {
 	t.Helper()
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -270,7 +270,7 @@ func TestTornLedgerIsCounted(t *testing.T) {
 	sc := &scope{}
 	sc.bytes.Store(500)
 	sc.files.Store(2)
-	if err := os.WriteFile(path+"/"+quota.LedgerFile, []byte(`{"bytes":12`), 0o600); err != nil {
+	if err := os.WriteFile(path+"/"+quota.LedgerFile+".1", []byte(`{"bytes":12`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a := open(t, dir, quota.Options{Limits: limits(1000, 0), Walk: sc.walk})

@@ -44,7 +44,8 @@ func TestForeignHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	unix.Pwrite(fd, b, 0)
-	if err := replaceAt(dir, "t-other", "h-other", b); err != nil {
+	snap := version{base: "h-other"}
+	if err := snap.publish(dir, "t-other", b); err != nil {
 		t.Fatal(err)
 	}
 	walked = policy.Usage{Bytes: 250} // it wrote 150 more since its sync

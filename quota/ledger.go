@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -14,14 +15,16 @@ import (
 )
 
 // Names in the account's directory. Whatever another node must read is
-// written whole under a temporary name and renamed into place: a client
-// of a distributed filesystem (ceph-fuse) may go on serving the old bytes
-// of a file changed in place by another client, but a rename gives the
-// name a new inode, which it reads afresh.
+// written whole under a temporary name and renamed to a new name, its next
+// version ("ledger.7", then "ledger.8"), before the old one is removed: a
+// client of a distributed filesystem (ceph-fuse) may go on serving the old
+// bytes of a file changed in place by another client, but reads a new
+// name afresh; and renaming onto a new name, unlike renaming over an old
+// one, makes ext4 write nothing out (auto_da_alloc): 30 µs, not 1 ms.
 const (
-	LedgerFile   = "ledger"      // what all holders have folded in
+	LedgerFile   = "ledger"      // what all holders have folded in: ledger.<version>
 	ledgerLock   = "ledger.lock" // its lock orders every grant
-	recordPrefix = "h-"          // a holder's record: h-<id> (its last sync)
+	recordPrefix = "h-"          // a holder's record: h-<id>.<version> (its last sync)
 	liveSuffix   = ".lock"       // and h-<id>.lock: locked while it lives, its live figures mapped
 )
 
@@ -34,25 +37,109 @@ type ledger struct {
 
 func (l ledger) usage() policy.Usage { return policy.Usage{Bytes: l.Bytes, Files: l.Files} }
 
-// readLedger reads the ledger in dfd; ok is false when there is none yet
-// or it can't be read back, and the scope must be counted again.
-func readLedger(dfd int) (l ledger, ok bool, err error) {
-	b, err := readFileAt(dfd, LedgerFile, 256)
-	if err == unix.ENOENT {
-		return l, false, nil
+// listDir lists the account's directory.
+func listDir(dfd int) ([]string, error) {
+	d, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open quota dir: %w", err)
 	}
+	f := os.NewFile(uintptr(d), "quota")
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list quota dir: %w", err)
+	}
+	return names, nil
+}
+
+// version is a file written in versions: base.<n>, the highest n the
+// current one.
+type version struct {
+	base  string
+	n     int64 // 0: none yet
+	older []int64
+}
+
+// versionOf finds base's versions among names.
+func versionOf(names []string, base string) version {
+	v := version{base: base}
+	for _, name := range names {
+		s, ok := strings.CutPrefix(name, base+".")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			continue
+		}
+		if n > v.n {
+			if v.n > 0 {
+				v.older = append(v.older, v.n)
+			}
+			v.n = n
+		} else {
+			v.older = append(v.older, n)
+		}
+	}
+	return v
+}
+
+func (v version) name() string { return v.base + "." + strconv.FormatInt(v.n, 10) }
+
+// read reads up to max bytes of the current version; nil if there is none.
+func (v version) read(dfd int, max int) ([]byte, error) {
+	if v.n == 0 {
+		return nil, nil
+	}
+	return readFileAt(dfd, v.name(), max)
+}
+
+// publish writes b as the next version of v (through the temporary name
+// tmp) and removes the ones before. It is not fsynced: a node that crashes
+// loses its page cache, and the account is counted again.
+func (v *version) publish(dfd int, tmp string, b []byte) error {
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return err
+	}
+	_, err = unix.Write(fd, b)
+	unix.Close(fd)
+	next := *v
+	next.n++
+	if err == nil {
+		err = unix.Renameat(dfd, tmp, dfd, next.name())
+	}
+	if err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return err
+	}
+	v.older = append(v.older, v.n)
+	for _, n := range v.older {
+		if n > 0 {
+			unix.Unlinkat(dfd, v.base+"."+strconv.FormatInt(n, 10), 0)
+		}
+	}
+	v.n, v.older = next.n, nil
+	return nil
+}
+
+// readLedger reads the ledger's current version; ok is false when there
+// is none yet or it can't be read back, and the scope must be counted
+// again.
+func readLedger(dfd int, v version) (l ledger, ok bool, err error) {
+	b, err := v.read(dfd, 256)
 	if err != nil {
 		return l, false, fmt.Errorf("read quota ledger: %w", err)
 	}
-	if err := json.Unmarshal(bytes.TrimSpace(b), &l); err != nil {
+	if b == nil || json.Unmarshal(bytes.TrimSpace(b), &l) != nil {
 		return ledger{}, false, nil
 	}
 	return l, true, nil
 }
 
-func writeLedger(dfd int, tmp string, l ledger) error {
+func writeLedger(dfd int, tmp string, v *version, l ledger) error {
 	b, _ := json.Marshal(l)
-	if err := replaceAt(dfd, tmp, LedgerFile, append(b, '\n')); err != nil {
+	if err := v.publish(dfd, tmp, append(b, '\n')); err != nil {
 		return fmt.Errorf("write quota ledger: %w", err)
 	}
 	return nil
@@ -71,25 +158,6 @@ func readFileAt(dfd int, name string, max int) ([]byte, error) {
 		return nil, err
 	}
 	return buf[:n], nil
-}
-
-// replaceAt writes b as name in dfd under the temporary name tmp, then
-// renames it into place. It is not fsynced: a node that crashes loses its
-// page cache, and the reconcile counts the scope again.
-func replaceAt(dfd int, tmp, name string, b []byte) error {
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
-	if err != nil {
-		return err
-	}
-	_, err = unix.Write(fd, b)
-	unix.Close(fd)
-	if err == nil {
-		err = unix.Renameat(dfd, tmp, dfd, name)
-	}
-	if err != nil {
-		unix.Unlinkat(dfd, tmp, 0)
-	}
-	return err
 }
 
 // A record holds, at fixed offsets, what its holder still has as a grant,
@@ -146,32 +214,23 @@ func localNode(dfd int) nodeID {
 
 // holder is another holder's record as read under the ledger lock.
 type holder struct {
-	id    string // h-<id>
+	id    string  // h-<id>
+	snap  version // its last sync
 	live  bool
 	local bool // on this node: rec is its live figures
 	rec   record
 }
 
-// holders reads every holder's record in the directory dfd but self's.
+// holders reads the record of every holder listed in names but self.
 // A holder whose lock nobody holds is gone.
-func holders(dfd int, self string, node nodeID) ([]holder, error) {
-	d, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open quota dir: %w", err)
-	}
-	f := os.NewFile(uintptr(d), "quota")
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("list quota dir: %w", err)
-	}
+func holders(dfd int, names []string, self string, node nodeID) ([]holder, error) {
 	var hs []holder
 	for _, name := range names {
 		id, ok := strings.CutSuffix(name, liveSuffix)
 		if !ok || !strings.HasPrefix(id, recordPrefix) || id == self {
 			continue
 		}
-		h, ok, err := readHolder(dfd, id, node)
+		h, ok, err := readHolder(dfd, id, versionOf(names, id), node)
 		if err != nil {
 			return nil, err
 		}
@@ -182,9 +241,9 @@ func holders(dfd int, self string, node nodeID) ([]holder, error) {
 	return hs, nil
 }
 
-// readHolder reads holder id and whether it is alive; ok is false when it
-// is gone already.
-func readHolder(dfd int, id string, node nodeID) (holder, bool, error) {
+// readHolder reads holder id, whose last sync is snap, and whether it is
+// alive; ok is false when it is gone already.
+func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, error) {
 	fd, err := unix.Openat(dfd, id+liveSuffix, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		return holder{}, false, nil
@@ -193,7 +252,7 @@ func readHolder(dfd int, id string, node nodeID) (holder, bool, error) {
 		return holder{}, false, fmt.Errorf("open quota record: %w", err)
 	}
 	defer unix.Close(fd)
-	h := holder{id: id}
+	h := holder{id: id, snap: snap}
 	lk := unix.Flock_t{Type: unix.F_WRLCK}
 	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk); err != nil {
 		return holder{}, false, fmt.Errorf("test quota record lock: %w", err)
@@ -208,13 +267,29 @@ func readHolder(dfd int, id string, node nodeID) (holder, bool, error) {
 		h.rec, h.local = rec, true
 		return h, true, nil
 	}
-	b, err := readFileAt(dfd, id, recordSize)
-	if err != nil && err != unix.ENOENT {
+	b, err := snap.read(dfd, recordSize)
+	if err == unix.ENOENT {
+		// Replaced since the listing: by a holder syncing while this
+		// reader holds no lock. Gone, or counted at the next look.
+		return holder{}, false, nil
+	}
+	if err != nil {
 		return holder{}, false, fmt.Errorf("read quota record: %w", err)
 	}
 	// A record being made has no content yet: it holds nothing.
 	h.rec, _, _ = parseRecord(b)
 	return h, true, nil
+}
+
+// remove removes every file of a dead holder.
+func (h holder) remove(dfd int) {
+	h.snap.older = append(h.snap.older, h.snap.n)
+	for _, n := range h.snap.older {
+		if n > 0 {
+			unix.Unlinkat(dfd, h.id+"."+strconv.FormatInt(n, 10), 0)
+		}
+	}
+	unix.Unlinkat(dfd, h.id+liveSuffix, 0)
 }
 
 // lockFD takes (waiting) or drops an OFD write lock on all of fd.

@@ -2,8 +2,10 @@ package quota
 
 import (
 	"context"
+	"errors"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
 )
@@ -81,7 +83,7 @@ func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Re
 			zap.Int64("account_bytes", rep.Account.Bytes), zap.Int64("account_files", rep.Account.Files),
 			zap.Int64("walk_bytes", rep.Walk.Bytes), zap.Int64("walk_files", rep.Walk.Files))
 		return true, nil
-	})
+	}, nil)
 	return rep, err
 }
 
@@ -98,13 +100,35 @@ type State struct {
 // Inspect reads the account kept in the directory dirfd without taking
 // its lock or changing anything.
 func Inspect(dirfd int) (State, error) {
+	return inspect(dirfd, "", localNode(dirfd))
+}
+
+// inspect reads the account as it stands, every holder but self counted.
+// Read without the lock, a file may be replaced between the listing and
+// its reading: then it looks again.
+func inspect(dirfd int, self string, node nodeID) (State, error) {
 	var s State
-	l, ok, err := readLedger(dirfd)
+	var err error
+	for range 3 {
+		if s, err = inspectOnce(dirfd, self, node); !errors.Is(err, unix.ENOENT) {
+			break
+		}
+	}
+	return s, err
+}
+
+func inspectOnce(dirfd int, self string, node nodeID) (State, error) {
+	var s State
+	names, err := listDir(dirfd)
+	if err != nil {
+		return s, err
+	}
+	l, ok, err := readLedger(dirfd, versionOf(names, LedgerFile))
 	if err != nil {
 		return s, err
 	}
 	s.Known, s.Ledger, s.Used = ok, l.usage(), l.usage()
-	hs, err := holders(dirfd, "", localNode(dirfd))
+	hs, err := holders(dirfd, names, self, node)
 	if err != nil {
 		return s, err
 	}
