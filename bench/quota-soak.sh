@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-600}
 QUOTA=${QUOTA:-4GiB}
 SAMPLE=${SAMPLE:-60}
+# RECONCILE is the mount's --reconcile: often, so the soak puts the
+# reconcile beside the stressors many times.
+RECONCILE=${RECONCILE:-30s}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 command -v stress-ng >/dev/null || { echo "stress-ng missing: run scripts/setup" >&2; exit 1; }
 
@@ -32,7 +35,7 @@ SCOPE=soak/agent/s
 printf 'preset: open\nlimits:\n  scope_bytes: %s\n  file_bytes: 2GiB\n' "$QUOTA" >"$work/policy.yaml"
 lf() { "$work/loomfs" --root "$root" --policy "$work/policy.yaml" "$@"; }
 lf tool workspace_list --scope $SCOPE >/dev/null
-"$work/loomfs" --root "$root" --policy "$work/policy.yaml" --log-level warn mount --scope $SCOPE "$mnt" 2>"$work/daemon.log" &
+"$work/loomfs" --root "$root" --policy "$work/policy.yaml" --log-level warn mount --reconcile "$RECONCILE" --scope $SCOPE "$mnt" 2>"$work/daemon.log" &
 daemon_pid=$!
 for _ in $(seq 100); do grep -q '^mounted ' "$work/daemon.log" && break; sleep 0.1; done
 grep -q '^mounted ' "$work/daemon.log" || { cat "$work/daemon.log" >&2; exit 1; }
@@ -41,6 +44,8 @@ rss() { awk '/^VmRSS/ {print $2}' /proc/$daemon_pid/status; }
 fds() { ls /proc/$daemon_pid/fd | wc -l; }
 echo "start: daemon rss $(rss) KiB, $(fds) fds"
 rss0=$(rss) fds0=$(fds)
+fdlist() { for f in /proc/$daemon_pid/fd/*; do readlink "$f" | sed "s|$work|WORK|"; done | sort; }
+fdlist >"$work/fds.start"
 
 mkdir -p "$mnt/stress"
 stress-ng --temp-path "$mnt/stress" --timeout "${DURATION}s" --metrics-brief \
@@ -62,8 +67,11 @@ sed -n '/metrc\|stressor\|bogo\|passed\|failed\|skipped/p' "$work/stress.log" | 
 rm -rf "$mnt/stress"
 sleep 3 # the mount's grant goes back after a second idle
 echo "end: daemon rss $(rss) KiB, $(fds) fds (start $rss0 KiB, $fds0 fds)"
+fdlist >"$work/fds.end"
+echo "fds opened since the start and still open:"; comm -13 "$work/fds.start" "$work/fds.end" | sed 's/^/  /'
+grep -q '^Vm' /proc/$daemon_pid/status && grep -E '^(VmHWM|VmRSS)' /proc/$daemon_pid/status
 check=$(lf --json check --scope $SCOPE)
 echo "$check" | python3 -c 'import json,sys; q=json.load(sys.stdin)["quota"]; print("account", q["account"], "walk", q["walk"], "match", q["match"])'
-echo "reconcile corrections logged: $(grep -c 'quota account corrected' "$work/daemon.log" || true)"
+echo "reconcile corrections logged (every $RECONCILE): $(grep -c 'quota account corrected' "$work/daemon.log" || true)"
 grep 'quota account corrected' "$work/daemon.log" | head -5 || true
 echo "$check" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["quota"]["match"] else 1)'

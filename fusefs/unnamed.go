@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -18,18 +19,19 @@ import (
 // tempfile.TemporaryFile; counting the space at unlink and the writes
 // after it would leave them counted for ever.
 
-// held is what a node's opens keep counted. It is guarded by node.mu.
+// held is what a node's opens keep counted. It is changed under node.mu;
+// the reconcile reads unnamed and elsewhere without it (heldOpen).
 type held struct {
 	opens int // handles open on the node's file in this mount
 	// unnamed is set when the file lost its last name through this mount
 	// while open (unlink, rename over it) or was made by O_TMPFILE: it
 	// stays counted, at the path it had, until the last release.
-	unnamed bool
+	unnamed atomic.Bool
 	rel     string
 	// elsewhere is what was counted by size changes made here after
 	// another door or mount removed the file's name (it counted the file
 	// away as it stood then): taken back at the last release.
-	elsewhere int64
+	elsewhere atomic.Int64
 }
 
 // opened counts an open of the node's file.
@@ -45,28 +47,62 @@ func (n *node) closing(fd int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	h := &n.held
-	if h.opens--; h.opens > 0 || !h.unnamed && h.elsewhere == 0 {
+	if h.opens--; h.opens > 0 || !h.unnamed.Load() && h.elsewhere.Load() == 0 {
 		return
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err == nil && st.Nlink == 0 {
-		if h.unnamed {
+		if h.unnamed.Load() {
 			n.fsys.ws.AdjustAt(h.rel, -st.Size, -1)
 		} else {
-			n.fsys.ws.AdjustAt(h.rel, -h.elsewhere, 0)
+			n.fsys.ws.AdjustAt(h.rel, -h.elsewhere.Load(), 0)
 		}
 	}
-	h.unnamed, h.elsewhere = false, 0
+	h.unnamed.Store(false)
+	h.elsewhere.Store(0)
+}
+
+// heldOpen is what the files open in this mount hold that a walk of the
+// scope can't see: those with no name left, counted until their last
+// release. The reconcile asks it while it holds the account, so it takes
+// no node's lock (a write holding one may be waiting for the account).
+func (f *fsys) heldOpen() policy.Usage {
+	var u policy.Usage
+	seen := map[*node]bool{}
+	f.open.Range(func(k, _ any) bool {
+		n := k.(*handle).node
+		if seen[n] || !n.held.unnamed.Load() && n.held.elsewhere.Load() == 0 {
+			return true
+		}
+		seen[n] = true
+		fd, _, ok := n.dupOpen()
+		if !ok {
+			return true
+		}
+		var st unix.Stat_t
+		err := unix.Fstat(fd, &st)
+		unix.Close(fd)
+		switch {
+		case err != nil || st.Nlink != 0:
+		case n.held.unnamed.Load():
+			u.Bytes += st.Size
+			u.Files++
+		default:
+			u.Bytes += n.held.elsewhere.Load()
+		}
+		return true
+	})
+	return u
 }
 
 // resized notes a size change of delta bytes counted for the node's file,
 // which fstat described as st before it: one made after another door
 // removed the file's name is taken back at the last release. n.mu is held.
 func (n *node) resized(st *unix.Stat_t, rel string, delta int64) {
-	if st.Nlink != 0 || n.held.unnamed || delta == 0 {
+	if st.Nlink != 0 || n.held.unnamed.Load() || delta == 0 {
 		return
 	}
-	n.held.elsewhere += delta
+	n.held.elsewhere.Add(delta)
 	n.held.rel = rel
 }
 
@@ -89,7 +125,8 @@ func (n *node) removing(name string, sx *unix.Statx_t, rel string) (done func(re
 		if !removed || c.held.opens == 0 || sx.Nlink > 1 {
 			return false
 		}
-		c.held.unnamed, c.held.rel = true, rel
+		c.held.unnamed.Store(true)
+		c.held.rel = rel
 		return true
 	}
 }
@@ -158,7 +195,8 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	c.perm.Store(uint32(sx.Mode) & 0o7777)
 	h, fuseFlags := newHandle(c, fd, nil, rel, flags)
 	c.mu.Lock()
-	c.held.unnamed, c.held.rel = true, rel
+	c.held.unnamed.Store(true)
+	c.held.rel = rel
 	c.mu.Unlock()
 	return in, h.fileHandle(), fuseFlags, 0
 }
@@ -174,7 +212,7 @@ func (n *node) linkUnnamed(ctx context.Context, t *node, name string, out *fuse.
 	f := n.fsys
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.held.unnamed || t.held.opens == 0 {
+	if !t.held.unnamed.Load() || t.held.opens == 0 {
 		return nil, false, 0
 	}
 	fd, _, ok := t.dupOpen()
@@ -218,7 +256,8 @@ func (n *node) linkUnnamed(ctx context.Context, t *node, name string, out *fuse.
 		f.ws.ReserveMove(rel, t.held.rel, st.Size, 1)
 		return nil, true, f.failed(ctx, ev, err)
 	}
-	t.held.unnamed, t.held.rel = false, ""
+	t.held.unnamed.Store(false)
+	t.held.rel = ""
 	f.ws.NoteChange(rel, false)
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {

@@ -279,6 +279,17 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 	return nil
 }
 
+// settled reports whether no live holder holds a grant or unfolded
+// changes: each has gone idle and folded what it spent into the ledger.
+func settled(live []holder) bool {
+	for _, h := range live {
+		if h.rec != (record{}) {
+			return false
+		}
+	}
+	return true
+}
+
 // quiet reports whether the live holders' figures are known exactly: none
 // on another node holds a grant or unfolded changes (what it did since its
 // last sync is unknown here). Those on this node are read live.

@@ -32,11 +32,12 @@
 //
 // # Reconcile
 //
-// Account.Reconcile walks the scope under the ledger lock and, when two
-// walks agree with each other and the account has not moved between
-// them, corrects the ledger to what the walk found, logging the
-// correction and its size. Holders on this node are read live, so only
-// an active holder on another node, whose record may lag, holds a
-// correction back. Inspect reads the account without taking or changing
+// Account.Reconcile walks the scope under the ledger lock and, when every
+// holder has gone idle and settled and two walks agree, corrects the
+// ledger to what the walks found, logging the correction and its size: a
+// change is counted before its system call ends, so a scope still
+// changing is never corrected. Recount, for a change the account did not
+// see, needs only that no holder on another node is active (this node's
+// are read live). Inspect reads the account without taking or changing
 // anything (loomfs check).
 package quota

@@ -23,10 +23,10 @@ type Report struct {
 
 // Reconcile compares the account with walks of the scope and corrects
 // the ledger to what they found, logging the correction and its size. It
-// corrects only when nothing moved: no live holder on another node holds a
-// grant or unfolded changes (its record may be behind what it did), this
-// holder made no change, and two walks agree, so a change in flight is
-// never taken for drift. A dead holder found is folded in first.
+// corrects only when nothing moves: every holder, this one too, has gone
+// Options.Idle without a change and settled, and two walks agree, so a
+// change in flight is never taken for drift. A dead holder found is
+// folded in first.
 func (a *Account) Reconcile(ctx context.Context, log *zap.Logger) (Report, error) {
 	return a.reconcile(ctx, log, 2)
 }
@@ -60,8 +60,18 @@ func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Re
 			return u
 		}
 		rep.Account = account()
-		rep.Busy = !quiet(live)
-		for i := 0; i < walks; i++ {
+		if walks == 1 {
+			// A recount: the caller knows the scope changed; holders on
+			// this node are read live.
+			rep.Busy = !quiet(live)
+		} else {
+			// A change is checked, then made, then counted: one whose
+			// system call is still running (a fallocate of a large
+			// file) is counted and not yet seen by a walk. So every
+			// holder must have gone idle and settled, this one too.
+			rep.Busy = a.timer != nil || !settled(live)
+		}
+		for i := 0; i < walks && !rep.Busy; i++ {
 			// a.mu is held, so this holder changes nothing meanwhile.
 			w, err := a.opts.Walk(ctx)
 			if err != nil {

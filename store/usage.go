@@ -21,6 +21,52 @@ const QuotaDir = "quota"
 type scopeQuota struct {
 	mu   sync.Mutex
 	acct *quota.Account
+
+	heldMu sync.Mutex
+	held   map[*heldFunc]struct{}
+}
+
+type heldFunc struct{ fn func() policy.Usage }
+
+// CountHeld adds fn to what a count of the scope finds: what this process
+// holds that a walk can't see (a projection's files removed, or never
+// named, while still open; they stay counted until their last close). fn
+// must not wait for a change in progress: it runs while the account is
+// held. The returned func removes it.
+func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
+	q := w.quota
+	if q == nil {
+		return func() {}
+	}
+	h := &heldFunc{fn}
+	q.heldMu.Lock()
+	if q.held == nil {
+		q.held = map[*heldFunc]struct{}{}
+	}
+	q.held[h] = struct{}{}
+	q.heldMu.Unlock()
+	return func() {
+		q.heldMu.Lock()
+		delete(q.held, h)
+		q.heldMu.Unlock()
+	}
+}
+
+// heldUsage sums what CountHeld was given.
+func (w *Workspace) heldUsage() policy.Usage {
+	var u policy.Usage
+	q := w.quota
+	if q == nil {
+		return u
+	}
+	q.heldMu.Lock()
+	defer q.heldMu.Unlock()
+	for h := range q.held {
+		v := h.fn()
+		u.Bytes += v.Bytes
+		u.Files += v.Files
+	}
+	return u
 }
 
 var errNoAccount = errors.New("this view of the scope counts no quota")
@@ -61,10 +107,11 @@ func (w *Workspace) closeAccount() {
 	}
 }
 
-// countScope walks the scope: files and directories, and the apparent
-// size of regular files and links.
+// countScope counts the scope: a walk (files and directories, and the
+// apparent size of regular files and links) and what this process holds
+// open that the walk can't see (CountHeld).
 func (w *Workspace) countScope(ctx context.Context) (policy.Usage, error) {
-	var u policy.Usage
+	u := w.heldUsage()
 	err := w.Walk(ctx, ".", func(rel string, info Info) error {
 		u.Files++
 		if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
@@ -86,7 +133,8 @@ func (w *Workspace) Usage(ctx context.Context) (policy.Usage, error) {
 	return a.Usage(ctx)
 }
 
-// CountUsage walks the scope now, for comparing with Usage.
+// CountUsage counts the scope now (a walk, and what this process holds
+// open that the walk can't see), for comparing with Usage.
 func (w *Workspace) CountUsage(ctx context.Context) (policy.Usage, error) {
 	return w.countScope(ctx)
 }
