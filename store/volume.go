@@ -169,8 +169,9 @@ func (v *Volume) stateDir(s Scope) (int, error) {
 	return mkdirAll(int(v.root.Fd()), LocksDir+"/"+s.Hash())
 }
 
-// Open opens scope s with policy pol, creating its directory on demand.
-// The returned Workspace pins the scope directory by fd.
+// Open opens scope s with policy pol, creating its directory on demand,
+// and the directories of the policy's layout that are missing
+// (LayoutMade). The returned Workspace pins the scope directory by fd.
 func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Workspace, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -210,6 +211,10 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 			w.Close()
 			return nil, err
 		}
+	}
+	if err := w.makeLayout(); err != nil {
+		w.Close()
+		return nil, err
 	}
 	return w, nil
 }

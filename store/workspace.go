@@ -34,6 +34,8 @@ type Workspace struct {
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
 	calls   callLog  // call records (calls.go)
+
+	layoutMade []string // layout directories Open made (layout.go)
 }
 
 // Scope returns the workspace's scope.
