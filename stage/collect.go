@@ -53,7 +53,9 @@ type Sink interface {
 // Collect reads the subtree from (cleaned; "" or "." is the whole scope)
 // into sink, whatever its mode says (write-only output/ and hidden .meta/
 // included), with the checks and caps of artifacts. Every file handed to
-// the sink is audited before it is.
+// the sink is audited before it is. A from that can't be collected at all
+// answers nil and the error; otherwise the collection says what was done,
+// with the error that stopped it, if any.
 func (p *Platform) Collect(ctx context.Context, from string, sink Sink) (*Collection, error) {
 	ws := p.WS
 	if from == "" {
@@ -63,12 +65,12 @@ func (p *Platform) Collect(ctx context.Context, from string, sink Sink) (*Collec
 	if err != nil {
 		return nil, err
 	}
-	c := &Collection{From: rel, Collected: []Collected{}, Refused: []Refused{}}
 	pf := ws.Platform()
 	info, err := pf.Lstat(rel)
 	if err != nil {
-		return c, err
+		return nil, err
 	}
+	c := &Collection{From: rel, Collected: []Collected{}, Refused: []Refused{}}
 	start := time.Now()
 	col := &collector{p: p, pf: pf, sink: sink, c: c}
 	if info.Kind == policy.KindDir && !info.OtherMount {

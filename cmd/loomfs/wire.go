@@ -14,6 +14,7 @@ import (
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/stage"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -44,6 +45,11 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		done()
 		return nil, auditUnavailable(err)
 	}
+	if err := recordLayout(ctx, log, ws); err != nil {
+		log.Close()
+		done()
+		return nil, err
+	}
 	cmds := &lazyCommands{g: g, log: log}
 	s := &session{
 		ws:  ws,
@@ -64,6 +70,12 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		done()
 	}
 	return s, nil
+}
+
+// recordLayout audits, as the platform's, the layout directories opening
+// ws made, before any door serves it.
+func recordLayout(ctx context.Context, log audit.Sink, ws *store.Workspace) error {
+	return (&stage.Platform{WS: ws, Audit: log, Actor: actorOf(ws.Scope())}).RecordLayout(ctx)
 }
 
 // lazyCommands connects to the Docker engine on the first command only, so
