@@ -162,9 +162,6 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	}
 	defer auditLog.Close()
 	opts.Audit = auditLog
-	if err := recordLayout(ctx, auditLog, ws); err != nil {
-		return fail("%v", err)
-	}
 
 	if recovered, err := fusefs.RecoverStale(mountpoint); err != nil {
 		return fail("%v", err)

@@ -149,8 +149,8 @@ With "-" the result goes to stderr (as JSON with --json).
 	return cmd
 }
 
-// platformOp opens the scope and its audit log, records the layout its
-// opening made, and runs f with the platform's door. f returns how many
+// platformOp opens the scope and its audit log and runs f with the
+// platform's door. f returns how many
 // objects were refused (exit 1 when any) and what stopped it.
 func (g *globals) platformOp(cmd *cobra.Command, scope, actor string, f func(context.Context, *stage.Platform) (int, error)) error {
 	ctx := cmd.Context()
@@ -177,9 +177,6 @@ func (g *globals) platformOp(cmd *cobra.Command, scope, actor string, f func(con
 	a := actorOf(ws.Scope())
 	a.Operator = actor
 	p := &stage.Platform{WS: ws, Audit: log, Actor: a}
-	if err := recordLayout(ctx, log, ws); err != nil {
-		return refuse(cmd, g, err)
-	}
 	refused, err := f(ctx, p)
 	if err != nil {
 		if g.json {

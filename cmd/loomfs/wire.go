@@ -45,11 +45,6 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		done()
 		return nil, auditUnavailable(err)
 	}
-	if err := recordLayout(ctx, log, ws); err != nil {
-		log.Close()
-		done()
-		return nil, err
-	}
 	cmds := &lazyCommands{g: g, log: log}
 	s := &session{
 		ws:  ws,
@@ -73,8 +68,16 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 }
 
 // recordLayout audits, as the platform's, the layout directories opening
-// ws made, before any door serves it.
-func recordLayout(ctx context.Context, log audit.Sink, ws *store.Workspace) error {
+// ws made (none once the scope has them), before any door serves it.
+func recordLayout(ctx context.Context, ws *store.Workspace) error {
+	if len(ws.LayoutMade()) == 0 {
+		return nil
+	}
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return auditUnavailable(err)
+	}
+	defer log.Close()
 	return (&stage.Platform{WS: ws, Audit: log, Actor: actorOf(ws.Scope())}).RecordLayout(ctx)
 }
 
