@@ -47,7 +47,7 @@ type env struct {
 	audit *memSink
 }
 
-func newEnv(t *testing.T, adjust func(*policy.Policy)) *env {
+func newEnv(t testing.TB, adjust func(*policy.Policy)) *env {
 	t.Helper()
 	ctx := context.Background()
 	root := t.TempDir()

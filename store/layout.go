@@ -37,13 +37,18 @@ func (w *Workspace) makeLayout() error {
 // something other than a directory is there, so nothing beneath it is
 // made.
 func (w *Workspace) layoutDir(rel string) (made string, stop bool, err error) {
-	parent, name, err := w.Parent(rel)
-	if err != nil {
-		return "", true, nil // a parent that is not a plain directory
+	pfd, name := w.DirFD(), rel
+	if dir, base := policy.Split(rel); dir != "." {
+		parent, _, err := w.Parent(rel)
+		if err != nil {
+			return "", true, nil // a parent that is not a plain directory
+		}
+		defer parent.Close()
+		pfd, name = int(parent.Fd()), base
 	}
-	defer parent.Close()
-	pfd := int(parent.Fd())
-	if st, _, err := lstatAt(pfd, name); err == nil {
+	// Most opens find every directory there: one fstatat each.
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		return "", st.Mode&unix.S_IFMT != unix.S_IFDIR, nil
 	}
 	if err := w.ReadyToChange(); err != nil {

@@ -151,3 +151,28 @@ func TestPlaceFile(t *testing.T) {
 	}
 	_ = store.WriteResult{}
 }
+
+// BenchmarkOpen is what opening a scope costs with no layout (open) and
+// with the standard preset's, already made: six lstats more.
+func BenchmarkOpen(b *testing.B) {
+	std, _ := policy.Preset("standard")
+	for _, c := range []struct {
+		name string
+		pol  *policy.Policy
+	}{{"open", policy.Default()}, {"standard", std}} {
+		b.Run(c.name, func(b *testing.B) {
+			vol, err := store.OpenVolume(context.Background(), store.Config{Root: b.TempDir()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer vol.Close()
+			for b.Loop() {
+				ws, err := vol.Open(context.Background(), mainScope, c.pol)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ws.Close()
+			}
+		})
+	}
+}
