@@ -38,7 +38,7 @@ func newStageCmd(g *globals) *cobra.Command {
 		Use:   "stage --scope S [--into PREFIX] [--actor NAME] SRC...",
 		Short: "Copy the platform's inputs into a scope, read-only and hidden subtrees included",
 		Long: `Copy each SRC into the subtree PREFIX of the scope (default: its root),
-holding the scope lock: a file becomes PREFIX/<its name>, a directory's
+holding the scope lock (it waits while a command or a write holds it): a file becomes PREFIX/<its name>, a directory's
 contents go into PREFIX, and "-" reads a tar stream from stdin (its symbolic
 links become emulated links where the policy emulates them). Each file is
 placed atomically: a refused or failed one leaves nothing. Missing
