@@ -189,3 +189,32 @@ func TestStagePastQuotaCLI(t *testing.T) {
 		}
 	}
 }
+
+// TestNodesStage: what the platform stages through node A the agent reads
+// through node B, and what the agent writes on B the platform collects on
+// A: the door works on any node that mounts the volume.
+func TestNodesStage(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(pol, []byte("preset: standard\n"), 0o600)
+	const scope = "acme/coder/staged"
+	in := filepath.Join(t.TempDir(), "in.txt")
+	os.WriteFile(in, []byte("input\n"), 0o600)
+	if r := a.run("--policy", pol, "stage", "--scope", scope, "--into", "data", "--actor", "scheduler", in); r.code != 0 {
+		t.Fatalf("stage on node A: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	read := b.run("--policy", pol, "tool", "workspace_read", "--scope", scope, "--input", `{"path":"data/in.txt"}`)
+	if !strings.Contains(string(read.stdout), `"content":"input\n"`) {
+		t.Fatalf("read on node B: %s %s", read.stdout, read.stderr)
+	}
+	if r := b.run("--policy", pol, "tool", "workspace_write", "--scope", scope, "--input", `{"path":"output/out.txt","content":"done\n"}`); r.code != 0 {
+		t.Fatalf("write on node B: %s %s", r.stdout, r.stderr)
+	}
+	dest := filepath.Join(t.TempDir(), "results")
+	if r := a.run("--policy", pol, "collect", "--scope", scope, "--from", "output", "--actor", "scheduler", dest); r.code != 0 {
+		t.Fatalf("collect on node A: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if got, err := os.ReadFile(filepath.Join(dest, "out.txt")); err != nil || string(got) != "done\n" {
+		t.Errorf("collected %q %v", got, err)
+	}
+}
