@@ -37,8 +37,9 @@ read again.
 --timeout is the call's budget, from opening the volume to the answer: when
 it runs out the call answers timeout (unknown_outcome for a change that may
 yet complete), even when a system call on the volume waits in the kernel
-(a hung NFS server, a dead CephFS client's capabilities); the process then
-exits without waiting for it. 0, the default, bounds only the wait for the
+(a hung NFS server, a dead CephFS client's capabilities). The answer is
+printed then; the process exits once the kernel returns that system call,
+which nothing can interrupt. 0, the default, bounds only the wait for the
 scope lock (30 s), which is bounded the same way.
 
 Run "loomfs tools" for every tool's name, description and input schema.`,
@@ -80,13 +81,14 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 				return printToolError(cmd, err)
 			}
 			res, err := tb.Call(ctx, name, callID, raw)
-			// A call answered at its budget may still be in a system call
-			// on the workspace's files: they are left to the process's
-			// exit, never closed under it.
-			if ctx.Err() == nil {
+			// The answer goes out first: a system call that outlived its
+			// budget still uses the workspace's fds, so closing them
+			// waits until the kernel returns it (as the process's exit
+			// would anyway).
+			defer func() {
 				tb.Wait()
 				done()
-			}
+			}()
 			if err != nil {
 				return printToolError(cmd, err)
 			}
