@@ -8,6 +8,14 @@
 // it asks the policy package about every object it opens; it decides no
 // rule itself.
 //
+// # Budgets
+//
+// OpenVolume, Volume.Open and Workspace.Lock answer timeout when their
+// context is done, even while a system call of theirs waits in the kernel
+// (a CephFS client that died holding what the call needs): the call keeps
+// its goroutine (package budget), what it takes afterwards is given back,
+// and Close waits for it before closing the fds it uses.
+//
 // # Call records
 //
 // BeginCall and FinishCall keep the outcome of a tool call for replay
