@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
@@ -40,9 +41,15 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 	if err != nil {
 		return nil, err
 	}
-	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// The audit directory is on the volume: its storage may not answer.
+	log, err := budget.Run(ctx, func() (*audit.Log, error) {
+		return audit.Open(ws.Volume().Path(), audit.Options{})
+	}, func(l *audit.Log) { l.Close() })
 	if err != nil {
 		done()
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "the audit log's storage did not answer within the call's budget; retry later")
+		}
 		return nil, auditUnavailable(err)
 	}
 	cmds := &lazyCommands{g: g, log: log}
