@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/syslog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -163,4 +164,21 @@ func ReadAnchors(r io.Reader) ([]Anchor, error) {
 		return nil, errors.New("no anchor in the file")
 	}
 	return out, nil
+}
+
+// SendSyslog sends an anchor line to the syslog daemon listening on the
+// unix socket sock (datagram, or stream if that is what it takes).
+func SendSyslog(sock string, line []byte) error {
+	w, err := syslog.Dial("unixgram", sock, syslog.LOG_AUTH|syslog.LOG_INFO, "loomfs-audit")
+	if err != nil {
+		w, err = syslog.Dial("unix", sock, syslog.LOG_AUTH|syslog.LOG_INFO, "loomfs-audit")
+	}
+	if err != nil {
+		return fmt.Errorf("syslog: %w", err)
+	}
+	defer w.Close()
+	if err := w.Info("anchor " + string(bytes.TrimSuffix(line, []byte("\n")))); err != nil {
+		return fmt.Errorf("syslog: %w", err)
+	}
+	return nil
 }

@@ -210,41 +210,22 @@ func (l *Log) openCurrent() error {
 			l.f, l.ws, l.fileN, l.fileDay, l.size = f, f, 1, day, 0
 			return nil
 		}
+		if fi, err := os.Stat(filepath.Join(l.dir, curName)); err == nil && fi.Size() == 0 && cur.n > 1 {
+			// A rotation made it and may still be under way: start from the
+			// file before, whose lock the rotating writer holds until its
+			// checkpoint names this one, and follow that checkpoint.
+			if beforeName == "" || before.n != cur.n-1 {
+				return fmt.Errorf("audit chain of node %s: file %d is missing, the chain can't be continued", l.node, cur.n-1)
+			}
+			cur, curName = before, beforeName
+		}
 		f, err := os.OpenFile(filepath.Join(l.dir, curName), os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
 			return fmt.Errorf("open audit chain: %w", err)
 		}
 		l.f, l.ws, l.fileN, l.fileDay = f, f, cur.n, cur.day.Format(dayLayout)
-		if fi, err := f.Stat(); err == nil && fi.Size() == 0 && cur.n > 1 {
-			// Just rotated: the chain goes on from the previous file.
-			if beforeName == "" || before.n != cur.n-1 {
-				return fmt.Errorf("audit chain of node %s: file %d is missing, the chain can't be continued", l.node, cur.n-1)
-			}
-			if err := l.readHead(filepath.Join(l.dir, beforeName)); err != nil {
-				return err
-			}
-			l.size = 0
-		}
 		return nil
 	}
-}
-
-// readHead takes the chain's state from the last line of file name.
-func (l *Log) readHead(name string) error {
-	f, err := os.Open(name)
-	if err != nil {
-		return fmt.Errorf("audit chain: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("audit chain: %w", err)
-	}
-	line, _, err := lastLine(f, fi.Size())
-	if err != nil {
-		return err
-	}
-	return l.setHead(line)
 }
 
 func (l *Log) setHead(line []byte) error {

@@ -26,11 +26,24 @@ import (
 const (
 	childRootEnv  = "LOOMFS_AUDIT_TEST_CHILD_ROOT"
 	childCountEnv = "LOOMFS_AUDIT_TEST_CHILD_COUNT"
+	childHangEnv  = "LOOMFS_AUDIT_TEST_CHILD_HANG" // write, say "ready", wait to be killed
 )
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childRootEnv); root != "" {
 		n, _ := strconv.Atoi(os.Getenv(childCountEnv))
+		if os.Getenv(childHangEnv) != "" {
+			l, err := Open(root, Options{Node: "shared-node"})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			for range n {
+				l.Record(context.Background(), sampleEvent())
+			}
+			fmt.Println("ready")
+			time.Sleep(time.Hour)
+		}
 		if err := writeRecords(root, "shared-node", n); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -297,7 +310,7 @@ func TestConcurrentGoroutines(t *testing.T) {
 // once, in one chain, and each writer is registered and closed.
 func TestTwoProcessesOneRoot(t *testing.T) {
 	root := t.TempDir()
-	const each = 400
+	const each = 1500
 	var children []*exec.Cmd
 	for range 2 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")

@@ -435,7 +435,7 @@ func (v *nodeCheck) crossCheck(last uint64) {
 		for _, ref := range v.want[seq] {
 			if seq > last && v.chain != nil {
 				p := ref.where
-				p.Message = fmt.Sprintf("the chain ends at seq %d but %s records its record %d: records were cut from the end of the chain", last, p.Message, seq)
+				p.Message = fmt.Sprintf("the chain ends at seq %d but %s records its record %d: records were cut from the end of the chain, or the chain was rewritten shorter", last, p.Message, seq)
 				v.rep.problem(p)
 			}
 		}
