@@ -66,8 +66,8 @@ func editLines(t *testing.T, name string, fn func([][]byte) [][]byte) {
 func TestVerify(t *testing.T) {
 	const events = 60
 	for _, tc := range []struct {
-		name   string
-		tamper func(t *testing.T, files []string)
+		name    string
+		tamper  func(t *testing.T, files []string)
 		ok      bool
 		warn    bool
 		crashed bool   // a writer ended without closing
