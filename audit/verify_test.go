@@ -3,6 +3,7 @@ package audit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -287,5 +288,38 @@ func TestVerifyLegacy(t *testing.T) {
 	editLines(t, files[0], func(l [][]byte) [][]byte { return l[1:] })
 	if rep, _ := Verify(Dir(root)); rep.OK() {
 		t.Error("a record dropped from a legacy chain went unseen")
+	}
+}
+
+// The fast reading of a record's chain fields agrees with encoding/json
+// on every kind of line a writer makes, and gives up on any other.
+func TestParseFast(t *testing.T) {
+	_, files := rotatedLog(t, 20)
+	lines := append(readLines(t, files[0]), readLines(t, files[len(files)-1])...)
+	legacy, _ := filepath.Glob("testdata/legacy/*.jsonl")
+	slices.Sort(legacy)
+	lines = append(lines, readLines(t, legacy[0])...)
+	lines = append(lines, readLines(t, legacy[len(legacy)-1])...)
+	for _, l := range lines {
+		var fast, slow verifyFields
+		if !fast.parseFast([]byte(l + "\n")) {
+			t.Errorf("fast path refused a writer's line %s", l)
+			continue
+		}
+		if err := json.Unmarshal([]byte(l), &slow); err != nil || fast != slow {
+			t.Errorf("line %s:\nfast %+v\njson %+v", l, fast, slow)
+		}
+	}
+	for _, l := range []string{
+		`[{"time":"x","node":"n","pid":1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n\"q","pid":1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":1,"seq":1,"kind":"event","prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":-1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":1,"kind":"checkpoint","seq":1,"prev":"","count":1,"head":"","reason":"rotate"}garbage` + "\n",
+	} {
+		var r verifyFields
+		if r.parseFast([]byte(l)) {
+			t.Errorf("fast path took %q", l)
+		}
 	}
 }
