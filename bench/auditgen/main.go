@@ -54,8 +54,8 @@ func main() {
 					Actor:  audit.Actor{Space: "acme", Agent: fmt.Sprintf("agent%d", s%20), Session: fmt.Sprintf("s%d", s), Run: "run-1"},
 					Scope:  fmt.Sprintf("%016x", s),
 					Source: audit.SourceFUSE, Op: ops[r.IntN(len(ops))],
-					Path:   fmt.Sprintf("src/pkg%d/file%d.go", r.IntN(50), r.IntN(1000)),
-					Bytes:  int64(r.IntN(1 << 16)), Result: "ok", Duration: time.Duration(r.IntN(1e6)),
+					Path:  fmt.Sprintf("src/pkg%d/file%d.go", r.IntN(50), r.IntN(1000)),
+					Bytes: int64(r.IntN(1 << 16)), Result: "ok", Duration: time.Duration(r.IntN(1e6)),
 				}
 				if err := l.Record(context.Background(), e); err != nil {
 					fmt.Fprintln(os.Stderr, "auditgen:", err)
