@@ -84,6 +84,10 @@ type Log struct {
 	lastSeq  uint64 // its last record
 	lastHash string
 	lastSeal time.Time
+	held     bool            // the chain lock is kept through a burst of records
+	heldAt   time.Time       // when it was taken
+	lastRec  time.Time       // when this writer last recorded
+	release  *time.Timer     // lets the lock go once the burst is over
 	fields   []zapcore.Field // reused per record, under mu
 	actor    actorFields     // reused per record, under mu
 	lastErr  error           // last failure; nil after a success
@@ -275,6 +279,66 @@ func (l *Log) lockChain() error {
 
 func (l *Log) unlockChain() { unlockRange(l.f, 0, 0) }
 
+// A writer that records in bursts (a mount serving a build) keeps the
+// chain lock from one record to the next while the burst lasts, which
+// saves the lock, fstat and unlock of each record; other writers of the
+// node wait at most holdMax for it. A writer recording now and then
+// takes and releases the lock for each record.
+const (
+	holdGap = 500 * time.Microsecond // records this close together are a burst
+	holdMax = 5 * time.Millisecond   // the longest the lock is kept at a stretch
+)
+
+// acquire takes the chain lock unless this writer still holds it.
+func (l *Log) acquire() error {
+	if l.held {
+		return nil
+	}
+	return l.lockChain()
+}
+
+// keep decides, after a record, whether to keep the chain lock.
+func (l *Log) keep() {
+	now := time.Now()
+	burst := now.Sub(l.lastRec) < holdGap
+	l.lastRec = now
+	switch {
+	case l.held && now.Sub(l.heldAt) < holdMax:
+	case burst && !l.held && l.broken == nil:
+		l.held, l.heldAt = true, now
+		if l.release == nil {
+			l.release = time.AfterFunc(holdGap, l.expire)
+		} else {
+			l.release.Reset(holdGap)
+		}
+	default:
+		l.letGo()
+	}
+}
+
+// expire lets the lock go once no record came for holdGap, or it was
+// kept holdMax.
+func (l *Log) expire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.held {
+		return
+	}
+	now := time.Now()
+	if idle := now.Sub(l.lastRec); idle < holdGap && now.Sub(l.heldAt) < holdMax {
+		l.release.Reset(holdGap - idle)
+		return
+	}
+	l.letGo()
+}
+
+func (l *Log) letGo() {
+	l.held = false
+	if l.f != nil {
+		l.unlockChain()
+	}
+}
+
 // refresh rereads the chain's last line if the file changed since this
 // writer last wrote it.
 func (l *Log) refresh() error {
@@ -312,10 +376,10 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 	if err := l.usable(); err != nil {
 		return err
 	}
-	if err := l.lockChain(); err != nil {
+	if err := l.acquire(); err != nil {
 		return l.fail(err)
 	}
-	defer l.unlockChain()
+	defer l.keep()
 	now := l.opts.Clock().UTC()
 	buf, err := l.encodeEvent(now, &e)
 	if err != nil {
@@ -357,9 +421,14 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
+	if l.release != nil {
+		l.release.Stop()
+	}
 	err := l.broken
 	if err == nil {
 		err = l.closeEntry()
+	} else {
+		l.letGo()
 	}
 	if cerr := l.closeFiles(); err == nil {
 		err = cerr
@@ -371,10 +440,10 @@ func (l *Log) Close() error {
 }
 
 func (l *Log) closeEntry() error {
-	if err := l.lockChain(); err != nil {
+	if err := l.acquire(); err != nil {
 		return err
 	}
-	defer l.unlockChain()
+	defer l.letGo()
 	now := l.opts.Clock().UTC()
 	if err := l.f.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", l.f.Name(), err)

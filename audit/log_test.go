@@ -531,6 +531,21 @@ func BenchmarkRecord(b *testing.B) {
 			}
 		})
 	}
+	// Two writers of one node taking turns: each append finds the other's
+	// record at the end of the chain and reads it to continue the chain.
+	b.Run("two-writers", func(b *testing.B) {
+		root := b.TempDir()
+		logs := []*Log{openLog(b, root, Options{Node: "bench"}), openLog(b, root, Options{Node: "bench"})}
+		e := sampleEvent()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if err := logs[i%2].Record(context.Background(), e); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
 	b.Run("parallel", func(b *testing.B) {
 		l := openLog(b, b.TempDir(), Options{Node: "bench"})
 		e := sampleEvent()
