@@ -347,3 +347,8 @@ func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
 	}
 	return nil
 }
+
+// by says a change is this projection's, made for its command's call.
+func (f *fsys) by(op string) store.Change {
+	return store.Change{Op: op, Source: store.SourceProjection, Call: f.opts.CallID}
+}

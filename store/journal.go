@@ -2,8 +2,10 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +34,18 @@ import (
 //	         may go on changing until a matching x line
 //	x PATH   an open for writing ended; PATH is where its file is now
 //	end      the writer closed the file cleanly; nothing follows
+//
+// A c, t, o or x line may go on, after a tab, with a JSON object saying
+// what the change was, for the change feed (package changes): op
+// (create, write, delete, rename, mkdir, setattr, symlink, tree), src
+// (tool or projection), call (the tool call's or the command's call id),
+// ts (Unix time in milliseconds), and for a rename, on the line of the
+// old path, to (the new path) and, on the line of the new path, from (the
+// old). Every field may be missing (a line of an older writer has none);
+// a reader that only wants paths ignores the tab and what follows, and a
+// path on a line never holds a tab (AppendPathLine quotes it). The node
+// and process that wrote a line are in its file's name
+// (NODE.PID.RANDOM.log).
 //
 // The writes of an open are not noted one by one (a line per write(2)
 // would cost a system call each), nor when the file is closed: the
@@ -77,6 +92,53 @@ type journal struct {
 // Open is an open for writing that NoteOpen put in the change journal.
 type Open struct {
 	path func() string
+	by   Change
+}
+
+// Change says what a change was and who made it, as a journal line
+// carries it for the change feed. The zero Change says nothing beyond the
+// path.
+type Change struct {
+	Op     string `json:"op,omitempty"`
+	To     string `json:"to,omitempty"`
+	From   string `json:"from,omitempty"`
+	Source string `json:"src,omitempty"`
+	Call   string `json:"call,omitempty"`
+	// Time is set when the line is written: Unix milliseconds.
+	Time int64 `json:"ts,omitempty"`
+}
+
+// Change ops, as the journal and the change feed name them.
+const (
+	OpCreate  = "create"
+	OpWrite   = "write"
+	OpDelete  = "delete"
+	OpRename  = "rename"
+	OpMkdir   = "mkdir"
+	OpSetattr = "setattr"
+	OpSymlink = "symlink"
+	OpTree    = "tree"
+)
+
+// Sources of a change.
+const (
+	SourceTool       = "tool"
+	SourceProjection = "projection"
+)
+
+type changeKey struct{}
+
+// WithChange returns ctx carrying who makes the changes done under it
+// (source and call id), for the journal lines of the store's own writes.
+func WithChange(ctx context.Context, c Change) context.Context {
+	return context.WithValue(ctx, changeKey{}, c)
+}
+
+// changeBy is who ctx says makes a change, with op.
+func changeBy(ctx context.Context, op string) Change {
+	c, _ := ctx.Value(changeKey{}).(Change)
+	c.Op = op
+	return c
 }
 
 // ReadyToChange makes sure the change journal can take the line of a
@@ -106,11 +168,16 @@ func (w *Workspace) ReadyToChange() error {
 // the next snapshot walk the scope instead of trusting the journal, so a
 // failure here loses nothing and is not returned.
 func (w *Workspace) NoteChange(rel string, subtree bool) {
+	w.NoteChangeBy(rel, subtree, Change{})
+}
+
+// NoteChangeBy is NoteChange saying what the change was and who made it.
+func (w *Workspace) NoteChangeBy(rel string, subtree bool, c Change) {
 	kind := byte('c')
 	if subtree {
 		kind = 't'
 	}
-	w.note(kind, rel, nil)
+	w.note(kind, rel, nil, c)
 }
 
 // NoteOpen records that a file was opened for writing, after the open
@@ -118,8 +185,16 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 // path reports where the file is now: it may be renamed while open.
 // Every write through the open is covered until NoteClose.
 func (w *Workspace) NoteOpen(path func() string) *Open {
-	o := &Open{path: path}
-	w.note('o', path(), o)
+	return w.NoteOpenBy(path, Change{})
+}
+
+// NoteOpenBy is NoteOpen saying what the open did (c.Op: create or
+// write) and who writes; the line of its end says write.
+func (w *Workspace) NoteOpenBy(path func() string, c Change) *Open {
+	end := c
+	end.Op = OpWrite
+	o := &Open{path: path, by: end}
+	w.note('o', path(), o, c)
 	return o
 }
 
@@ -136,11 +211,11 @@ func (w *Workspace) NoteClose(o *Open) {
 		return
 	}
 	delete(j.opens, o)
-	j.write(w, 'x', o.path())
+	j.write(w, 'x', o.path(), o.by)
 }
 
 // note writes a line of kind for rel and, for an o line, remembers open.
-func (w *Workspace) note(kind byte, rel string, open *Open) {
+func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	j := w.journal
 	if j == nil {
 		return
@@ -150,7 +225,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open) {
 	if j.closed {
 		return
 	}
-	j.write(w, kind, rel)
+	j.write(w, kind, rel, c)
 	if open != nil {
 		if j.opens == nil {
 			j.opens = map[*Open]struct{}{}
@@ -161,7 +236,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open) {
 
 // write appends one line, starting a new file first if there is none (a
 // failed write abandoned the last) or the current one is full.
-func (j *journal) write(w *Workspace, kind byte, rel string) {
+func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 	if j.f == nil {
 		if err := j.open(w); err != nil {
 			return
@@ -174,15 +249,20 @@ func (j *journal) write(w *Workspace, kind byte, rel string) {
 			j.f = old
 		}
 	}
-	j.append(kind, rel)
+	j.append(kind, rel, c)
 }
 
 // append writes one line to the current file. A failed write abandons the
 // file, unlocked and unfinished: readers take it as the trace of a writer
 // that may have missed a line.
-func (j *journal) append(kind byte, rel string) bool {
+func (j *journal) append(kind byte, rel string, c Change) bool {
 	b := append(j.buf[:0], kind, ' ')
 	b = AppendPathLine(b, rel)
+	c.Time = time.Now().UnixMilli()
+	if meta, err := json.Marshal(c); err == nil {
+		b = append(b, '\t')
+		b = append(b, meta...)
+	}
 	b = append(b, '\n')
 	j.buf = b
 	n, err := unix.Write(int(j.f.Fd()), b)
@@ -229,7 +309,7 @@ func (j *journal) open(w *Workspace) error {
 	// The opens still going carry over, so a reader of this file alone
 	// looks at them until they end.
 	for o := range j.opens {
-		if !j.append('o', o.path()) {
+		if !j.append('o', o.path(), o.by) {
 			return fmt.Errorf("journal %s: write failed", name)
 		}
 	}
@@ -300,6 +380,12 @@ func ParsePathLine(s string) (string, error) {
 type JournalChange struct {
 	Path    string
 	Subtree bool
+	// Kind is the line's letter: c, t, o or x.
+	Kind byte
+	// Change is what the line says of the change beyond its path.
+	Change
+	// End is the offset just past the line in its file.
+	End int64
 }
 
 // JournalFile is what a reader found in one journal file past an offset.
@@ -308,7 +394,11 @@ type JournalFile struct {
 	// Size is the offset to read from next time: after the last
 	// complete line read, or, in a live file, at the first o line whose
 	// open has not ended yet.
-	Size    int64
+	Size int64
+	// End is the offset after the last complete line read (a reader
+	// that wants each line once, not every open still going, reads on
+	// from it).
+	End     int64
 	Changes []JournalChange
 	Ended   bool // the writer closed it cleanly
 	Live    bool // a writer holds it
@@ -417,7 +507,7 @@ func journalNames(dfd int) ([]string, error) {
 // asked before reading, so a writer that ends it meanwhile is seen as
 // alive (and its end line, if read, as ended): never the reverse.
 func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalFile, error) {
-	jf := JournalFile{Name: name, Size: offset}
+	jf := JournalFile{Name: name, Size: offset, End: offset}
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		// Removed between listing and opening: only a reader removes
@@ -451,6 +541,7 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 	end := bytes.LastIndexByte(buf, '\n') + 1
 	buf = buf[:end]
 	jf.Size = offset + int64(end)
+	jf.End = jf.Size
 	// open counts the opens going at pos; held is where the first of
 	// them was noted. The offset a reader is given is always one with
 	// none going.
@@ -469,11 +560,17 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 		if !ok || len(kind) != 1 || !strings.Contains("ctox", kind) {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
+		p, meta, _ := strings.Cut(p, "\t")
 		if p, err = ParsePathLine(p); err != nil {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		if changes {
-			jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
+			c := JournalChange{Path: p, Subtree: kind == "t", Kind: kind[0], End: pos}
+			if meta != "" {
+				// A line whose detail can't be read still names its path.
+				json.Unmarshal([]byte(meta), &c.Change)
+			}
+			jf.Changes = append(jf.Changes, c)
 		}
 		switch kind {
 		case "o":
@@ -550,4 +647,15 @@ func lockHeld(fd int) (bool, error) {
 		return false, err
 	}
 	return lk.Type != unix.F_UNLCK, nil
+}
+
+// JournalWriter reads the node and process id that wrote journal file
+// name from its name (NODE.PID.RANDOM.log).
+func JournalWriter(name string) (node string, pid int) {
+	parts := strings.Split(strings.TrimSuffix(name, journalSuffix), ".")
+	if len(parts) != 3 {
+		return "", 0
+	}
+	pid, _ = strconv.Atoi(parts[1])
+	return parts[0], pid
 }
