@@ -50,6 +50,8 @@ func TestErrno(t *testing.T) {
 		{policy.AmbiguousEdit, syscall.EIO},
 		{policy.NoMatch, syscall.EIO},
 		{policy.NoChange, syscall.EIO},
+		{policy.PatchFailed, syscall.EIO},
+		{policy.NotAnImage, syscall.EIO},
 		{policy.UnknownOutcome, syscall.EIO},
 		{policy.SandboxUnavailable, syscall.EIO},
 		{policy.Internal, syscall.EIO},

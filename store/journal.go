@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -414,8 +415,10 @@ var ErrJournalGone = errors.New("journal file removed or truncated")
 
 // ReadJournal reads every journal file of the scope past the offsets in
 // from (file name → offset; files it does not name are read from the
-// start). A file named in from that is gone or shorter is reported with
-// ErrJournalGone: the changes it held are lost to the reader.
+// start; a negative offset names a file the reader is done with, skipped
+// and not missed). A file named in from that is gone or shorter is
+// reported with ErrJournalGone: the changes it held are lost to the
+// reader.
 func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
 	return w.readJournals(from, true)
 }
@@ -438,14 +441,17 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]Journal
 	var out []JournalFile
 	for _, name := range names {
 		present[name] = true
+		if from[name] < 0 {
+			continue // done with, whether or not it is still there
+		}
 		jf, err := readJournalFile(dfd, name, from[name], changes)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, jf)
 	}
-	for name := range from {
-		if !present[name] {
+	for name, off := range from {
+		if !present[name] && off >= 0 {
 			return out, fmt.Errorf("%s: %w", name, ErrJournalGone)
 		}
 	}
@@ -463,10 +469,65 @@ func (w *Workspace) RemoveJournal(name string) error {
 		return err
 	}
 	defer unix.Close(dfd)
+	// Noted first, so a feed reader that finds the file gone also finds
+	// it here.
+	if err := noteRemoved(dfd, name); err != nil {
+		return err
+	}
 	if err := unix.Unlinkat(dfd, name, 0); err != nil && err != unix.ENOENT {
 		return fmt.Errorf("remove journal %s: %w", name, err)
 	}
 	return nil
+}
+
+// RemovedFile lists, one "NAME MILLIS" line each, the journal files
+// removed from the directory and when, so a reader of the change feed
+// whose cursor predates a removal learns that changes it never read are
+// gone (and starts again) instead of missing them silently.
+const RemovedFile = ".removed"
+
+func noteRemoved(dfd int, name string) error {
+	fd, err := unix.Openat(dfd, RemovedFile, unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal removal log: %w", err)
+	}
+	defer unix.Close(fd)
+	line := name + " " + strconv.FormatInt(time.Now().UnixMilli(), 10) + "\n"
+	if _, err := unix.Write(fd, []byte(line)); err != nil {
+		return fmt.Errorf("journal removal log: %w", err)
+	}
+	return nil
+}
+
+// RemovedJournals reads the removal log: each removed journal file's name
+// and when it was removed (Unix milliseconds).
+func (w *Workspace) RemovedJournals() (map[string]int64, error) {
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, RemovedFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("journal removal log: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), RemovedFile)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("journal removal log: %w", err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, ts, ok := strings.Cut(line, " ")
+		if t, err := strconv.ParseInt(ts, 10, 64); ok && err == nil {
+			out[name] = t
+		}
+	}
+	return out, nil
 }
 
 // journalDir opens the scope's journal directory and lists the journal

@@ -261,6 +261,11 @@ func hashReader(r io.Reader) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// ConflictError is the error a stale expected_sha256 for rel gets when
+// its hash is current ("" for no file), for a door that checks hashes
+// itself.
+func (w *Workspace) ConflictError(rel, current string) error { return w.conflict(rel, current) }
+
 // conflict builds the error a stale expected_sha256 gets. The current hash
 // of a file that can't be read back here (write-only) is not shown: it
 // would tell its content.

@@ -272,6 +272,8 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		}
 		defer unlock()
 	}
+	// The change journal's lines say the tool door and the call made them.
+	ctx = store.WithChange(ctx, store.Change{Source: store.SourceTool, Call: callID})
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
 	if err != nil {
 		return nil, t.finish(recordID, name, input, nil, err)
@@ -342,6 +344,10 @@ var handlers = map[string]handler{
 	Mkdir:   handleMkdir,
 	Delete:  handleDelete,
 	Command: handleCommand,
+
+	ApplyPatch: handleApplyPatch,
+	ReadImage:  handleReadImage,
+	Changes:    handleChanges,
 }
 
 // decode parses input strictly into v: unknown fields and wrong types are
