@@ -70,10 +70,12 @@ type Query struct {
 var PollEvery = 20 * time.Millisecond
 
 // cursor is what a Cursor string holds: per journal file the offset read
-// to (-1 once it is done with), and when it was made.
+// to (-1 once it is done with), and how far the journal removal log had
+// been read before those files were (store.RemovedJournals): a file
+// removed after that and not named here held changes never read.
 type cursor struct {
-	Files map[string]int64 `json:"f"`
-	Time  int64            `json:"t"`
+	Files   map[string]int64 `json:"f"`
+	Removed int64            `json:"r"`
 }
 
 func (c cursor) String() string {
@@ -87,7 +89,7 @@ func parseCursor(s string) (cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
-	if err != nil || c.Time <= 0 {
+	if err != nil || c.Removed < 0 {
 		return c, policy.Errorf(policy.InvalidInput, "since is not a cursor the change feed gave; leave it out to start now")
 	}
 	if c.Files == nil {
@@ -134,7 +136,12 @@ func Read(ctx context.Context, ws *store.Workspace, q Query) (Page, error) {
 
 // now is a cursor at the end of every journal.
 func now(ws *store.Workspace) (cursor, error) {
-	c := cursor{Files: map[string]int64{}, Time: time.Now().UnixMilli()}
+	c := cursor{Files: map[string]int64{}}
+	_, r, err := ws.RemovedJournals(0)
+	if err != nil {
+		return c, journalErr(err)
+	}
+	c.Removed = r
 	files, err := ws.ReadJournal(nil)
 	if err != nil {
 		return c, journalErr(err)
@@ -162,24 +169,24 @@ type line struct {
 }
 
 func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
-	startedAt := time.Now().UnixMilli()
+	// A file the cursor never saw that was removed after it: its changes
+	// are gone unread. The log is read before the journals, so a file
+	// removed after this look is seen by the next.
+	removed, removedTo, err := ws.RemovedJournals(from.Removed)
+	if err != nil {
+		return Page{}, journalErr(err)
+	}
+	for _, name := range removed {
+		if _, known := from.Files[name]; !known {
+			return reset(ws)
+		}
+	}
 	files, err := ws.ReadJournal(from.Files)
 	if errors.Is(err, store.ErrJournalGone) {
 		return reset(ws)
 	}
 	if err != nil {
 		return Page{}, journalErr(err)
-	}
-	// A file the cursor never saw that was removed after it: its changes
-	// are gone unread.
-	removed, err := ws.RemovedJournals()
-	if err != nil {
-		return Page{}, journalErr(err)
-	}
-	for name, at := range removed {
-		if _, known := from.Files[name]; !known && at >= from.Time {
-			return reset(ws)
-		}
 	}
 	var lines []line
 	for i, f := range files {
@@ -203,8 +210,17 @@ func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
 		limit = DefaultLimit
 	}
 	pol := ws.Policy()
-	next := cursor{Files: map[string]int64{}, Time: startedAt}
+	next := cursor{Files: map[string]int64{}, Removed: removedTo}
+	present := map[string]bool{}
+	for _, f := range files {
+		present[f.Name] = true
+	}
 	for name, off := range from.Files {
+		// A file done with stays named while it is there (so it is not
+		// read again); one removed since is forgotten.
+		if off < 0 && slicesContains(removed, name) {
+			continue
+		}
 		next.Files[name] = off
 	}
 	ends := make([]int64, len(files))
@@ -305,6 +321,15 @@ func under(ev Event, prefix string) bool {
 		return prefix == "" || prefix == "." || p == "." || p == prefix || strings.HasPrefix(p, prefix+"/")
 	}
 	return in(ev.Path) || ev.To != "" && in(ev.To) || ev.Subtree && strings.HasPrefix(prefix, ev.Path+"/")
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
 }
 
 func journalErr(err error) error {

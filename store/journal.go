@@ -499,35 +499,37 @@ func noteRemoved(dfd int, name string) error {
 	return nil
 }
 
-// RemovedJournals reads the removal log: each removed journal file's name
-// and when it was removed (Unix milliseconds).
-func (w *Workspace) RemovedJournals() (map[string]int64, error) {
+// RemovedJournals reads the removal log past offset: the names of the
+// journal files removed since, and the offset to read from next time.
+func (w *Workspace) RemovedJournals(offset int64) (names []string, next int64, err error) {
 	dfd, err := w.stateSubdir(JournalDir)
 	if err != nil {
-		return nil, err
+		return nil, offset, err
 	}
 	defer unix.Close(dfd)
 	fd, err := unix.Openat(dfd, RemovedFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
-		return nil, nil
+		return nil, offset, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("journal removal log: %w", err)
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), RemovedFile)
 	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
 	if err != nil {
-		return nil, fmt.Errorf("journal removal log: %w", err)
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
 	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		name, ts, ok := strings.Cut(line, " ")
-		if t, err := strconv.ParseInt(ts, 10, 64); ok && err == nil {
-			out[name] = t
+	b = b[:bytes.LastIndexByte(b, '\n')+1] // whole lines only
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		if name, _, ok := strings.Cut(line, " "); ok {
+			names = append(names, name)
 		}
 	}
-	return out, nil
+	return names, offset + int64(len(b)), nil
 }
 
 // journalDir opens the scope's journal directory and lists the journal
