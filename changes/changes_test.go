@@ -206,4 +206,3 @@ func TestFeedWait(t *testing.T) {
 		t.Errorf("a wait that ran out: %+v", p)
 	}
 }
-
