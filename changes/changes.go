@@ -90,7 +90,7 @@ func parseCursor(s string) (cursor, error) {
 		err = json.Unmarshal(b, &c)
 	}
 	if err != nil || c.Removed < 0 {
-		return c, policy.Errorf(policy.InvalidInput, "since is not a cursor the change feed gave; leave it out to start now")
+		return c, policy.Errorf(policy.InvalidCursor, "since is not a cursor the change feed gave; leave it out to start now")
 	}
 	if c.Files == nil {
 		c.Files = map[string]int64{}

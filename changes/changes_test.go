@@ -171,7 +171,7 @@ func TestFeedStaleCursor(t *testing.T) {
 	if r := must(changes.Read(context.Background(), ws2, changes.Query{Since: q.Cursor}))(t); !r.Reset {
 		t.Errorf("cursor naming a removed file: %+v", r)
 	}
-	if _, err := changes.Read(context.Background(), ws2, changes.Query{Since: "not-a-cursor"}); policy.CodeOf(err) != policy.InvalidInput {
+	if _, err := changes.Read(context.Background(), ws2, changes.Query{Since: "not-a-cursor"}); policy.CodeOf(err) != policy.InvalidCursor {
 		t.Errorf("a bad cursor: %v", err)
 	}
 }

@@ -136,10 +136,8 @@ func (s *Server) handler(name string, schema *jsonschema.Resolved) mcp.ToolHandl
 		if err != nil {
 			return errorResult(err), nil
 		}
-		return &mcp.CallToolResult{
-			Content:           []mcp.Content{&mcp.TextContent{Text: render(name, res)}},
-			StructuredContent: res,
-		}, nil
+		content, structured := contentOf(name, res)
+		return &mcp.CallToolResult{Content: content, StructuredContent: structured}, nil
 	}
 }
 

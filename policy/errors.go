@@ -57,6 +57,11 @@ const (
 	// file as it is; the message names the file, the hunk and the
 	// closest lines found. Nothing was written.
 	PatchFailed Code = "patch_failed"
+	// InvalidPatch answers patch text that can't be parsed; the message
+	// names the line.
+	InvalidPatch Code = "invalid_patch"
+	// InvalidCursor answers a change-feed cursor the feed did not give.
+	InvalidCursor Code = "invalid_cursor"
 	// NotAnImage answers an image read of a file that is not a PNG,
 	// JPEG, GIF or WebP image (or is a damaged one).
 	NotAnImage Code = "not_an_image"

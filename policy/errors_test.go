@@ -51,6 +51,8 @@ func TestErrno(t *testing.T) {
 		{policy.NoMatch, syscall.EIO},
 		{policy.NoChange, syscall.EIO},
 		{policy.PatchFailed, syscall.EIO},
+		{policy.InvalidPatch, syscall.EIO},
+		{policy.InvalidCursor, syscall.EIO},
 		{policy.NotAnImage, syscall.EIO},
 		{policy.UnknownOutcome, syscall.EIO},
 		{policy.SandboxUnavailable, syscall.EIO},

@@ -123,15 +123,15 @@ func Definitions(pol *policy.Policy) []Definition {
 				"content":         {"type": "string", "description": "The whole new content."},
 				"expected_sha256": shaProp,
 			}))},
-		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Instead of old_text and new_text, edits lists several replacements applied in order to the same file, each to the text the ones before it left, all or none: a failing one names its index and why, and nothing is written. Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
-			schema([]string{"path"}, withConfirm(pol, policy.OpWrite, map[string]prop{
+		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Instead of old_text and new_text, edits lists several replacements applied in order to the same file, each to the text the ones before it left (old_text and new_text, if given too, first), all or none: a failing one names its index and why, and nothing is written. Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
+			editSchema(schema([]string{"path"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to edit."),
 				"old_text":        {"type": "string", "minLength": 1, "description": "Exact text to find (whitespace matters)."},
 				"new_text":        {"type": "string", "description": "Replacement text; must differ from old_text."},
 				"replace_all":     {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one."},
 				"edits":           editsProp,
 				"expected_sha256": shaProp,
-			}))},
+			})))},
 		{Mkdir, fmt.Sprintf("Create a directory (mode 0700). With parents, missing parent directories are created too and an existing directory is not an error. %s %s", paths, quota),
 			schema([]string{"path"}, map[string]prop{
 				"path":    pathProp("Directory to create."),

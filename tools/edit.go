@@ -39,6 +39,24 @@ var editsProp = prop{
 	},
 }
 
+// editSchema requires of workspace_edit's input old_text and new_text,
+// or edits, or both.
+func editSchema(s json.RawMessage) json.RawMessage {
+	var m map[string]any
+	if err := json.Unmarshal(s, &m); err != nil {
+		panic(err)
+	}
+	m["anyOf"] = []any{
+		map[string]any{"required": []string{"old_text", "new_text"}},
+		map[string]any{"required": []string{"edits"}},
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 func handleEdits(ctx context.Context, t *Toolbox, input json.RawMessage, path string, edits []EditStep, expected *string, token string) (any, error) {
 	if len(edits) == 0 || len(edits) > MaxEdits {
 		return nil, policy.Errorf(policy.InvalidInput, "edits has %d entries; give 1 to %d", len(edits), MaxEdits)

@@ -238,10 +238,13 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, err
 	}
 	if in.Edits != nil {
-		if in.OldText != "" || in.NewText != nil || in.ReplaceAll {
-			return nil, policy.Errorf(policy.InvalidInput, "give either edits or old_text and new_text, not both")
+		// Multi-edit (edit.go); old_text and new_text, if given too, are
+		// its first edit.
+		steps := in.Edits
+		if in.OldText != "" || in.NewText != nil {
+			steps = append([]EditStep{{OldText: in.OldText, NewText: in.NewText, ReplaceAll: in.ReplaceAll}}, steps...)
 		}
-		return handleEdits(ctx, t, input, in.Path, in.Edits, in.Expected, in.Confirm)
+		return handleEdits(ctx, t, input, in.Path, steps, in.Expected, in.Confirm)
 	}
 	if in.NewText == nil {
 		return nil, policy.Errorf(policy.InvalidInput, "input field \"new_text\" is required (or give edits); see the tool's input schema")

@@ -47,7 +47,7 @@ func handleApplyPatch(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 	}
 	files, err := patch.Parse(in.Patch)
 	if err != nil {
-		return nil, policy.Errorf(policy.InvalidInput, "%v", err)
+		return nil, policy.Errorf(policy.InvalidPatch, "%v", err)
 	}
 	// Every path as the tools would name it, checked for its operation.
 	type part struct {

@@ -156,7 +156,7 @@ func TestApplyPatchAllOrNothing(t *testing.T) {
 		{"a path twice", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Delete File: a.txt\n*** End Patch", nil,
 			policy.InvalidInput, []string{"twice"}},
 		{"an unparsable patch", "*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", nil,
-			policy.InvalidInput, []string{"line 2"}},
+			policy.InvalidPatch, []string{"line 2"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -270,10 +270,12 @@ func TestMultiEdit(t *testing.T) {
 			}
 		})
 	}
-	// Mixing the two forms is refused; the single form is as before.
-	if _, err := call(t, tb, Edit, map[string]any{"path": "f.txt", "old_text": "B", "new_text": "C", "edits": []map[string]any{{"old_text": "B", "new_text": "C"}}}); policy.CodeOf(err) != policy.InvalidInput {
-		t.Errorf("both forms: %v", err)
+	// Both forms: old_text and new_text are the first edit.
+	mustCall(t, tb, Edit, map[string]any{"path": "f.txt", "old_text": "B", "new_text": "C", "edits": []map[string]any{{"old_text": "C\n", "new_text": "D\n"}}})
+	if got := files(t, root)["f.txt"]; got != "first gamma D\n" {
+		t.Errorf("both forms: %q", got)
 	}
+	// The single form is as before.
 	if _, err := call(t, tb, Edit, map[string]any{"path": "f.txt", "old_text": "B"}); policy.CodeOf(err) != policy.InvalidInput {
 		t.Errorf("old_text without new_text: %v", err)
 	}
