@@ -1,0 +1,143 @@
+package test
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The agent's other tools end to end: a patch cut by kill -9 midway, the
+// change feed of writes made in a container, and loomfs watch.
+
+// TestPatchKilledMidway: a patch whose process is killed (SIGKILL)
+// between two file writes is finished by the next call that takes the
+// scope lock: no one sees it half applied, and the killed call's id
+// answers unknown_outcome.
+func TestPatchKilledMidway(t *testing.T) {
+	c := newCLI(t)
+	const scope = "sp/ag/patchkill"
+	for _, f := range []string{"a.txt", "b.txt", "c.txt"} {
+		if m, code := c.tool(scope, "workspace_write", `{"path":"`+f+`","content":"old `+f+`\n"}`); code != 0 {
+			t.Fatalf("seed %s: %v", f, m)
+		}
+	}
+	patch := "*** Begin Patch\n*** Update File: a.txt\n@@\n-old a.txt\n+new a\n*** Update File: b.txt\n@@\n-old b.txt\n+new b\n*** Delete File: c.txt\n*** Add File: d.txt\n+new d\n*** End Patch"
+	in, _ := json.Marshal(map[string]any{"patch": patch})
+	cmd := exec.Command(loomfsBin, "--root", c.root, "tool", "workspace_apply_patch", "--scope", scope, "--call-id", "patch-1", "--input", string(in))
+	cmd.Env = append(cliEnv(), "LOOMFS_TEST_CRASH_AFTER_FILES=1")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ProcessState.String() != "signal: killed" {
+		t.Fatalf("the patch was not killed midway: %v\n%s", err, out)
+	}
+	// On disk now: the first file written, the rest not.
+	scopeDir := filepath.Join(c.root, "spaces/sp/agents/ag/sessions/patchkill/main")
+	if b, _ := os.ReadFile(filepath.Join(scopeDir, "b.txt")); string(b) != "old b.txt\n" {
+		t.Fatalf("the kill did not cut the patch between files: b.txt is %q", b)
+	}
+	// Any change takes the lock and finishes the patch first.
+	if m, code := c.tool(scope, "workspace_mkdir", `{"path":"later"}`); code != 0 {
+		t.Fatalf("the next call: %v", m)
+	}
+	for f, want := range map[string]string{"a.txt": "new a\n", "b.txt": "new b\n", "d.txt": "new d\n"} {
+		if m, _ := c.tool(scope, "workspace_read", `{"path":"`+f+`"}`); m["content"] != want {
+			t.Errorf("%s after recovery: %v, want %q", f, m, want)
+		}
+	}
+	if m, _ := c.tool(scope, "workspace_stat", `{"path":"c.txt"}`); errCode(m) != "not_found" {
+		t.Errorf("c.txt after recovery: %v", m)
+	}
+	if left, _ := filepath.Glob(filepath.Join(scopeDir, ".agentloom-*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	if m, _ := c.tool(scope, "workspace_apply_patch", string(in), "--call-id", "patch-1"); errCode(m) != "unknown_outcome" {
+		t.Errorf("replay of the killed call: %v", m)
+	}
+}
+
+// TestChangesFromContainer: the change feed reports the writes a command
+// makes in its container (a file, a directory renamed), with the
+// command's call id, and never a hidden path; a waiting read returns as
+// the change lands.
+func TestChangesFromContainer(t *testing.T) {
+	c := newCLI(t)
+	const scope = "sp/ag/feed"
+	pol := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pol, []byte("preset: standard\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tool := func(name, input string, extra ...string) map[string]any {
+		t.Helper()
+		r := c.run("", append([]string{"--policy", pol, "tool", name, "--scope", scope, "--input", input}, extra...)...)
+		var m map[string]any
+		if err := json.Unmarshal(r.stdout, &m); err != nil || r.code != 0 {
+			t.Fatalf("%s: exit %d %s %s", name, r.code, r.stdout, r.stderr)
+		}
+		return m
+	}
+	start := tool("workspace_changes", `{}`)["cursor"].(string)
+	tool("workspace_mkdir", `{"path":"src/pkg","parents":true}`)
+	tool("workspace_write", `{"path":"src/pkg/a.go","content":"package a\n"}`, "--call-id", "w-1")
+	tool("workspace_command", `{"command":"echo hi > src/pkg/b.go; mv src/pkg src/lib; mkdir -p .meta && echo s > .meta/secret; echo t > tmp.txt 2>/dev/null; true","timeout_s":60}`, "--call-id", "cmd-1")
+
+	page := tool("workspace_changes", `{"since":"`+start+`"}`)
+	var got []string
+	for _, e := range page["changes"].([]any) {
+		m := e.(map[string]any)
+		s := m["op"].(string) + " " + m["path"].(string)
+		if to, _ := m["to"].(string); to != "" {
+			s += " -> " + to
+		}
+		s += " by " + m["source"].(string)
+		if id, _ := m["call_id"].(string); id != "" {
+			s += " " + id
+		}
+		got = append(got, s)
+		if strings.Contains(m["path"].(string), ".meta") || strings.Contains(m["path"].(string), "agentloom") {
+			t.Errorf("hidden or internal path reported: %v", m)
+		}
+	}
+	for _, want := range []string{
+		"mkdir src by tool", "mkdir src/pkg by tool",
+		"create src/pkg/a.go by tool w-1",
+		"create src/pkg/b.go by projection cmd-1", "write src/pkg/b.go by projection cmd-1",
+		"rename src/pkg -> src/lib by projection cmd-1",
+		"create tmp.txt by projection cmd-1",
+	} {
+		found := false
+		for _, g := range got {
+			found = found || g == want
+		}
+		if !found {
+			t.Errorf("%q not in the feed:\n%s", want, strings.Join(got, "\n"))
+		}
+	}
+
+	// loomfs watch streams the same; a command's write reaches it.
+	w, out := c.start("--policy", pol, "watch", "--scope", scope, "--path", "src")
+	waitFor(t, "watch's first cursor", func() bool { return strings.Contains(out.String(), `"cursor"`) })
+	tool("workspace_command", `{"command":"echo x > src/lib/c.go","timeout_s":60}`, "--call-id", "cmd-2")
+	waitFor(t, "watch to show the write", func() bool { return strings.Contains(out.String(), `"path":"src/lib/c.go"`) })
+	w.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- w.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("watch after SIGINT: %v\n%s", err, out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not stop on SIGINT")
+	}
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Errorf("watch line is not JSON: %q", sc.Text())
+		}
+	}
+}
