@@ -270,6 +270,9 @@ func reset(ws *store.Workspace) (Page, error) {
 // noted by its end ("x", op write) rather than its start, a rename once
 // (on its old path's line), and nothing hidden by the policy.
 func eventOf(pol *policy.Policy, file string, c store.JournalChange, ms int64) (Event, bool) {
+	if c.Source == store.SourceLoomfs {
+		return Event{}, false
+	}
 	node, pid := store.JournalWriter(file)
 	ev := Event{Op: c.Op, Path: c.Path, Subtree: c.Subtree, Source: c.Source, CallID: c.Call, Node: node, PID: pid, Time: time.UnixMilli(ms).UTC().Format(time.RFC3339Nano)}
 	switch c.Kind {

@@ -96,7 +96,7 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created
 	if h.writable {
 		// The open's line says create for a file it made; the line of
 		// its end says write, for the change feed.
-		by := n.fsys.by(store.OpWrite)
+		by := n.fsys.by(store.OpWrite, rel)
 		if created {
 			by.Op = store.OpCreate
 		}

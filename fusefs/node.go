@@ -343,7 +343,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChangeBy(rel, false, f.by(store.OpSymlink))
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpSymlink, rel))
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, policy.Errno(err)
@@ -447,7 +447,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 	noted := false
 	defer func() {
 		if !noted {
-			f.ws.NoteChangeBy(rel, false, f.by(store.OpCreate))
+			f.ws.NoteChangeBy(rel, false, f.by(store.OpCreate, rel))
 		}
 	}()
 	sx, err := setPerm(fd, perm)
@@ -534,7 +534,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	defer unix.Close(fd)
 	sx, err := setPerm(fd, perm)
-	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir))
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir, rel))
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -599,7 +599,7 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	if err := unix.Unlinkat(pfd, base, flags); err != nil {
 		return f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChangeBy(rel, false, f.by(store.OpDelete))
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpDelete, rel))
 	if dir {
 		f.ws.AdjustAt(rel, 0, -1)
 	} else {
@@ -719,7 +719,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	// A directory moves with everything in it.
 	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
-	moved := f.by(store.OpRename)
+	moved := f.by(store.OpRename, oldRel)
 	moved.To = newRel
 	f.ws.NoteChangeBy(oldRel, subtree, moved)
 	moved.To, moved.From = "", oldRel

@@ -125,6 +125,9 @@ const (
 const (
 	SourceTool       = "tool"
 	SourceProjection = "projection"
+	// SourceLoomfs marks loomfs's own files (a projection's health
+	// probe): in the journal for snapshots, never in the change feed.
+	SourceLoomfs = "loomfs"
 )
 
 type changeKey struct{}

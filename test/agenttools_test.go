@@ -141,3 +141,39 @@ func TestChangesFromContainer(t *testing.T) {
 		}
 	}
 }
+
+// TestChangesFromTwoNodes: a reader on node A sees the changes made
+// through node B's mount of the volume, by its tools and by a command in
+// a container there.
+func TestChangesFromTwoNodes(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	const scope = "acme/coder/feed"
+	start := a.mustTool(scope, "workspace_changes", `{}`)["cursor"].(string)
+	a.mustTool(scope, "workspace_write", `{"path":"from-a.txt","content":"a"}`)
+	b.mustTool(scope, "workspace_write", `{"path":"from-b.txt","content":"b"}`)
+	cmd := b.command("tool", "workspace_command", "--scope", scope, "--call-id", "cmd-b", "--input", `{"command":"echo c > from-b-shell.txt","timeout_s":60}`)
+	cmd.Env = append(cmd.Env, "AGENT_LOOM_SANDBOX_RUNTIME="+os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME"))
+	if r := runCmd(t, cmd); r.code != 0 {
+		t.Fatalf("command on node B: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	var got []string
+	pids := map[string]float64{}
+	for try := 0; try < 50 && len(got) < 3; try++ {
+		page := a.mustTool(scope, "workspace_changes", `{"since":"`+start+`","wait_ms":1000}`)
+		got = got[:0]
+		for _, e := range page["changes"].([]any) {
+			m := e.(map[string]any)
+			if m["op"] == "create" {
+				got = append(got, m["path"].(string)+" by "+m["source"].(string))
+				pids[m["path"].(string)], _ = m["pid"].(float64)
+			}
+		}
+	}
+	want := []string{"from-a.txt by tool", "from-b.txt by tool", "from-b-shell.txt by projection"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("node A's feed: %v, want %v", got, want)
+	}
+	if pids["from-a.txt"] == pids["from-b.txt"] {
+		t.Errorf("the two nodes' writes name one process: %v", pids)
+	}
+}
