@@ -2,13 +2,20 @@ package test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentloom/loomfs/changes"
+	"github.com/agentloom/loomfs/store"
 )
 
 // The agent's other tools end to end: a patch cut by kill -9 midway, the
@@ -177,3 +184,91 @@ func TestChangesFromTwoNodes(t *testing.T) {
 		t.Errorf("the two nodes' writes name one process: %v", pids)
 	}
 }
+
+// TestChangesLatencyBench measures how long after a write in a container
+// a long-polling workspace_changes returns it: the container stamps each
+// write (the host's clock), a reader in this process waits on
+// the feed and stamps each arrival. Set LOOMFS_CHANGES_BENCH=N writes
+// (bench/changes.sh runs it for BENCHMARKS.md).
+func TestChangesLatencyBench(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("LOOMFS_CHANGES_BENCH"))
+	if n < 1 {
+		t.Skip("set LOOMFS_CHANGES_BENCH=50 (bench/changes.sh) to time the change feed")
+	}
+	c := newCLI(t)
+	const scope = "sp/ag/latency"
+	c.tool(scope, "workspace_mkdir", `{"path":"lat"}`)
+	sc, _ := store.ParseScope(scope)
+	vol, err := store.OpenVolume(context.Background(), store.Config{Root: c.root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	ws, err := vol.Open(context.Background(), sc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	start, err := changes.Read(context.Background(), ws, changes.Query{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived := map[string]time.Time{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		cur := start.Cursor
+		for ctx.Err() == nil && len(arrived) < n {
+			p, err := changes.Read(ctx, ws, changes.Query{Since: cur, Prefix: "lat", Wait: 10 * time.Second})
+			if err != nil {
+				return
+			}
+			now := time.Now()
+			for _, e := range p.Changes {
+				if e.Op == "create" {
+					arrived[e.Path] = now
+				}
+			}
+			cur = p.Cursor
+		}
+	}()
+	// Stamped just before each write starts (busybox date has no %N).
+	script := fmt.Sprintf(`python3 -c '
+import time
+for i in range(1, %d+1):
+    t = time.time_ns()
+    open("lat/f%%d" %% i, "w").close()
+    print(i, t, flush=True)
+    time.sleep(0.2)
+'`, n)
+	m, code := c.tool(scope, "workspace_command", fmt.Sprintf(`{"command":%q,"timeout_s":120}`, script))
+	if code != 0 {
+		t.Fatalf("command: %v", m)
+	}
+	select {
+	case <-readerDone:
+	case <-time.After(15 * time.Second):
+		cancel()
+		<-readerDone
+	}
+	var lat []time.Duration
+	for _, line := range strings.Split(strings.TrimSpace(m["stdout"].(string)), "\n") {
+		var i int
+		var ns int64
+		fmt.Sscanf(line, "%d %d", &i, &ns)
+		if at, ok := arrived[fmt.Sprintf("lat/f%d", i)]; ok {
+			lat = append(lat, at.Sub(time.Unix(0, ns)))
+		}
+	}
+	if len(lat) != n {
+		t.Fatalf("%d of %d writes reached the feed", len(lat), n)
+	}
+	slices.Sort(lat)
+	pct := func(p int) time.Duration { return lat[(len(lat)-1)*p/100] }
+	fmt.Printf("| writes | p50 | p90 | p99 | max |\n| ---: | ---: | ---: | ---: | ---: |\n| %d | %.1f ms | %.1f ms | %.1f ms | %.1f ms |\n",
+		n, ms(pct(50)), ms(pct(90)), ms(pct(99)), ms(lat[len(lat)-1]))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
