@@ -224,3 +224,24 @@ var patchExpectedProp = prop{
 	"description":          "Optional: path → the sha256 the file must still have (from a read or stat), \"\" for a file that must not exist. A mismatch fails with code conflict and nothing is written.",
 	"additionalProperties": prop{"type": "string", "pattern": "^([0-9a-f]{64})?$"},
 }
+
+// patchDetail is what a patch's audit record says beyond its bytes: each
+// file's action, path (and where it came from) and new sha256.
+func patchDetail(res json.RawMessage) map[string]any {
+	var r PatchResult
+	if json.Unmarshal(res, &r) != nil {
+		return nil
+	}
+	files := make([]map[string]any, 0, len(r.Files))
+	for _, f := range r.Files {
+		m := map[string]any{"action": f.Action, "path": f.Path}
+		if f.MovedFrom != "" {
+			m["moved_from"] = f.MovedFrom
+		}
+		if f.SHA256 != "" {
+			m["sha256"] = f.SHA256
+		}
+		files = append(files, m)
+	}
+	return map[string]any{"files": files}
+}

@@ -281,3 +281,49 @@ func TestMultiEdit(t *testing.T) {
 	}
 	mustCall(t, tb, Edit, map[string]any{"path": "f.txt", "old_text": "first", "new_text": "1st"})
 }
+
+// TestApplyPatchAudited: a patch is recorded before it is made and with
+// its outcome, each file named; a refused one says its code.
+func TestApplyPatchAudited(t *testing.T) {
+	tb, root := newBox(t, nil)
+	sink := &memSink{}
+	tb.Audit = sink
+	seed(t, root, map[string]string{"a.txt": "one\n"})
+	mustCall(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Update File: a.txt\n*** Move to: b.txt\n@@\n-one\n+two\n*** End Patch"})
+	evs := sink.take()
+	if len(evs) != 2 || evs[0].Result != "started" || evs[1].Result != "ok" || evs[1].Bytes != 4 {
+		t.Fatalf("records %+v", evs)
+	}
+	files, _ := evs[1].Detail["files"].([]map[string]any)
+	if len(files) != 1 || files[0]["path"] != "b.txt" || files[0]["moved_from"] != "a.txt" || files[0]["sha256"] != sha("two\n") {
+		t.Errorf("detail %+v", evs[1].Detail)
+	}
+	call(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Update File: b.txt\n@@\n-nope\n+x\n*** End Patch"})
+	if evs := sink.take(); len(evs) != 2 || evs[1].Result != "refused" || evs[1].Code != string(policy.PatchFailed) {
+		t.Errorf("refused patch records %+v", evs)
+	}
+}
+
+// TestApplyPatchConfirmation: where the policy asks for confirmation
+// (output/ in the standard layout), a patch answers confirmation_required
+// and changes nothing; the same patch with the token goes ahead, once.
+func TestApplyPatchConfirmation(t *testing.T) {
+	pol, _ := policy.Preset("standard")
+	tb, root := newBox(t, pol)
+	seed(t, root, map[string]string{"output/report.txt": "v1\n", "src/a.txt": "a\n"})
+	patch := "*** Begin Patch\n*** Update File: src/a.txt\n@@\n-a\n+b\n*** Delete File: output/report.txt\n*** End Patch"
+	_, err := call(t, tb, ApplyPatch, map[string]any{"patch": patch})
+	pe := policy.AsError(err)
+	if pe.Code != policy.ConfirmationRequired || pe.Token == "" {
+		t.Fatalf("got %v, want confirmation_required with a token", err)
+	}
+	sameFiles(t, files(t, root), map[string]string{"output/report.txt": "v1\n", "src/a.txt": "a\n"})
+	mustCall(t, tb, ApplyPatch, map[string]any{"patch": patch, "confirm_token": pe.Token})
+	sameFiles(t, files(t, root), map[string]string{"src/a.txt": "b\n"})
+	// An update in write-only output/ is refused: its hunks can't be
+	// matched against what may not be read.
+	seed(t, root, map[string]string{"output/r2.txt": "x\n"})
+	if _, err := call(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Update File: output/r2.txt\n@@\n-x\n+y\n*** End Patch"}); policy.CodeOf(err) != policy.PermissionDenied {
+		t.Errorf("update in wo: %v", err)
+	}
+}

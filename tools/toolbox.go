@@ -181,6 +181,9 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		}
 		json.Unmarshal(res, &m)
 		ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
+		if name == ApplyPatch {
+			ev.Detail = patchDetail(res)
+		}
 	}
 	// A change is made by now: a failure to record its outcome is kept in
 	// the log's status, not turned into a false refusal. A read whose only
