@@ -142,7 +142,7 @@ func now(ws *store.Workspace) (cursor, error) {
 		return c, journalErr(err)
 	}
 	c.Removed = r
-	files, err := ws.ReadJournal(nil)
+	files, err := ws.JournalOffsets()
 	if err != nil {
 		return c, journalErr(err)
 	}

@@ -390,6 +390,15 @@ func (w *Workspace) rollBack(rec intent) {
 	w.removeIntent()
 }
 
+// ChangeSetPending reports whether a change set's intent record is in
+// the state directory: one is being applied, or a crash cut one that the
+// next lock take finishes. A reader that must not see a change set half
+// applied takes the lock then (and so waits for it, or finishes it).
+func (w *Workspace) ChangeSetPending() bool {
+	var st unix.Stat_t
+	return unix.Fstatat(int(w.state.Fd()), IntentFile, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+}
+
 func (w *Workspace) readIntent() (*intent, error) {
 	fd, err := unix.Openat(int(w.state.Fd()), IntentFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {

@@ -262,7 +262,10 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		}
 		return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
 	}
-	if Mutating(name) {
+	// A change takes the scope lock; so does a read that finds a change
+	// set under way or cut by a crash (store/intent.go), which it then
+	// waits out or finishes: no read sees a patch half applied.
+	if Mutating(name) || t.WS.ChangeSetPending() {
 		wait := t.LockWait
 		if wait == 0 {
 			wait = 30 * time.Second
@@ -273,7 +276,11 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		if err != nil {
 			return nil, t.finish(recordID, name, input, nil, err)
 		}
-		defer unlock()
+		if Mutating(name) {
+			defer unlock()
+		} else {
+			unlock()
+		}
 	}
 	// The change journal's lines say the tool door and the call made them.
 	ctx = store.WithChange(ctx, store.Change{Source: store.SourceTool, Call: callID})
