@@ -69,14 +69,29 @@ type Query struct {
 // NFS or CephFS.
 var PollEvery = 20 * time.Millisecond
 
-// cursor is what a Cursor string holds: per journal file the offset read
-// to (-1 once it is done with), and how far the journal removal log had
-// been read before those files were (store.RemovedJournals): a file
-// removed after that and not named here held changes never read.
+// cursor is what a Cursor string holds. Files names each journal file
+// not yet read to its end, or still written, with the offset read to;
+// Done names each file read whole that changed less than Margin before
+// Time (with when it last changed), so it is not read again. A file
+// named in neither that no one writes and that last changed more than
+// Margin before Time was read whole by an earlier cursor: Time is taken
+// before the journals are listed, so any file then complete was listed.
+// That keeps a cursor small however many processes wrote the scope.
+// Removed is how far the journal removal log had been read
+// (store.RemovedJournals): a file removed after that, and not covered
+// here, held changes never read.
 type cursor struct {
-	Files   map[string]int64 `json:"f"`
+	Files   map[string]int64 `json:"f,omitempty"`
+	Done    map[string]int64 `json:"d,omitempty"`
+	Time    int64            `json:"t"`
 	Removed int64            `json:"r"`
 }
+
+// Margin is how long after a journal file last changed a cursor still
+// names it: longer than a shared volume may take to show one node's new
+// file to another (NFS attribute and directory caching), so a file is
+// never taken as read before a reader could list it.
+var Margin = time.Minute
 
 func (c cursor) String() string {
 	b, _ := json.Marshal(c)
@@ -89,13 +104,42 @@ func parseCursor(s string) (cursor, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
-	if err != nil || c.Removed < 0 {
+	if err != nil || c.Removed < 0 || c.Time <= 0 {
 		return c, policy.Errorf(policy.InvalidCursor, "since is not a cursor the change feed gave; leave it out to start now")
 	}
-	if c.Files == nil {
-		c.Files = map[string]int64{}
-	}
 	return c, nil
+}
+
+// covers reports whether c accounts for journal file name, last changed
+// at mtime: named, or complete and older than its margin.
+func (c cursor) covers(name string, mtime time.Time) bool {
+	if _, ok := c.Files[name]; ok {
+		return true
+	}
+	if _, ok := c.Done[name]; ok {
+		return true
+	}
+	return mtime.Before(c.settled())
+}
+
+// settled is the time before which an unnamed file counts as read.
+func (c cursor) settled() time.Time { return time.UnixMilli(c.Time).Add(-Margin) }
+
+// keep adds f, read to end, to c.
+func (c *cursor) keep(f store.JournalFile, end int64) {
+	switch {
+	case f.Skipped:
+	case end < f.End || f.Live:
+		if c.Files == nil {
+			c.Files = map[string]int64{}
+		}
+		c.Files[f.Name] = end
+	case !f.ModTime.Before(c.settled()):
+		if c.Done == nil {
+			c.Done = map[string]int64{}
+		}
+		c.Done[f.Name] = f.ModTime.UnixMilli()
+	}
 }
 
 // Read reads the feed of ws's scope.
@@ -136,7 +180,7 @@ func Read(ctx context.Context, ws *store.Workspace, q Query) (Page, error) {
 
 // now is a cursor at the end of every journal.
 func now(ws *store.Workspace) (cursor, error) {
-	c := cursor{Files: map[string]int64{}}
+	c := cursor{Time: time.Now().UnixMilli()}
 	_, r, err := ws.RemovedJournals(0)
 	if err != nil {
 		return c, journalErr(err)
@@ -147,18 +191,9 @@ func now(ws *store.Workspace) (cursor, error) {
 		return c, journalErr(err)
 	}
 	for _, f := range files {
-		c.Files[f.Name] = offsetAfter(f, f.End)
+		c.keep(f, f.End)
 	}
 	return c, nil
-}
-
-// offsetAfter is what a cursor keeps for f read to end: -1 for a file
-// complete and read whole (its writer ended it or died), else end.
-func offsetAfter(f store.JournalFile, end int64) int64 {
-	if end == f.End && !f.Live {
-		return -1
-	}
-	return end
 }
 
 type line struct {
@@ -172,16 +207,27 @@ func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
 	// A file the cursor never saw that was removed after it: its changes
 	// are gone unread. The log is read before the journals, so a file
 	// removed after this look is seen by the next.
+	readAt := time.Now().UnixMilli()
 	removed, removedTo, err := ws.RemovedJournals(from.Removed)
 	if err != nil {
 		return Page{}, journalErr(err)
 	}
-	for _, name := range removed {
-		if _, known := from.Files[name]; !known {
+	for _, r := range removed {
+		_, partly := from.Files[r.Name]
+		if partly || !from.covers(r.Name, r.ModTime) {
 			return reset(ws)
 		}
 	}
-	files, err := ws.ReadJournal(from.Files)
+	// Files read whole are skipped; those the cursor does not name and
+	// that changed too late to be covered are read from the start.
+	skip := make(map[string]int64, len(from.Files)+len(from.Done))
+	for name, off := range from.Files {
+		skip[name] = off
+	}
+	for name := range from.Done {
+		skip[name] = -1
+	}
+	files, err := ws.ReadJournalAfter(skip, from.settled())
 	if errors.Is(err, store.ErrJournalGone) {
 		return reset(ws)
 	}
@@ -210,18 +256,16 @@ func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
 		limit = DefaultLimit
 	}
 	pol := ws.Policy()
-	next := cursor{Files: map[string]int64{}, Removed: removedTo}
-	present := map[string]bool{}
-	for _, f := range files {
-		present[f.Name] = true
-	}
-	for name, off := range from.Files {
-		// A file done with stays named while it is there (so it is not
-		// read again); one removed since is forgotten.
-		if off < 0 && slicesContains(removed, name) {
-			continue
+	next := cursor{Time: readAt, Removed: removedTo}
+	for name, mtime := range from.Done {
+		// Still named while within its margin (a file removed since is
+		// harmless to name: it is skipped, not missed).
+		if !time.UnixMilli(mtime).Before(next.settled()) {
+			if next.Done == nil {
+				next.Done = map[string]int64{}
+			}
+			next.Done[name] = mtime
 		}
-		next.Files[name] = off
 	}
 	ends := make([]int64, len(files))
 	for i, f := range files {
@@ -246,7 +290,7 @@ func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
 		}
 	}
 	for i, f := range files {
-		next.Files[f.Name] = offsetAfter(f, ends[i])
+		next.keep(f, ends[i])
 	}
 	page.Cursor = next.String()
 	return page, nil
@@ -324,15 +368,6 @@ func under(ev Event, prefix string) bool {
 		return prefix == "" || prefix == "." || p == "." || p == prefix || strings.HasPrefix(p, prefix+"/")
 	}
 	return in(ev.Path) || ev.To != "" && in(ev.To) || ev.Subtree && strings.HasPrefix(prefix, ev.Path+"/")
-}
-
-func slicesContains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func journalErr(err error) error {

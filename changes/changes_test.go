@@ -2,6 +2,7 @@ package changes_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -205,4 +206,38 @@ func TestFeedWait(t *testing.T) {
 	if len(p.Changes) != 0 || p.Cursor == "" {
 		t.Errorf("a wait that ran out: %+v", p)
 	}
+}
+
+// TestFeedCursorStaysSmall: a cursor does not name every journal file
+// ever written (one per process that changed the scope): a file read
+// whole drops out of it once its margin has passed, and is not read
+// again.
+func TestFeedCursorStaysSmall(t *testing.T) {
+	old := changes.Margin
+	changes.Margin = 50 * time.Millisecond
+	t.Cleanup(func() { changes.Margin = old })
+	root := t.TempDir()
+	ws := open(t, root, nil)
+	start := must(changes.Read(context.Background(), ws, changes.Query{}))(t)
+	const writers = 40
+	for i := range writers {
+		w := open(t, root, nil)
+		must(w.WriteFile(tool, fmt.Sprintf("f%02d", i), []byte("x"), nil))(t)
+		w.Close()
+	}
+	p := must(changes.Read(context.Background(), ws, changes.Query{Since: start.Cursor}))(t)
+	if len(p.Changes) != writers {
+		t.Fatalf("%d changes, want %d", len(p.Changes), writers)
+	}
+	time.Sleep(2 * changes.Margin)
+	q := must(changes.Read(context.Background(), ws, changes.Query{Since: p.Cursor}))(t)
+	if len(q.Changes) != 0 {
+		t.Fatalf("read again: %v", events(q))
+	}
+	if len(q.Cursor) >= len(p.Cursor) || len(q.Cursor) > 200 {
+		t.Errorf("cursor of %d bytes after %d finished writers (was %d)", len(q.Cursor), writers, len(p.Cursor))
+	}
+	must(ws.WriteFile(tool, "last", []byte("x"), nil))(t)
+	r := must(changes.Read(context.Background(), ws, changes.Query{Since: q.Cursor}))(t)
+	same(t, "after", events(r), []ev{{"create", "last", ""}})
 }

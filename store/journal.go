@@ -406,6 +406,10 @@ type JournalFile struct {
 	Changes []JournalChange
 	Ended   bool // the writer closed it cleanly
 	Live    bool // a writer holds it
+	// ModTime is when the file last changed; Skipped says it was not
+	// read (ReadJournalAfter).
+	ModTime time.Time
+	Skipped bool
 }
 
 // Trusted reports whether every change the file's writer made is in it:
@@ -423,7 +427,15 @@ var ErrJournalGone = errors.New("journal file removed or truncated")
 // reported with ErrJournalGone: the changes it held are lost to the
 // reader.
 func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
-	return w.readJournals(from, true)
+	return w.readJournals(from, true, time.Time{})
+}
+
+// ReadJournalAfter is ReadJournal for a reader that keeps only the files
+// it has not finished: a file from does not name, that no writer holds
+// and that was last changed before done, is taken as read already and
+// described (Skipped, Size and End at its end) without being read.
+func (w *Workspace) ReadJournalAfter(from map[string]int64, done time.Time) ([]JournalFile, error) {
+	return w.readJournals(from, true, done)
 }
 
 // JournalOffsets describes every journal file of the scope with the
@@ -431,10 +443,10 @@ func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
 // first open still going), without the changes: where a snapshot that
 // walks the scope leaves the journals for the next one.
 func (w *Workspace) JournalOffsets() ([]JournalFile, error) {
-	return w.readJournals(nil, false)
+	return w.readJournals(nil, false, time.Time{})
 }
 
-func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]JournalFile, error) {
+func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.Time) ([]JournalFile, error) {
 	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
@@ -447,7 +459,11 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]Journal
 		if from[name] < 0 {
 			continue // done with, whether or not it is still there
 		}
-		jf, err := readJournalFile(dfd, name, from[name], changes)
+		var skipBefore time.Time
+		if _, named := from[name]; !named {
+			skipBefore = done
+		}
+		jf, err := readJournalFile(dfd, name, from[name], changes, skipBefore)
 		if err != nil {
 			return nil, err
 		}
@@ -473,8 +489,14 @@ func (w *Workspace) RemoveJournal(name string) error {
 	}
 	defer unix.Close(dfd)
 	// Noted first, so a feed reader that finds the file gone also finds
-	// it here.
-	if err := noteRemoved(dfd, name); err != nil {
+	// it here, with when it last changed.
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == unix.ENOENT {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("remove journal %s: %w", name, err)
+	}
+	if err := noteRemoved(dfd, name, time.Unix(st.Mtim.Sec, st.Mtim.Nsec)); err != nil {
 		return err
 	}
 	if err := unix.Unlinkat(dfd, name, 0); err != nil && err != unix.ENOENT {
@@ -483,28 +505,36 @@ func (w *Workspace) RemoveJournal(name string) error {
 	return nil
 }
 
-// RemovedFile lists, one "NAME MILLIS" line each, the journal files
-// removed from the directory and when, so a reader of the change feed
+// RemovedFile lists, one "NAME REMOVED MODIFIED" line each (Unix
+// milliseconds), the journal files removed from the directory, when, and
+// when they had last changed, so a reader of the change feed
 // whose cursor predates a removal learns that changes it never read are
 // gone (and starts again) instead of missing them silently.
 const RemovedFile = ".removed"
 
-func noteRemoved(dfd int, name string) error {
+func noteRemoved(dfd int, name string, mtime time.Time) error {
 	fd, err := unix.Openat(dfd, RemovedFile, unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("journal removal log: %w", err)
 	}
 	defer unix.Close(fd)
-	line := name + " " + strconv.FormatInt(time.Now().UnixMilli(), 10) + "\n"
+	line := name + " " + strconv.FormatInt(time.Now().UnixMilli(), 10) + " " + strconv.FormatInt(mtime.UnixMilli(), 10) + "\n"
 	if _, err := unix.Write(fd, []byte(line)); err != nil {
 		return fmt.Errorf("journal removal log: %w", err)
 	}
 	return nil
 }
 
-// RemovedJournals reads the removal log past offset: the names of the
-// journal files removed since, and the offset to read from next time.
-func (w *Workspace) RemovedJournals(offset int64) (names []string, next int64, err error) {
+// RemovedJournal is a journal file a reader removed, and when it had
+// last changed.
+type RemovedJournal struct {
+	Name    string
+	ModTime time.Time
+}
+
+// RemovedJournals reads the removal log past offset: the journal files
+// removed since, and the offset to read from next time.
+func (w *Workspace) RemovedJournals(offset int64) (removed []RemovedJournal, next int64, err error) {
 	dfd, err := w.stateSubdir(JournalDir)
 	if err != nil {
 		return nil, offset, err
@@ -528,11 +558,19 @@ func (w *Workspace) RemovedJournals(offset int64) (names []string, next int64, e
 	}
 	b = b[:bytes.LastIndexByte(b, '\n')+1] // whole lines only
 	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
-		if name, _, ok := strings.Cut(line, " "); ok {
-			names = append(names, name)
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
 		}
+		r := RemovedJournal{Name: f[0], ModTime: time.Now()} // unknown: the latest
+		if len(f) == 3 {
+			if ms, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				r.ModTime = time.UnixMilli(ms)
+			}
+		}
+		removed = append(removed, r)
 	}
-	return names, offset + int64(len(b)), nil
+	return removed, offset + int64(len(b)), nil
 }
 
 // journalDir opens the scope's journal directory and lists the journal
@@ -572,7 +610,7 @@ func journalNames(dfd int) ([]string, error) {
 // readJournalFile reads name past offset. Whether its writer is alive is
 // asked before reading, so a writer that ends it meanwhile is seen as
 // alive (and its end line, if read, as ended): never the reverse.
-func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalFile, error) {
+func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time) (JournalFile, error) {
 	jf := JournalFile{Name: name, Size: offset, End: offset}
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
@@ -594,6 +632,11 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 	}
 	if st.Size < offset {
 		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
+	}
+	jf.ModTime = time.Unix(st.Mtim.Sec, st.Mtim.Nsec)
+	if !jf.Live && jf.ModTime.Before(skipBefore) {
+		jf.Skipped, jf.Size, jf.End = true, st.Size, st.Size
+		return jf, nil
 	}
 	if st.Size == offset {
 		return jf, nil
