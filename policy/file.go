@@ -40,7 +40,10 @@ import (
 //	  scope_files: 100000
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
-// grep_line, regex_timeout, grep_budget, walk_entries) may be set too. An
+// grep_line, regex_timeout, grep_budget, walk_entries) and the image limits
+// (image_bytes: the most workspace_read_image returns, default 4 MiB;
+// image_source_bytes: the largest file it reads, default 64 MiB) may be
+// set too. An
 // entry of rules replaces the preset's entry for the same path; a limit
 // replaces the preset's value. Every rule's path is a directory a scope
 // gets at first use (Policy.Layout), unless the rule says create: false.
@@ -440,7 +443,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -454,6 +457,10 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.ScopeFiles, err = p.count(v, key, true)
 		case "grep_scan":
 			l.GrepScan, err = p.size(v, key, false)
+		case "image_bytes":
+			l.ImageBytes, err = p.size(v, key, false)
+		case "image_source_bytes":
+			l.ImageSource, err = p.size(v, key, false)
 		case "list_entries", "glob_results", "grep_matches", "walk_entries":
 			var c int64
 			c, err = p.count(v, key, false)

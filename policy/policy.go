@@ -234,6 +234,11 @@ type Limits struct {
 	RegexTimeout time.Duration // per-match limit of a backtracking regex
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
+
+	// ImageBytes caps the image workspace_read_image returns (after
+	// downscaling and encoding); ImageSource the file it reads.
+	ImageBytes  int64
+	ImageSource int64
 }
 
 // DefaultLimits are the limits of the open layout.
@@ -251,6 +256,8 @@ func DefaultLimits() Limits {
 		RegexTimeout: 100 * time.Millisecond,
 		GrepBudget:   10 * time.Second,
 		WalkEntries:  200_000,
+		ImageBytes:   4 << 20,
+		ImageSource:  64 << 20,
 	}
 }
 

@@ -40,6 +40,26 @@
 // writers racing for one id decide it once, without an exclusive rename
 // (CephFS has none). The records go when retention removes the session.
 //
+// # Change sets
+//
+// ApplyChanges changes several files all or nothing (workspace_apply_patch):
+// everything is checked first (policy, expected hashes, quotas), the new
+// contents are staged under reserved names beside their files, an intent
+// record (IntentFile in the state directory) is committed, and the renames
+// and deletes follow. Whoever takes the scope lock next (Lock) finishes a
+// change set a crash cut: rolled back while its record says staging,
+// forward once it says commit (intent.go).
+//
+// # Change journal
+//
+// The change journals (journal.go) list what each process changed, one
+// line per change, for snapshots and the change feed: the path, and after
+// a tab what the change was and who made it (op, source, call id, time, a
+// rename's both paths). The format is described at the top of journal.go;
+// readers that want only paths ignore what follows the tab. Journals a
+// reader removes are listed in the journal directory's RemovedFile first,
+// so a change-feed cursor older than them answers reset.
+//
 // # Emulated symbolic links
 //
 // The store never makes a symlink. A symbolic link made in the projection

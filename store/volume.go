@@ -262,7 +262,7 @@ func (w *Workspace) keepReadme() error {
 	defer parent.Close()
 	// The rename replaces whatever has the name (never following it);
 	// usage is not known yet at open, so nothing to adjust.
-	if err := w.replace(parent, name, rel, want, policy.FilePerm, false); err != nil {
+	if err := w.replace(parent, name, rel, want, policy.FilePerm, false, Change{Op: OpWrite}); err != nil {
 		return fmt.Errorf("workspace README: %w", err)
 	}
 	return nil

@@ -241,20 +241,33 @@ func missing(ws *store.Workspace, rel string) bool {
 
 func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
 	var in struct {
-		Path       string  `json:"path"`
-		OldText    string  `json:"old_text"`
-		NewText    string  `json:"new_text"`
-		ReplaceAll bool    `json:"replace_all"`
-		Expected   *string `json:"expected_sha256"`
-		Confirm    string  `json:"confirm_token"`
+		Path       string     `json:"path"`
+		OldText    string     `json:"old_text"`
+		NewText    *string    `json:"new_text"`
+		ReplaceAll bool       `json:"replace_all"`
+		Edits      []EditStep `json:"edits"`
+		Expected   *string    `json:"expected_sha256"`
+		Confirm    string     `json:"confirm_token"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
 	}
+	if in.Edits != nil {
+		// Multi-edit (edit.go); old_text and new_text, if given too, are
+		// its first edit.
+		steps := in.Edits
+		if in.OldText != "" || in.NewText != nil {
+			steps = append([]EditStep{{OldText: in.OldText, NewText: in.NewText, ReplaceAll: in.ReplaceAll}}, steps...)
+		}
+		return handleEdits(ctx, t, input, in.Path, steps, in.Expected, in.Confirm)
+	}
+	if in.NewText == nil {
+		return nil, policy.Errorf(policy.InvalidInput, "input field \"new_text\" is required (or give edits); see the tool's input schema")
+	}
 	if in.OldText == "" {
 		return nil, policy.Errorf(policy.InvalidInput, "old_text is empty; give the exact text to replace")
 	}
-	if in.OldText == in.NewText {
+	if in.OldText == *in.NewText {
 		return nil, policy.Errorf(policy.NoChange, "old_text and new_text are the same; the edit would change nothing")
 	}
 	pol := t.WS.Policy()
@@ -293,9 +306,9 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, e
 	}
 	if in.ReplaceAll {
-		text = strings.ReplaceAll(text, in.OldText, in.NewText)
+		text = strings.ReplaceAll(text, in.OldText, *in.NewText)
 	} else {
-		text = strings.Replace(text, in.OldText, in.NewText, 1)
+		text = strings.Replace(text, in.OldText, *in.NewText, 1)
 	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(text), &sum)
 	if err != nil {
