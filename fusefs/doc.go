@@ -147,6 +147,9 @@
 // one more round trip per file; only files that have held POSIX locks are
 // sent one, see Locks). A change is refused (EIO,
 // volume_unavailable) when the journal can't be opened to take its line.
+// Each line also says what the change was and that this projection made
+// it for its command's call id (store.Change, source projection), for the
+// change feed; the health probe's file is noted as loomfs's own.
 //
 // # Locks
 //

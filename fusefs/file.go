@@ -83,7 +83,7 @@ func handleOf(fh fs.FileHandle) *handle {
 
 // newHandle wraps an opened backing file, fd (held by file unless that is
 // nil), and returns the FOPEN flags to answer with.
-func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handle, uint32) {
+func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created bool) (*handle, uint32) {
 	h := &handle{
 		node:     n,
 		file:     file,
@@ -94,7 +94,13 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handl
 		opened:   time.Now(),
 	}
 	if h.writable {
-		h.change = n.fsys.ws.NoteOpen(h.path)
+		// The open's line says create for a file it made; the line of
+		// its end says write, for the change feed.
+		by := n.fsys.by(store.OpWrite, rel)
+		if created {
+			by.Op = store.OpCreate
+		}
+		h.change = n.fsys.ws.NoteOpenBy(h.path, by)
 	}
 	n.opened()
 	n.fsys.open.Store(h, struct{}{})
@@ -234,7 +240,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags)
+	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags, false)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.

@@ -347,7 +347,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChange(rel, false)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpSymlink, rel))
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, policy.Errno(err)
@@ -457,7 +457,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 	noted := false
 	defer func() {
 		if !noted {
-			f.ws.NoteChange(rel, false)
+			f.ws.NoteChangeBy(rel, false, f.by(store.OpCreate, rel))
 		}
 	}()
 	sx, err := setPerm(fd, perm)
@@ -470,7 +470,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags)
+	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags, true)
 	noted = h.writable
 	return child, h, fuseFlags, 0
 }
@@ -544,7 +544,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	defer unix.Close(fd)
 	sx, err := setPerm(fd, perm)
-	f.ws.NoteChange(rel, false)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir, rel))
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -613,7 +613,7 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 		return f.failed(ctx, ev, err)
 	}
 	held := done(true)
-	f.ws.NoteChange(rel, false)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpDelete, rel))
 	switch {
 	case dir:
 		f.ws.AdjustAt(rel, 0, -1)
@@ -742,8 +742,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	held := done(true)
 	// A directory moves with everything in it.
 	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
-	f.ws.NoteChange(oldRel, subtree)
-	f.ws.NoteChange(newRel, subtree)
+	moved := f.by(store.OpRename, oldRel)
+	moved.To = newRel
+	f.ws.NoteChangeBy(oldRel, subtree, moved)
+	moved.To, moved.From = "", oldRel
+	f.ws.NoteChangeBy(newRel, subtree, moved)
 	if replaced && !exchange && dst.Ino != src.Ino && !held {
 		obj := objectOf(&dst)
 		if obj.Kind == policy.KindRegular || obj.Kind == policy.KindLink {
