@@ -410,8 +410,9 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 	return nil
 }
 
-// Close deregisters the writer in the ledger with its count and last
-// record, signs the heads if it has a key, and syncs and closes its files.
+// Close syncs the chain, deregisters the writer in the ledger with its
+// count and last record, signs the heads if it has a key (a seal is always
+// synced) and closes its files.
 // A Log whose chain could not be written ends without a close entry;
 // Verify reports it as a writer that ended without closing.
 func (l *Log) Close() error {
