@@ -48,6 +48,9 @@ const (
 	SourceFUSE    Source = "fuse"
 	SourceSandbox Source = "sandbox"
 	SourceAdmin   Source = "admin"
+	// SourcePlatform is the platform's own door (package stage): the
+	// layout made at first use, inputs staged, outputs collected.
+	SourcePlatform Source = "platform"
 )
 
 // Record kinds.
@@ -57,7 +60,8 @@ const (
 )
 
 // Actor names who acted, with ids from the platform's authorised run record.
-// Container is set for operations of sandbox commands.
+// Container is set for operations of sandbox commands, Operator for the
+// platform's (the identity it gave, e.g. loomfs stage --actor).
 type Actor struct {
 	Space     string `json:"space,omitempty"`
 	Agent     string `json:"agent,omitempty"`
@@ -65,6 +69,7 @@ type Actor struct {
 	Run       string `json:"run,omitempty"`
 	Instance  string `json:"instance,omitempty"`
 	Container string `json:"container,omitempty"`
+	Operator  string `json:"operator,omitempty"`
 }
 
 // Event is one operation as a door reports it. The Log adds time, node, pid,

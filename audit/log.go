@@ -717,7 +717,7 @@ type actorFields Actor
 func (a *actorFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	for _, kv := range [...]struct{ k, v string }{
 		{"space", a.Space}, {"agent", a.Agent}, {"session", a.Session},
-		{"run", a.Run}, {"instance", a.Instance}, {"container", a.Container},
+		{"run", a.Run}, {"instance", a.Instance}, {"container", a.Container}, {"operator", a.Operator},
 	} {
 		if kv.v != "" {
 			enc.AddString(kv.k, kv.v)

@@ -119,7 +119,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	e := Event{
 		TraceID:  "tr-9",
 		CallID:   "call-7",
-		Actor:    Actor{Space: "s1", Agent: "a1", Session: "se1", Run: "run1", Instance: "sub-1", Container: "loomfs-abc"},
+		Actor:    Actor{Space: "s1", Agent: "a1", Session: "se1", Run: "run1", Instance: "sub-1", Container: "loomfs-abc", Operator: "ci-bot"},
 		Scope:    "9c1f00ab",
 		Source:   SourceSandbox,
 		Op:       "rename",

@@ -26,7 +26,7 @@ type record struct {
 	Seq    uint64 `json:"seq"`
 	CallID string `json:"call_id"`
 	Actor  struct {
-		Space, Agent, Session, Container string
+		Space, Agent, Session, Container, Operator string
 	} `json:"actor"`
 	Scope  string         `json:"scope"`
 	Source string         `json:"source"`

@@ -371,7 +371,7 @@ func (ff *auditFilterFlags) register(cmd *cobra.Command) {
 	f.StringVar(&ff.scope, "scope", "", "scope hash, or SPACE/AGENT/SESSION (main) or SPACE/AGENT/SESSION/RUN/INSTANCE")
 	f.StringVar(&ff.since, "since", "", "records at or after: RFC 3339 time, date (2006-01-02) or age (90s, 1h, 7d)")
 	f.StringVar(&ff.until, "until", "", "records before: RFC 3339 time, date or age")
-	f.StringVar(&ff.source, "source", "", "tool, fuse, sandbox or admin")
+	f.StringVar(&ff.source, "source", "", "tool, fuse, sandbox, admin or platform")
 	f.StringVar(&ff.op, "op", "", "operation, e.g. workspace_write, create, unlink, container_start")
 	f.StringVar(&ff.path, "path", "", "path prefix (matches the path or the new path of a rename)")
 	f.StringVar(&ff.result, "result", "", "result: ok, refused, error, started")
@@ -387,9 +387,9 @@ func (ff *auditFilterFlags) filter(now time.Time) (audit.Filter, error) {
 		}
 	}
 	switch f.Source {
-	case "", audit.SourceTool, audit.SourceFUSE, audit.SourceSandbox, audit.SourceAdmin:
+	case "", audit.SourceTool, audit.SourceFUSE, audit.SourceSandbox, audit.SourceAdmin, audit.SourcePlatform:
 	default:
-		return f, usagef("--source %q: want tool, fuse, sandbox or admin", ff.source)
+		return f, usagef("--source %q: want tool, fuse, sandbox, admin or platform", ff.source)
 	}
 	var err error
 	if f.Since, err = auditParseTime("since", ff.since, now); err != nil {
@@ -511,6 +511,9 @@ func auditActor(a audit.Actor) string {
 	}
 	if a.Container != "" {
 		s += "@" + a.Container
+	}
+	if a.Operator != "" {
+		s += " by " + a.Operator
 	}
 	return s
 }
