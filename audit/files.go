@@ -236,6 +236,26 @@ func lockRange(f *os.File, start, length int64) error {
 	}
 }
 
+// waitUnlocked waits until no writer holds a lock on f (a read lock,
+// taken and let go, so it can be asked on a read-only file).
+func waitUnlocked(f *os.File) error {
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: io.SeekStart}
+	wait := 20 * time.Microsecond
+	for {
+		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+		switch err {
+		case nil:
+			unlockRange(f, 0, 0)
+			return nil
+		case unix.EAGAIN, unix.EACCES, unix.EINTR:
+			time.Sleep(wait)
+			wait = min(2*wait, 5*time.Millisecond)
+		default:
+			return fmt.Errorf("lock %s: %w", f.Name(), err)
+		}
+	}
+}
+
 func tryLockRange(f *os.File, start, length int64) error {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: start, Len: length}
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
