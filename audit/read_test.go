@@ -238,6 +238,10 @@ func TestQuerySinceReadsItsDays(t *testing.T) {
 		}
 		l.Close()
 	}
+	// A file a day and node, the chain whole across the days.
+	if rep, err := Verify(Dir(root)); err != nil || !rep.Clean(false) || rep.Files != 6 {
+		t.Fatalf("three days of two nodes: %v %v %v", rep, err, rep.Problems)
+	}
 	since := t0.Add(50*time.Hour + 30*time.Minute)
 	var want []string
 	for _, r := range queryAll(t, Dir(root), Filter{}) {
