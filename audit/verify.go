@@ -97,7 +97,7 @@ func (r Report) String() string {
 		running += n.Running
 	}
 	if len(r.Nodes) > 0 {
-		parts = append(parts, fmt.Sprintf("%d nodes, %d writers", len(r.Nodes), writers))
+		parts = append(parts, plural(len(r.Nodes), "node")+", "+plural(writers, "writer"))
 	}
 	if running > 0 {
 		parts = append(parts, fmt.Sprintf("%d running", running))
@@ -112,7 +112,7 @@ func (r Report) String() string {
 		}
 	}
 	if r.Legacy > 0 {
-		l := fmt.Sprintf("%d legacy writers", r.Legacy)
+		l := plural(r.Legacy, "legacy writer")
 		if open > 0 {
 			l += fmt.Sprintf(", %d still open", open)
 		}
@@ -122,6 +122,13 @@ func (r Report) String() string {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // maxProblems bounds the problems a report lists; the rest are counted.
