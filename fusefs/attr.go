@@ -160,7 +160,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	} else if e := f.begin(ctx, ev); e != 0 {
 		return e
 	}
-	defer f.ws.NoteChange(rel, false)
+	defer f.noteChange(rel, false)
 	if setMode {
 		if err := fchmod(fd, policy.OwnerPerm(mode), pathFD); err != nil {
 			return f.failed(ctx, ev, err)
@@ -182,6 +182,7 @@ func (n *node) describe(fd int, out *fuse.AttrOut) syscall.Errno {
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	n.fsys.fillAttr(&sx, &out.Attr)
+	n.told(&out.Attr)
 	out.SetTimeout(n.fsys.timeout)
 	return 0
 }

@@ -29,6 +29,12 @@ type handle struct {
 	writable bool
 	// passthrough: the kernel reads this file from the backing fd itself.
 	passthrough bool
+	// foreign: the node's path held another file when it was opened,
+	// which this open reads (fsys.readsCurrent).
+	foreign bool
+	// keptPages: the kernel kept the file's pages from an earlier open
+	// (FOPEN_KEEP_CACHE), so reads it answers from them never come here.
+	keptPages bool
 	// noflush: the kernel sends no FLUSH at close(2) (see lock.go).
 	noflush bool
 	opened  time.Time
@@ -94,7 +100,7 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handl
 		opened:   time.Now(),
 	}
 	if h.writable {
-		h.change = n.fsys.ws.NoteOpen(h.path)
+		h.change = n.fsys.noteOpen(h.path)
 	}
 	n.fsys.open.Store(h, struct{}{})
 	// The kernel need not send FLUSH at each close(2) (writes are noted
@@ -237,6 +243,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.
 		fuseFlags |= fuse.FOPEN_DIRECT_IO
+		h.foreign = true
+	} else {
+		keep := n.keepCache(&sx, flags)
+		h.keptPages = keep != 0
+		fuseFlags |= keep
 	}
 	if flags&unix.O_TRUNC != 0 {
 		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
@@ -425,7 +436,7 @@ func (h *handle) release(ctx context.Context, why string) {
 	h.close()
 	h.node.fsys.ws.NoteClose(h.change)
 	read, written := h.read.Load(), h.written.Load()
-	if !h.writable && read == 0 && !h.passthrough {
+	if !h.writable && read == 0 && !h.passthrough && !h.keptPages {
 		return
 	}
 	f := h.node.fsys
@@ -437,6 +448,10 @@ func (h *handle) release(ctx context.Context, why string) {
 	detail(&ev, "written", written)
 	if h.passthrough {
 		detail(&ev, "passthrough", true)
+	}
+	if h.keptPages {
+		// Reads the kernel answered from pages it kept are not counted.
+		detail(&ev, "kept_pages", true)
 	}
 	if why != "" {
 		detail(&ev, "ended_by", why)

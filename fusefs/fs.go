@@ -34,6 +34,12 @@ type fsys struct {
 	// timeout is how long the kernel may cache an entry or attributes;
 	// the mount leaves go-fuse no default, so each reply sets its own.
 	timeout time.Duration
+	// coherent: the mount follows the change journals (follow.go), so
+	// the kernel may keep failed lookups, listings and pages too.
+	coherent bool
+	// self counts the journal lines of the mount's own changes, which
+	// the follower skips (cache.go).
+	self selfNotes
 
 	// open holds the file handles the kernel has not released yet, so an
 	// unmount can still summarise them (the kernel sends RELEASE
@@ -88,7 +94,8 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		actor:     actor,
 		scopeHash: sc.Hash(),
 		gate:      quarantineGate{ws: ws},
-		timeout:   opts.cacheTimeout(),
+		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
+		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
 	}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)

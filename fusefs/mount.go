@@ -26,9 +26,10 @@ import (
 
 // Mounted is a scope served at a mountpoint by this process.
 type Mounted struct {
-	fsys   *fsys
-	server *fuse.Server
-	dir    string
+	fsys     *fsys
+	server   *fuse.Server
+	dir      string
+	follower *follower // nil under "cache: strict"
 
 	once sync.Once
 	err  error
@@ -81,8 +82,15 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if !opts.Passthrough {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
+	var negative *time.Duration
+	if f.coherent {
+		// A failed lookup is kept as long as an entry: a create
+		// anywhere else comes with a journal line that drops it.
+		negative = &f.timeout
+	}
 	raw := fs.NewNodeFS(f.root, &fs.Options{
-		MountOptions: mo,
+		NegativeTimeout: negative,
+		MountOptions:    mo,
 		// No EntryTimeout or AttrTimeout: every reply sets its own
 		// (fsys.setEntry), since go-fuse would replace a zero one.
 		NullPermissions: true,
@@ -100,7 +108,12 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		server.Unmount()
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
-	return &Mounted{fsys: f, server: server, dir: dir}, nil
+	m := &Mounted{fsys: f, server: server, dir: dir}
+	if f.coherent {
+		m.follower = newFollower(f, opts.journalPoll())
+		m.follower.start()
+	}
+	return m, nil
 }
 
 // fuseCloseOnExec marks every /dev/fuse fd of the process close-on-exec.
@@ -136,6 +149,9 @@ func (m *Mounted) Dir() string { return m.dir }
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
 		defer m.releaseOpen()
+		if m.follower != nil {
+			m.follower.close()
+		}
 		if err := m.server.Unmount(); err == nil {
 			return
 		}

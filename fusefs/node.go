@@ -36,6 +36,13 @@ type node struct {
 	// locks is the POSIX locks held through the mount on this file, nil
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
+
+	// stamp is what the file looked like at its last open, nil until
+	// then and after the follower dropped its pages (cache.go).
+	stamp atomic.Pointer[pageStamp]
+	// attr is what the mount last told the kernel of the node's own
+	// object, for an open that reads another (cache.go).
+	attr atomic.Pointer[fuse.Attr]
 }
 
 var (
@@ -172,7 +179,9 @@ func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fus
 	f.fillAttr(sx, &out.Attr)
 	f.setEntry(sx, out)
 	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(sx))
-	in.Operations().(*node).perm.Store(uint32(sx.Mode) & 0o7777)
+	c := in.Operations().(*node)
+	c.perm.Store(uint32(sx.Mode) & 0o7777)
+	c.told(&out.Attr)
 	return in, 0
 }
 
@@ -236,6 +245,15 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if err := f.access(ctx, rel, n.object(), 0); err != nil {
 		return f.refused(ctx, f.event(ctx, "stat", rel), err)
 	}
+	if h := handleOf(fh); h != nil && h.foreign {
+		if a := n.attr.Load(); a != nil {
+			// The open reads the file that replaced the node's: the
+			// kernel's attributes stay those of the node's own.
+			out.Attr = *a
+			out.SetTimeout(f.timeout)
+			return 0
+		}
+	}
 	var sx unix.Statx_t
 	if fd := openFD(fh); fd >= 0 {
 		var err error
@@ -255,6 +273,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
+	n.told(&out.Attr)
 	out.SetTimeout(f.timeout)
 	return 0
 }
@@ -339,11 +358,14 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, e
 	}
+	if f.coherent {
+		f.self.add(rel, false) // PlaceLink notes the link itself
+	}
 	if _, err := f.ws.PlaceLink(parent, base, rel, target); err != nil {
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChange(rel, false)
+	f.noteChange(rel, false)
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, policy.Errno(err)
@@ -447,7 +469,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 	noted := false
 	defer func() {
 		if !noted {
-			f.ws.NoteChange(rel, false)
+			f.noteChange(rel, false)
 		}
 	}()
 	sx, err := setPerm(fd, perm)
@@ -534,7 +556,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	defer unix.Close(fd)
 	sx, err := setPerm(fd, perm)
-	f.ws.NoteChange(rel, false)
+	f.noteChange(rel, false)
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -599,7 +621,7 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	if err := unix.Unlinkat(pfd, base, flags); err != nil {
 		return f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChange(rel, false)
+	f.noteChange(rel, false)
 	if dir {
 		f.ws.AdjustAt(rel, 0, -1)
 	} else {
@@ -719,8 +741,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	// A directory moves with everything in it.
 	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
-	f.ws.NoteChange(oldRel, subtree)
-	f.ws.NoteChange(newRel, subtree)
+	f.noteChange(oldRel, subtree)
+	f.noteChange(newRel, subtree)
 	if replaced && !exchange && dst.Ino != src.Ino {
 		obj := objectOf(&dst)
 		if obj.Kind == policy.KindRegular || obj.Kind == policy.KindLink {

@@ -30,6 +30,7 @@ import (
 //	    max_files: 10000
 //	    clear_at_run_end: true
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
+//	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -194,8 +195,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		limitsNode *yaml.Node
 		readme     *bool
 		symlinks   Symlinks
+		cache      Cache
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks"}, func(key string, k, v *yaml.Node) error {
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache"}, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -230,6 +232,15 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			if symlinks != SymlinksEmulate && symlinks != SymlinksRefuse {
 				return p.errf(v, "symlinks %q is not one of emulate, refuse", s)
 			}
+		case "cache":
+			s, err := p.str(v, "cache")
+			if err != nil {
+				return err
+			}
+			cache = Cache(s)
+			if cache != CacheJournal && cache != CacheStrict {
+				return p.errf(v, "cache %q is not one of journal, strict", s)
+			}
 		}
 		return nil
 	})
@@ -253,6 +264,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if symlinks != "" {
 		pol.Symlinks = symlinks
+	}
+	if cache != "" {
+		pol.Cache = cache
 	}
 	return pol, nil
 }

@@ -360,3 +360,30 @@ func TestSymlinksKey(t *testing.T) {
 		}
 	}
 }
+
+func TestCacheKey(t *testing.T) {
+	for _, c := range []struct {
+		file   string
+		strict bool
+		err    string
+	}{
+		{"preset: open\n", false, ""},
+		{"cache: journal\n", false, ""},
+		{"cache: strict\n", true, ""},
+		{"cache: forever\n", false, `p.yaml:1: cache "forever" is not one of journal, strict`},
+	} {
+		pol, err := policy.Parse("p.yaml", []byte(c.file))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: %v, want %s", c.file, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pol.StrictCache() != c.strict {
+			t.Errorf("%q: strict %v", c.file, pol.StrictCache())
+		}
+	}
+}

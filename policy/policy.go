@@ -61,6 +61,9 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
+	// Cache says how the projection lets the kernel cache (CacheJournal,
+	// the default when empty, or CacheStrict).
+	Cache Cache
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).

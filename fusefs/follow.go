@@ -1,0 +1,299 @@
+package fusefs
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// follower keeps the kernel's caches of one mount coherent with the
+// scope's change journals (store/journal.go): every line another writer
+// (the tool door, another mount, another node) adds names a path whose
+// entry, attributes, listing and pages the kernel then drops, so the next
+// access comes to the mount. It reads through the store's own reader, woken
+// by inotify on the journal directory when a writer on this node appends
+// (the line is written before the change returns), and every poll interval
+// otherwise: another node's lines raise no event here.
+type follower struct {
+	f    *fsys
+	poll time.Duration
+
+	// mu serialises the passes (catchUp): the loop's and a caller's.
+	mu sync.Mutex
+
+	// from is how far each journal file was read; handled is how many
+	// changes past from were already dropped (a file's offset stays at
+	// an open still going, so the lines after it are read again).
+	from    map[string]int64
+	handled map[string]int
+	// doubted holds the files whose writer died without ending them: a
+	// change it made may have no line, so everything was dropped once.
+	doubted map[string]bool
+
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+
+	// passes counts the journal reads made; tests use it.
+	passes int
+}
+
+func newFollower(f *fsys, poll time.Duration) *follower {
+	return &follower{
+		f:       f,
+		poll:    poll,
+		from:    map[string]int64{},
+		handled: map[string]int{},
+		doubted: map[string]bool{},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// start reads where the journals end now (the kernel knows nothing yet)
+// and follows them from there until close.
+func (fl *follower) start() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if files, err := fl.f.ws.JournalOffsets(); err == nil {
+		for _, jf := range files {
+			fl.from[jf.Name] = jf.Size
+			if !jf.Trusted() {
+				fl.doubted[jf.Name] = true
+			}
+		}
+	}
+	go fl.run(fl.watch())
+}
+
+// close stops the follower and waits for it.
+func (fl *follower) close() {
+	fl.stopOnce.Do(func() { close(fl.stop) })
+	<-fl.done
+}
+
+func (fl *follower) run(wake <-chan struct{}) {
+	defer close(fl.done)
+	t := time.NewTicker(fl.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-fl.stop:
+			return
+		case <-wake:
+		case <-t.C:
+		}
+		fl.catchUp()
+	}
+}
+
+// watch returns a channel that receives when a journal file of the scope
+// was written on this node, or nil where inotify is not to be had (then
+// only the poll wakes the follower).
+func (fl *follower) watch() <-chan struct{} {
+	dir, err := fl.f.ws.OpenJournalDir()
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	// The directory is named by the fd this process holds, never by a
+	// host path.
+	if _, err := unix.InotifyAddWatch(in, "/proc/self/fd/"+strconv.Itoa(int(dir.Fd())), unix.IN_MODIFY|unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE|unix.IN_ONLYDIR); err != nil {
+		unix.Close(in)
+		return nil
+	}
+	// A pipe ends the reader's poll(2) when the follower stops.
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		unix.Close(in)
+		return nil
+	}
+	wake := make(chan struct{}, 1)
+	go func() {
+		<-fl.stop
+		unix.Write(p[1], []byte{0})
+	}()
+	go func() {
+		defer unix.Close(in)
+		defer unix.Close(p[0])
+		defer unix.Close(p[1])
+		buf := make([]byte, 64<<10)
+		fds := []unix.PollFd{{Fd: int32(in), Events: unix.POLLIN}, {Fd: int32(p[0]), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				return
+			}
+			if fds[1].Revents != 0 {
+				return
+			}
+			for {
+				if _, err := unix.Read(in, buf); err != nil {
+					break
+				}
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return wake
+}
+
+// catchUp reads what the journals gained and drops what it names.
+func (fl *follower) catchUp() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	fl.passes++
+	ws := fl.f.ws
+	files, err := ws.ReadJournal(fl.from)
+	if errors.Is(err, store.ErrJournalGone) {
+		// A file was removed (a snapshot reader is done with it) before
+		// this mount read its last lines, which are lost to it: drop
+		// everything once and go on from what is there now.
+		fl.dropAll()
+		fl.forgetGone()
+		if files == nil {
+			return
+		}
+	} else if err != nil {
+		return
+	}
+	fl.f.self.expire(time.Now())
+	for _, jf := range files {
+		prev, skip := fl.from[jf.Name], fl.handled[jf.Name]
+		for i, c := range jf.Changes {
+			if i < skip || fl.f.self.take(c.Path, c.Subtree) {
+				continue
+			}
+			fl.drop(c.Path, c.Subtree)
+		}
+		if jf.Size == prev {
+			fl.handled[jf.Name] = len(jf.Changes)
+		} else {
+			fl.from[jf.Name], fl.handled[jf.Name] = jf.Size, 0
+		}
+		if !jf.Trusted() && !fl.doubted[jf.Name] {
+			fl.doubted[jf.Name] = true
+			fl.dropAll()
+		}
+	}
+}
+
+// forgetGone forgets the files that are no longer there.
+func (fl *follower) forgetGone() {
+	files, err := fl.f.ws.JournalFiles()
+	if err != nil {
+		return
+	}
+	present := map[string]bool{}
+	for _, jf := range files {
+		present[jf.Name] = true
+	}
+	for name := range fl.from {
+		if !present[name] {
+			delete(fl.from, name)
+			delete(fl.handled, name)
+			delete(fl.doubted, name)
+		}
+	}
+}
+
+// drop makes the kernel forget what it knows of rel (and, for a subtree,
+// of everything beneath it): the entry and, negative or not, its name in
+// the parent, the attributes and pages of the object, the parent's
+// attributes and listing. A path the kernel never looked up costs a walk
+// of the mount's inode tree and nothing more.
+func (fl *follower) drop(rel string, subtree bool) {
+	root := fl.f.root.EmbeddedInode()
+	if rel == "." {
+		dropInode(root)
+		if subtree {
+			dropBeneath(root)
+		}
+		return
+	}
+	parent := root
+	names := strings.Split(rel, "/")
+	for _, name := range names[:len(names)-1] {
+		if parent = parent.GetChild(name); parent == nil {
+			return
+		}
+	}
+	name := names[len(names)-1]
+	child := parent.GetChild(name)
+	if child == nil {
+		// Unknown to the kernel, or known as missing (a negative entry).
+		parent.NotifyEntry(name)
+		dropInode(parent)
+		return
+	}
+	sx, err := fl.stat(rel)
+	switch {
+	case err == unix.ENOENT:
+		parent.NotifyDelete(name, child)
+	case err != nil || !sameObject(child.StableAttr(), &sx):
+		// Replaced (the tool door's atomic writes) or unreadable: the name
+		// is looked up again. The old node keeps what the kernel knows of
+		// its own object, which did not change: readers that still have
+		// it open read it whole.
+		parent.NotifyEntry(name)
+	default:
+		// The same object, changed in place.
+		parent.NotifyEntry(name)
+		dropInode(child)
+		if subtree {
+			dropBeneath(child)
+		}
+	}
+	dropInode(parent)
+}
+
+// stat describes what the backing store holds at rel now.
+func (fl *follower) stat(rel string) (unix.Statx_t, error) {
+	parent, name, err := fl.f.ws.Parent(rel)
+	if err != nil {
+		if policy.CodeOf(err) == policy.NotFound {
+			return unix.Statx_t{}, unix.ENOENT
+		}
+		return unix.Statx_t{}, err
+	}
+	defer parent.Close()
+	return statAt(int(parent.Fd()), name)
+}
+
+// dropAll makes the kernel forget everything it knows of the mount.
+func (fl *follower) dropAll() {
+	root := fl.f.root.EmbeddedInode()
+	dropInode(root)
+	dropBeneath(root)
+}
+
+func dropInode(in *fs.Inode) {
+	if n, ok := in.Operations().(*node); ok {
+		n.stamp.Store(nil)
+	}
+	in.NotifyContent(0, 0)
+}
+
+func dropBeneath(dir *fs.Inode) {
+	for name, child := range dir.Children() {
+		dir.NotifyEntry(name)
+		dropInode(child)
+		if child.IsDir() {
+			dropBeneath(child)
+		}
+	}
+}

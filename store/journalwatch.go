@@ -1,0 +1,17 @@
+package store
+
+import (
+	"os"
+)
+
+// OpenJournalDir opens the scope's journal directory (JournalDir), making
+// it on first use, so a reader can watch it for new lines (inotify)
+// instead of only polling. The caller closes it; it reads the journals
+// with ReadJournal all the same.
+func (w *Workspace) OpenJournalDir() (*os.File, error) {
+	fd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), JournalDir), nil
+}
