@@ -34,6 +34,8 @@ type follower struct {
 	// an open still going, so the lines after it are read again).
 	from    map[string]int64
 	handled map[string]int
+	// size is each file's size at the last pass.
+	size map[string]int64
 	// doubted holds the files whose writer died without ending them: a
 	// change it made may have no line, so everything was dropped once.
 	doubted map[string]bool
@@ -42,9 +44,15 @@ type follower struct {
 	done     chan struct{}
 	stopOnce sync.Once
 
-	// passes counts the journal reads made; tests use it.
-	passes int
+	// passes counts the journal reads made, drops the paths dropped;
+	// tests use them.
+	passes, drops int
 }
+
+// wakeGap is how long the follower waits after an inotify event before it
+// reads, so the lines of a burst are read in one pass: the most a change
+// made on this node waits to be seen, besides the pass itself.
+const wakeGap = time.Millisecond
 
 func newFollower(f *fsys, poll time.Duration) *follower {
 	return &follower{
@@ -52,6 +60,7 @@ func newFollower(f *fsys, poll time.Duration) *follower {
 		poll:    poll,
 		from:    map[string]int64{},
 		handled: map[string]int{},
+		size:    map[string]int64{},
 		doubted: map[string]bool{},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -89,6 +98,9 @@ func (fl *follower) run(wake <-chan struct{}) {
 		case <-fl.stop:
 			return
 		case <-wake:
+			// A writer appending line after line (tar -x in another
+			// mount) wakes the follower once per gap, not per line.
+			time.Sleep(wakeGap)
 		case <-t.C:
 		}
 		fl.catchUp()
@@ -158,6 +170,24 @@ func (fl *follower) catchUp() {
 	defer fl.mu.Unlock()
 	fl.passes++
 	ws := fl.f.ws
+	// The sizes first: a pass that finds no file grown reads nothing, and
+	// a file read to no further than its size was then is held at an
+	// open still going (see below).
+	sizes, err := ws.JournalFiles()
+	if err != nil {
+		return
+	}
+	grown := len(sizes) != len(fl.size)
+	before := make(map[string]int64, len(sizes))
+	for _, jf := range sizes {
+		before[jf.Name] = jf.Size
+		if fl.size[jf.Name] != jf.Size {
+			grown = true
+		}
+	}
+	if !grown {
+		return
+	}
 	files, err := ws.ReadJournal(fl.from)
 	if errors.Is(err, store.ErrJournalGone) {
 		// A file was removed (a snapshot reader is done with it) before
@@ -173,18 +203,24 @@ func (fl *follower) catchUp() {
 	}
 	fl.f.self.expire(time.Now())
 	for _, jf := range files {
-		prev, skip := fl.from[jf.Name], fl.handled[jf.Name]
+		skip := fl.handled[jf.Name]
 		for i, c := range jf.Changes {
 			if i < skip || fl.f.self.take(c.Path, c.Subtree) {
 				continue
 			}
 			fl.drop(c.Path, c.Subtree)
 		}
-		if jf.Size == prev {
-			fl.handled[jf.Name] = len(jf.Changes)
-		} else {
+		// The reader's offset stops at the first open still going, and
+		// the changes past it would be read (and dropped) again. So the
+		// offset moves on only once it reaches what the file held before
+		// this pass; until then the pass starts where it did, skipping
+		// the changes it has handled.
+		if jf.Size >= before[jf.Name] || before[jf.Name] == 0 {
 			fl.from[jf.Name], fl.handled[jf.Name] = jf.Size, 0
+		} else {
+			fl.handled[jf.Name] = len(jf.Changes)
 		}
+		fl.size[jf.Name] = before[jf.Name]
 		if !jf.Trusted() && !fl.doubted[jf.Name] {
 			fl.doubted[jf.Name] = true
 			fl.dropAll()
@@ -206,6 +242,7 @@ func (fl *follower) forgetGone() {
 		if !present[name] {
 			delete(fl.from, name)
 			delete(fl.handled, name)
+			delete(fl.size, name)
 			delete(fl.doubted, name)
 		}
 	}
@@ -217,6 +254,7 @@ func (fl *follower) forgetGone() {
 // attributes and listing. A path the kernel never looked up costs a walk
 // of the mount's inode tree and nothing more.
 func (fl *follower) drop(rel string, subtree bool) {
+	fl.drops++
 	root := fl.f.root.EmbeddedInode()
 	if rel == "." {
 		dropInode(root)
