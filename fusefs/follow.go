@@ -54,6 +54,9 @@ type follower struct {
 // made on this node waits to be seen, besides the pass itself.
 const wakeGap = time.Millisecond
 
+// passGap is the least time between two passes woken by inotify.
+const passGap = 10 * time.Millisecond
+
 func newFollower(f *fsys, poll time.Duration) *follower {
 	return &follower{
 		f:       f,
@@ -93,16 +96,19 @@ func (fl *follower) run(wake <-chan struct{}) {
 	defer close(fl.done)
 	t := time.NewTicker(fl.poll)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-fl.stop:
 			return
 		case <-wake:
-			// A writer appending line after line (tar -x in another
-			// mount) wakes the follower once per gap, not per line.
-			time.Sleep(wakeGap)
+			// A writer appending line after line (tar -x here or in
+			// another mount) makes a pass every passGap, not one per
+			// line; a lone change is read after wakeGap.
+			time.Sleep(max(wakeGap, passGap-time.Since(last)))
 		case <-t.C:
 		}
+		last = time.Now()
 		fl.catchUp()
 	}
 }
