@@ -34,6 +34,8 @@ type fsys struct {
 	// timeout is how long the kernel may cache an entry or attributes;
 	// the mount leaves go-fuse no default, so each reply sets its own.
 	timeout time.Duration
+	// call is the call served since Mounted.Serve, nil before.
+	call atomic.Pointer[servedCall]
 	// coherent: the mount follows the change journals (follow.go), so
 	// the kernel may keep failed lookups, listings and pages too.
 	coherent bool
@@ -174,10 +176,11 @@ func refusal(err error) bool {
 // Audit.
 
 func (f *fsys) event(ctx context.Context, op, rel string) audit.Event {
+	traceID, callID, actor, _ := f.served()
 	e := audit.Event{
-		TraceID: f.opts.TraceID,
-		CallID:  f.opts.CallID,
-		Actor:   f.actor,
+		TraceID: traceID,
+		CallID:  callID,
+		Actor:   actor,
 		Scope:   f.scopeHash,
 		Source:  audit.SourceFUSE,
 		Op:      op,
@@ -203,9 +206,9 @@ func (f *fsys) refused(ctx context.Context, e audit.Event, err error) syscall.Er
 	// The operation is refused whether or not this record is kept.
 	_ = f.sink.Record(ctx, e)
 	errno := policy.Errno(err)
-	if f.opts.Refused != nil {
+	if _, _, _, tell := f.served(); tell != nil {
 		pe := policy.AsError(err)
-		f.opts.Refused(Refusal{Op: e.Op, Path: e.Path, Errno: errno, Code: pe.Code, Message: pe.Message})
+		tell(Refusal{Op: e.Op, Path: e.Path, Errno: errno, Code: pe.Code, Message: pe.Message})
 	}
 	return errno
 }
