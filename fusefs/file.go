@@ -35,6 +35,9 @@ type handle struct {
 	// keptPages: the kernel kept the file's pages from an earlier open
 	// (FOPEN_KEEP_CACHE), so reads it answers from them never come here.
 	keptPages bool
+	// throttleWaits and throttled count the waits for the scope's I/O
+	// limits and their nanoseconds (throttle.go).
+	throttleWaits, throttled atomic.Int64
 	// noflush: the kernel sends no FLUSH at close(2) (see lock.go).
 	noflush bool
 	opened  time.Time
@@ -275,6 +278,7 @@ func (f *fsys) readsCurrent(n *node, sx *unix.Statx_t, flags uint32) bool {
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.throttle(ctx, len(dest))
 	h.node.fsys.daemonReads.Add(1)
 	n := 0
 	for n < len(dest) {
@@ -313,6 +317,7 @@ func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, 
 // the scope quota (counting the growth of the file's apparent size, so a
 // write far past the end counts in full) and makes it.
 func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) (uint32, syscall.Errno) {
+	h.throttle(ctx, size)
 	n := h.node
 	f := n.fsys
 	if err := f.writable(); err != nil {
@@ -435,6 +440,7 @@ func (h *handle) release(ctx context.Context, why string) {
 	}
 	h.close()
 	h.node.fsys.ws.NoteClose(h.change)
+	h.recordThrottle(ctx)
 	read, written := h.read.Load(), h.written.Load()
 	if !h.writable && read == 0 && !h.passthrough && !h.keptPages {
 		return

@@ -15,6 +15,7 @@ import (
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/throttle"
 )
 
 // fsys is what every node of one mount shares: the workspace, its policy,
@@ -34,6 +35,8 @@ type fsys struct {
 	// timeout is how long the kernel may cache an entry or attributes;
 	// the mount leaves go-fuse no default, so each reply sets its own.
 	timeout time.Duration
+	// limit holds the scope to its policy's I/O rates; nil for none.
+	limit *throttle.Limiter
 	// call is the call served since Mounted.Serve, nil before.
 	call atomic.Pointer[servedCall]
 	// coherent: the mount follows the change journals (follow.go), so
@@ -98,6 +101,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		gate:      quarantineGate{ws: ws},
 		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
 		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
+		limit:     throttle.For(sc.Hash(), throttle.RatesOf(ws.Policy().Limits)),
 	}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)

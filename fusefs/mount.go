@@ -96,7 +96,11 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		NullPermissions: true,
 		RootStableAttr:  &rootAttr,
 	})
-	server, err := fuse.NewServer(flushOwners{RawFileSystem: raw, f: f}, dir, &mo)
+	var served fuse.RawFileSystem = flushOwners{RawFileSystem: raw, f: f}
+	if f.limit != nil {
+		served = throttledOps{RawFileSystem: served, limit: f.limit}
+	}
+	server, err := fuse.NewServer(served, dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}

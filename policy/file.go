@@ -36,6 +36,8 @@ import (
 //	  file_bytes: 1 GiB     # largest file through the filesystem
 //	  scope_bytes: 5 GiB    # or "unlimited"
 //	  scope_files: 100000
+//	  io_bytes_per_s: 50 MiB  # per scope, both doors; over it I/O is delayed, never refused
+//	  io_ops_per_s: 5000      # filesystem requests and tool calls per second
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
 // grep_line, regex_timeout, grep_budget, walk_entries) may be set too. An
@@ -429,7 +431,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "io_bytes_per_s", "io_ops_per_s"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -456,6 +458,10 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.RegexTimeout, err = p.duration(v, key)
 		case "grep_budget":
 			l.GrepBudget, err = p.duration(v, key)
+		case "io_bytes_per_s":
+			l.IOBytesPerSec, err = p.size(v, key, true)
+		case "io_ops_per_s":
+			l.IOOpsPerSec, err = p.count(v, key, true)
 		}
 		return err
 	})

@@ -387,3 +387,22 @@ func TestCacheKey(t *testing.T) {
 		}
 	}
 }
+
+func TestIOLimitKeys(t *testing.T) {
+	pol, err := policy.Parse("p.yaml", []byte("limits:\n  io_bytes_per_s: 4 MiB\n  io_ops_per_s: 200\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pol.Limits.IOBytesPerSec != 4<<20 || pol.Limits.IOOpsPerSec != 200 {
+		t.Fatalf("limits %+v", pol.Limits)
+	}
+	if r := policy.WorkspaceReadme(pol); !strings.Contains(r, "4 MiB/s read and written and 200 operations/s") {
+		t.Errorf("the README does not state the I/O limits:\n%s", r)
+	}
+	if _, err := policy.Parse("p.yaml", []byte("limits:\n  io_bytes_per_s: 0\n")); err == nil || !strings.Contains(err.Error(), "io_bytes_per_s") {
+		t.Errorf("io_bytes_per_s 0: %v", err)
+	}
+	if pol, err := policy.Parse("p.yaml", []byte("preset: open\n")); err != nil || policy.IOSummary(pol.Limits) != "" {
+		t.Errorf("no I/O limits by default: %v %q", err, policy.IOSummary(pol.Limits))
+	}
+}

@@ -233,6 +233,9 @@ type Limits struct {
 	RegexTimeout time.Duration // per-match limit of a backtracking regex
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
+
+	IOBytesPerSec int64 // bytes read and written per second, both doors; 0 is no limit
+	IOOpsPerSec   int64 // filesystem operations and tool calls per second; 0 is no limit
 }
 
 // DefaultLimits are the limits of the open layout.
