@@ -8,6 +8,11 @@
 # warm it and once timed; rounds go around the layers, so a change in the
 # machine's load hits every layer alike. Medians of ROUNDS, unpinned and
 # pinned (taskset -c 0 for the daemon and the workload).
+# SECTIONS picks what runs: warm (the table above), cmd (workspace_command
+# true, over the session's pooled projection and over one mounted per call,
+# against docker run --rm of the same image: a Go benchmark in sandbox/),
+# limit (a writer in a scope whose policy sets io_bytes_per_s, while a
+# writer in another scope of the same volume has none).
 # Run as root: ROUNDS=5 bash bench/warm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +20,10 @@ ROUNDS=${ROUNDS:-5}
 PINS=${PINS:-"unpinned pinned"}
 LAYERS=${LAYERS:-"native strict loomfs loopback bindfs"}
 WORKLOADS=${WORKLOADS:-"status rg find stat untar clone build rebuild"}
+SECTIONS=${SECTIONS:-"warm cmd limit"}
+LIMIT=${LIMIT:-20}         # MiB/s of the limited scope
+LIMIT_MB=${LIMIT_MB:-200}  # MiB each writer writes
+section() { [[ " $SECTIONS " == *" $1 "* ]]; }
 PATTERN=${PATTERN:-func}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
@@ -61,6 +70,7 @@ fill() {
 
 # Each layer's backing directory is filled once, natively.
 declare -A BACK
+section warm || LAYERS=""
 for layer in $LAYERS; do
 	case $layer in
 	strict | loomfs)
@@ -120,6 +130,7 @@ w_rebuild() { printf '\n// touched %s %s %s\n' "$round" "$layer" "$pin" >>"$1/mo
 warm() { case $1 in status | rg | find | stat | build) "w_$1" "$2" >/dev/null ;; esac; }
 
 declare -A R
+section warm || PINS=""
 for pin in $PINS; do
 	for round in $(seq "$ROUNDS"); do
 		for layer in $LAYERS; do
@@ -156,3 +167,39 @@ for pin in $PINS; do
 		echo
 	done
 done
+
+if section cmd; then
+	img=${AGENT_LOOM_SANDBOX_IMAGE:-loomfs-sandbox:latest}
+	echo
+	echo "## workspace_command true vs docker run --rm ($img), $ROUNDS runs each"
+	AGENT_LOOM_SANDBOX_IMAGE=$img go test -run '^$' -bench BenchmarkWorkspaceCommand -benchtime "${ROUNDS}x" -count 1 ./sandbox/ | grep -E '^Benchmark'
+	d=""
+	for _ in $(seq "$ROUNDS"); do d+="$(pre=(); timed docker run --rm --network none "$img" true) "; done
+	echo "docker run --rm $img true: median $(echo $d | tr ' ' '\n' | median) s of: $d"
+fi
+
+if section limit; then
+	echo
+	echo "## io_bytes_per_s: $LIMIT MiB/s in one scope, none in another of the same volume; $LIMIT_MB MiB each, dd bs=1M, fsync"
+	root=$work/root-limit
+	printf 'limits:\n  io_bytes_per_s: %s MiB\n' "$LIMIT" >"$work/limit.yaml"
+	pids=()
+	for s in slow fast; do
+		"$bin/loomfs" --root "$root" tool workspace_list --scope bench/agent/$s >/dev/null
+		mkdir -p "$work/m-$s"
+		pol=(); [ $s = slow ] && pol=(--policy "$work/limit.yaml")
+		"$bin/loomfs" --root "$root" "${pol[@]}" mount --scope bench/agent/$s "$work/m-$s" >/dev/null 2>"$work/daemon-$s.log" &
+		pids+=($!)
+	done
+	for s in slow fast; do for _ in $(seq 200); do mountpoint -q "$work/m-$s" && break; sleep 0.05; done; done
+	# dd_rate DIR NAME: MiB/s of one writer
+	dd_rate() { local s e; s=$(now); dd if=/dev/zero of="$1/$2" bs=1M count="$LIMIT_MB" conv=fsync status=none; e=$(now); awk -v s="$s" -v e="$e" -v n="$LIMIT_MB" 'BEGIN {printf "%.1f", n / (e - s)}'; }
+	alone=$(dd_rate "$work/m-fast" alone); rm -f "$work/m-fast/alone"
+	dd_rate "$work/m-slow" w >"$work/slow.rate" &
+	slowpid=$!
+	both=$(dd_rate "$work/m-fast" w)
+	wait $slowpid
+	echo "limited scope: $(cat "$work/slow.rate") MiB/s (limit $LIMIT MiB/s); other scope alone: $alone MiB/s, beside the limited writer: $both MiB/s"
+	for p in "${pids[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
+	for s in slow fast; do mountpoint -q "$work/m-$s" && umount -l "$work/m-$s"; done
+fi

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,3 +180,52 @@ type countingUnmount struct {
 }
 
 func (c countingUnmount) Unmount() error { c.n.Add(1); return nil }
+
+// BenchmarkWorkspaceCommand: "true" as a workspace_command, over the
+// pool's live projection and over one mounted, probed and unmounted for
+// the command alone. bench/warm.sh sets it beside docker run --rm.
+func BenchmarkWorkspaceCommand(b *testing.B) {
+	ctx := context.Background()
+	base := b.TempDir()
+	os.Chmod(base, 0o700)
+	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer vol.Close()
+	ws, err := vol.Open(ctx, store.Scope{Space: "s", Agent: "a", Session: "bench"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ws.Close()
+	mount := func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+		if err != nil {
+			return nil, err
+		}
+		return servedMount{m}, nil
+	}
+	r, err := NewRunner(ctx, Config{Host: HostFromEnv(), Image: ImageFromEnv(), Node: testNode})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	for _, c := range []struct {
+		name string
+		cmds *Commands
+	}{
+		{"pooled", &Commands{Runner: r, Pool: &Pool{Mount: mount, Dir: filepath.Join(base, "pool")}}},
+		{"per-call", &Commands{Runner: r, Mount: mount, MountDir: filepath.Join(base, "each")}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := c.cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: fmt.Sprint(c.name, i), Command: "true"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		if c.cmds.Pool != nil {
+			c.cmds.Pool.Close()
+		}
+	}
+}
