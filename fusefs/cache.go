@@ -1,110 +1,15 @@
 package fusefs
 
 import (
-	"sync"
-	"time"
-
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"github.com/agentloom/loomfs/store"
 )
 
 // The kernel keeps what the mount told it for long (Options.CacheTimeout),
 // failed lookups and directory listings included, and a file's pages from
 // one open to the next, because the follower (follow.go) drops exactly
 // what the change journals say another writer changed. The mount's own
-// changes need nothing dropped: the kernel saw them happen. So each line
-// the mount writes to the journal is counted here first, and the follower
-// skips as many lines of that path.
-
-// selfNotes counts, per path, the journal lines of the mount's own changes
-// the follower has not read yet.
-type selfNotes struct {
-	mu sync.Mutex
-	m  map[selfKey]*selfCount
-}
-
-type selfKey struct {
-	path    string
-	subtree bool
-}
-
-type selfCount struct {
-	n    int
-	last time.Time
-}
-
-// selfExpiry is how long a count waits for its line. A line the store
-// could not write (a journal being abandoned) never comes; after this the
-// path is invalidated again like any other.
-const selfExpiry = 10 * time.Second
-
-func (s *selfNotes) add(path string, subtree bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[selfKey]*selfCount{}
-	}
-	k := selfKey{path, subtree}
-	c := s.m[k]
-	if c == nil {
-		c = &selfCount{}
-		s.m[k] = c
-	}
-	c.n++
-	c.last = time.Now()
-}
-
-// take reports whether a line for path is the mount's own, and counts it
-// off.
-func (s *selfNotes) take(path string, subtree bool) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := selfKey{path, subtree}
-	c := s.m[k]
-	if c == nil {
-		return false
-	}
-	if c.n--; c.n == 0 {
-		delete(s.m, k)
-	}
-	return true
-}
-
-// expire drops the counts whose lines did not come.
-func (s *selfNotes) expire(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, c := range s.m {
-		if now.Sub(c.last) > selfExpiry {
-			delete(s.m, k)
-		}
-	}
-}
-
-// noteChange notes a change the mount made in the change journal
-// (store.Workspace.NoteChange), counted as the mount's own.
-func (f *fsys) noteChange(rel string, subtree bool) {
-	if f.coherent {
-		f.self.add(rel, subtree)
-	}
-	f.ws.NoteChange(rel, subtree)
-}
-
-// noteOpen notes an open for writing (store.Workspace.NoteOpen); every line
-// the store writes for it (the open, a rotation, the release) is counted
-// as the mount's own.
-func (f *fsys) noteOpen(path func() string) *store.Open {
-	if !f.coherent {
-		return f.ws.NoteOpen(path)
-	}
-	return f.ws.NoteOpen(func() string {
-		p := path()
-		f.self.add(p, false)
-		return p
-	})
-}
+// changes need nothing dropped: the kernel saw them happen.
 
 // pageStamp is what a file looked like when the kernel last cached its
 // pages: an open that finds it so keeps them (FOPEN_KEEP_CACHE).

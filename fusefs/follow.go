@@ -29,11 +29,8 @@ type follower struct {
 	// mu serialises the passes (catchUp): the loop's and a caller's.
 	mu sync.Mutex
 
-	// from is how far each journal file was read; handled is how many
-	// changes past from were already dropped (a file's offset stays at
-	// an open still going, so the lines after it are read again).
-	from    map[string]int64
-	handled map[string]int
+	// from is how far each journal file was read.
+	from map[string]int64
 	// size is each file's size at the last pass.
 	size map[string]int64
 	// doubted holds the files whose writer died without ending them: a
@@ -62,7 +59,6 @@ func newFollower(f *fsys, poll time.Duration) *follower {
 		f:       f,
 		poll:    poll,
 		from:    map[string]int64{},
-		handled: map[string]int{},
 		size:    map[string]int64{},
 		doubted: map[string]bool{},
 		stop:    make(chan struct{}),
@@ -77,7 +73,7 @@ func (fl *follower) start() {
 	defer fl.mu.Unlock()
 	if files, err := fl.f.ws.JournalOffsets(); err == nil {
 		for _, jf := range files {
-			fl.from[jf.Name] = jf.Size
+			fl.from[jf.Name] = jf.End
 			if !jf.Trusted() {
 				fl.doubted[jf.Name] = true
 			}
@@ -170,23 +166,21 @@ func (fl *follower) watch() <-chan struct{} {
 	return wake
 }
 
-// catchUp reads what the journals gained and drops what it names.
+// catchUp reads what the journals gained and drops what it names. Each
+// line is read once (from JournalFile.End): the lines of an open still
+// going need no second look, since its end has a line of its own.
 func (fl *follower) catchUp() {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
 	fl.passes++
 	ws := fl.f.ws
-	// The sizes first: a pass that finds no file grown reads nothing, and
-	// a file read to no further than its size was then is held at an
-	// open still going (see below).
+	// The sizes first: a pass that finds no file grown reads nothing.
 	sizes, err := ws.JournalFiles()
 	if err != nil {
 		return
 	}
 	grown := len(sizes) != len(fl.size)
-	before := make(map[string]int64, len(sizes))
 	for _, jf := range sizes {
-		before[jf.Name] = jf.Size
 		if fl.size[jf.Name] != jf.Size {
 			grown = true
 		}
@@ -207,31 +201,34 @@ func (fl *follower) catchUp() {
 	} else if err != nil {
 		return
 	}
-	fl.f.self.expire(time.Now())
+	for _, jf := range sizes {
+		fl.size[jf.Name] = jf.Size
+	}
 	for _, jf := range files {
-		skip := fl.handled[jf.Name]
-		for i, c := range jf.Changes {
-			if i < skip || fl.f.self.take(c.Path, c.Subtree) {
+		own := ws.OwnJournal(jf.Name)
+		for _, c := range jf.Changes {
+			if own && mine(c) {
 				continue
 			}
 			fl.drop(c.Path, c.Subtree)
 		}
-		// The reader's offset stops at the first open still going, and
-		// the changes past it would be read (and dropped) again. So the
-		// offset moves on only once it reaches what the file held before
-		// this pass; until then the pass starts where it did, skipping
-		// the changes it has handled.
-		if jf.Size >= before[jf.Name] || before[jf.Name] == 0 {
-			fl.from[jf.Name], fl.handled[jf.Name] = jf.Size, 0
-		} else {
-			fl.handled[jf.Name] = len(jf.Changes)
-		}
-		fl.size[jf.Name] = before[jf.Name]
+		fl.from[jf.Name] = jf.End
 		if !jf.Trusted() && !fl.doubted[jf.Name] {
 			fl.doubted[jf.Name] = true
 			fl.dropAll()
 		}
 	}
+}
+
+// mine reports whether a line of the mount's own Workspace is the mount's
+// change (its projection's, or its health probe's), not the tool door's
+// in the same process. A Workspace is projected by one mount at a time
+// (sandbox.Pool keeps one), so every projection line there is this one's.
+// A change the tool door makes to a file the mount holds open for writing
+// has no line of its own (the open covers it), so it is seen when the
+// name is next looked up, as a replaced file is (the open answers ESTALE).
+func mine(c store.JournalChange) bool {
+	return c.Source == store.SourceProjection || c.Source == store.SourceLoomfs
 }
 
 // forgetGone forgets the files that are no longer there.
@@ -247,7 +244,6 @@ func (fl *follower) forgetGone() {
 	for name := range fl.from {
 		if !present[name] {
 			delete(fl.from, name)
-			delete(fl.handled, name)
 			delete(fl.size, name)
 			delete(fl.doubted, name)
 		}

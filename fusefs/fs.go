@@ -42,9 +42,6 @@ type fsys struct {
 	// coherent: the mount follows the change journals (follow.go), so
 	// the kernel may keep failed lookups, listings and pages too.
 	coherent bool
-	// self counts the journal lines of the mount's own changes, which
-	// the follower skips (cache.go).
-	self selfNotes
 
 	// open holds the file handles the kernel has not released yet, so an
 	// unmount can still summarise them (the kernel sends RELEASE
@@ -360,4 +357,13 @@ func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
 		return policy.CrossMount(rel)
 	}
 	return nil
+}
+
+// by says a change at rel is this projection's, made for its command's
+// call, or loomfs's own (the health probe's file).
+func (f *fsys) by(op, rel string) store.Change {
+	if p := f.probing.Load(); p != nil && *p == rel {
+		return store.Change{Op: op, Source: store.SourceLoomfs}
+	}
+	return store.Change{Op: op, Source: store.SourceProjection, Call: f.opts.CallID}
 }

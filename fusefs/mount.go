@@ -31,8 +31,9 @@ type Mounted struct {
 	dir      string
 	follower *follower // nil under "cache: strict"
 
-	once sync.Once
-	err  error
+	once   sync.Once
+	err    error
+	unheld func() // ends the mount's part in counts of the scope
 }
 
 // ErrDetached is returned by Unmount when the mount was still in use: the
@@ -112,7 +113,10 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		server.Unmount()
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
-	m := &Mounted{fsys: f, server: server, dir: dir}
+	// A count of the scope (the quota's reconcile) sees what files open
+	// here hold with no name left.
+	unheld := ws.CountHeld(f.heldOpen)
+	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld}
 	if f.coherent {
 		m.follower = newFollower(f, opts.journalPoll())
 		m.follower.start()
@@ -152,6 +156,7 @@ func (m *Mounted) Dir() string { return m.dir }
 // aborted and detached, and ErrDetached returned.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
+		defer m.unheld()
 		defer m.releaseOpen()
 		if m.follower != nil {
 			m.follower.close()

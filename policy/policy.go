@@ -64,6 +64,10 @@ type Policy struct {
 	// Cache says how the projection lets the kernel cache (CacheJournal,
 	// the default when empty, or CacheStrict).
 	Cache Cache
+	// Layout lists the directories a scope gets at first use (layout.go):
+	// the standard preset's, and every rule's of a policy file unless it
+	// says "create: false". Set it with SetLayout.
+	Layout []string
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
@@ -236,6 +240,10 @@ type Limits struct {
 
 	IOBytesPerSec int64 // bytes read and written per second, both doors; 0 is no limit
 	IOOpsPerSec   int64 // filesystem operations and tool calls per second; 0 is no limit
+	// ImageBytes caps the image workspace_read_image returns (after
+	// downscaling and encoding); ImageSource the file it reads.
+	ImageBytes  int64
+	ImageSource int64
 }
 
 // DefaultLimits are the limits of the open layout.
@@ -253,6 +261,8 @@ func DefaultLimits() Limits {
 		RegexTimeout: 100 * time.Millisecond,
 		GrepBudget:   10 * time.Second,
 		WalkEntries:  200_000,
+		ImageBytes:   4 << 20,
+		ImageSource:  64 << 20,
 	}
 }
 

@@ -15,3 +15,16 @@ func (w *Workspace) OpenJournalDir() (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), JournalDir), nil
 }
+
+// OwnJournal reports whether journal file name is one this Workspace wrote:
+// its lines are the changes made through this Workspace, so a projection
+// of it knows which of them are its own (JournalChange.Source).
+func (w *Workspace) OwnJournal(name string) bool {
+	j := w.journal
+	if j == nil {
+		return false
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.names[name]
+}

@@ -202,6 +202,9 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	limit("io_ops_per_s", orUnlimited(l.IOOpsPerSec, count))
 	tw.Flush()
 	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\n", symlinksOf(pol), cacheOf(pol))
+	if len(pol.Layout) > 0 {
+		fmt.Fprintf(w, "made at first use (0700): %s\n", strings.Join(pol.Layout, " "))
+	}
 }
 
 func policyJSON(pol *policy.Policy, src string) any {
@@ -223,8 +226,9 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Limits   any       `json:"limits"`
 		Symlinks string    `json:"symlinks"`
 		Cache    string    `json:"cache"`
+		Layout   []string  `json:"layout"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Readme: policy.WorkspaceReadme(pol)}
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
