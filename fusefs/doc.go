@@ -106,8 +106,10 @@
 // the readers that still have it open), the parent's attributes and
 // cached listing; a removed object is dropped with NotifyDelete, a renamed
 // or restored directory with everything the kernel knows beneath it. The
-// mount's own changes need nothing dropped: their lines are counted as
-// they are written (cache.go) and skipped. A journal file that vanishes
+// mount's own changes need nothing dropped: their lines, in the journal
+// files of the mount's own Workspace with the projection as their source,
+// are skipped (a tool door sharing that Workspace writes lines of source
+// "tool" there, which are not). A journal file that vanishes
 // before it was read to its end, or whose writer died without ending it,
 // makes the mount drop everything once. Mounted.Serve (a pooled
 // projection starting a command) reads the journals to their end first.
