@@ -121,7 +121,7 @@
 // one open to the next (FOPEN_KEEP_CACHE) when the file is as it was at
 // its last open (size, mtime and ctime). Bounded staleness: on one node, a
 // change is seen once the follower has read its line, a millisecond or so
-// after it (the follower makes at most one pass per 10 ms during a burst of
+// after it (the follower makes at most one pass per 25 ms during a burst of
 // lines, so up to that); across nodes, within the poll interval plus the
 // shared filesystem's own delay (measured on CephFS in BENCHMARKS.md).
 // While a file is open for writing elsewhere its writes are not noted one

@@ -52,7 +52,7 @@ type follower struct {
 const wakeGap = time.Millisecond
 
 // passGap is the least time between two passes woken by inotify.
-const passGap = 10 * time.Millisecond
+const passGap = 25 * time.Millisecond
 
 func newFollower(f *fsys, poll time.Duration) *follower {
 	return &follower{
