@@ -70,14 +70,14 @@ func TestFeed(t *testing.T) {
 	if len(start.Changes) != 0 || start.Cursor == "" || start.Reset {
 		t.Fatalf("a read without since: %+v", start)
 	}
-	must(ws.Mkdir(tool, "src", false))(t)
-	must(ws.WriteFile(tool, "src/a.go", []byte("x"), nil))(t)
-	must(ws.WriteFile(tool, "src/a.go", []byte("y"), nil))(t)
-	must(ws.Unfiltered().Mkdir(tool, ".meta", false))(t)
+	must(ws.Mkdir(tool, "app", false))(t)
+	must(ws.WriteFile(tool, "app/a.go", []byte("x"), nil))(t)
+	must(ws.WriteFile(tool, "app/a.go", []byte("y"), nil))(t)
+	must(ws.Unfiltered().Mkdir(tool, ".meta", true))(t) // made by the layout, or here
 	must(ws.Unfiltered().WriteFile(tool, ".meta/secret", []byte("z"), nil))(t)
 	// As the projection notes a directory rename (fusefs).
-	ws.NoteChangeBy("src", true, store.Change{Op: store.OpRename, To: "lib", Source: store.SourceProjection, Call: "cmd-1"})
-	ws.NoteChangeBy("lib", true, store.Change{Op: store.OpRename, From: "src", Source: store.SourceProjection, Call: "cmd-1"})
+	ws.NoteChangeBy("app", true, store.Change{Op: store.OpRename, To: "lib", Source: store.SourceProjection, Call: "cmd-1"})
+	ws.NoteChangeBy("lib", true, store.Change{Op: store.OpRename, From: "app", Source: store.SourceProjection, Call: "cmd-1"})
 	// Into and out of a hidden subtree: a delete and a create here.
 	ws.NoteChangeBy("lib/a.go", false, store.Change{Op: store.OpRename, To: ".meta/a.go"})
 	ws.NoteChangeBy(".meta/a.go", false, store.Change{Op: store.OpRename, From: "lib/a.go"})
@@ -87,8 +87,8 @@ func TestFeed(t *testing.T) {
 
 	p := must(changes.Read(context.Background(), ws, changes.Query{Since: start.Cursor}))(t)
 	same(t, "feed", events(p), []ev{
-		{"mkdir", "src", ""}, {"create", "src/a.go", ""}, {"write", "src/a.go", ""},
-		{"rename", "src", "lib"}, {"delete", "lib/a.go", ""}, {"create", "lib/b", ""}, {"delete", "lib/b", ""},
+		{"mkdir", "app", ""}, {"create", "app/a.go", ""}, {"write", "app/a.go", ""},
+		{"rename", "app", "lib"}, {"delete", "lib/a.go", ""}, {"create", "lib/b", ""}, {"delete", "lib/b", ""},
 	})
 	if e := p.Changes[1]; e.Source != "tool" || e.CallID != "c-1" || e.Node == "" || e.Time == "" {
 		t.Errorf("who and when: %+v", e)
@@ -101,8 +101,8 @@ func TestFeed(t *testing.T) {
 		t.Errorf("read past the cursor: %v", events(again))
 	}
 	// A prefix.
-	pp := must(changes.Read(context.Background(), ws, changes.Query{Since: start.Cursor, Prefix: "src"}))(t)
-	same(t, "under src", events(pp), []ev{{"mkdir", "src", ""}, {"create", "src/a.go", ""}, {"write", "src/a.go", ""}, {"rename", "src", "lib"}})
+	pp := must(changes.Read(context.Background(), ws, changes.Query{Since: start.Cursor, Prefix: "app"}))(t)
+	same(t, "under app", events(pp), []ev{{"mkdir", "app", ""}, {"create", "app/a.go", ""}, {"write", "app/a.go", ""}, {"rename", "app", "lib"}})
 }
 
 // TestFeedLimit: a limit cuts the page and the cursor goes on exactly

@@ -61,6 +61,10 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
+	// Layout lists the directories a scope gets at first use (layout.go):
+	// the standard preset's, and every rule's of a policy file unless it
+	// says "create: false". Set it with SetLayout.
+	Layout []string
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).

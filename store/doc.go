@@ -8,6 +8,21 @@
 // it asks the policy package about every object it opens; it decides no
 // rule itself.
 //
+// # The platform's view
+//
+// Open makes the policy's layout directories that are missing
+// (policy.Policy.Layout; LayoutMade says which, for the opener to audit).
+// Platform is a view without the path modes, for the platform's own door
+// (package stage): it fills ro and hidden subtrees and reads wo ones,
+// under every other rule; PlaceFile is its streamed atomic write.
+// # Budgets
+//
+// OpenVolume, Volume.Open and Workspace.Lock answer timeout when their
+// context is done, even while a system call of theirs waits in the kernel
+// (a CephFS client that died holding what the call needs): the call keeps
+// its goroutine (package budget), what it takes afterwards is given back,
+// and Close waits for it before closing the fds it uses.
+//
 // # Call records
 //
 // BeginCall and FinishCall keep the outcome of a tool call for replay

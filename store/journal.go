@@ -125,8 +125,9 @@ const (
 const (
 	SourceTool       = "tool"
 	SourceProjection = "projection"
-	// SourceLoomfs marks loomfs's own files (a projection's health
-	// probe): in the journal for snapshots, never in the change feed.
+	// SourceLoomfs marks loomfs's own changes (a projection's health
+	// probe, the policy's layout directories made at open): in the
+	// journal for snapshots, never in the change feed.
 	SourceLoomfs = "loomfs"
 )
 
@@ -226,7 +227,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed {
+	if j.closed || kind == 'c' && j.openAt(rel) {
 		return
 	}
 	j.write(w, kind, rel, c)
@@ -236,6 +237,19 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 		}
 		j.opens[open] = struct{}{}
 	}
+}
+
+// openAt reports whether an open still going has its file at rel: a
+// change to that file is covered by the open until its x line, so it
+// needs no line of its own (tar sets the times of each file it has open:
+// one append less per file, a round trip on a shared filesystem).
+func (j *journal) openAt(rel string) bool {
+	for o := range j.opens {
+		if o.path() == rel {
+			return true
+		}
+	}
+	return false
 }
 
 // write appends one line, starting a new file first if there is none (a

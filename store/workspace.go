@@ -34,6 +34,9 @@ type Workspace struct {
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
 	calls   callLog  // call records (calls.go)
+
+	layoutMade []string       // layout directories Open made (layout.go)
+	late       sync.WaitGroup // lock waits that outlived their caller's budget (budget.go)
 }
 
 // Scope returns the workspace's scope.
@@ -48,8 +51,10 @@ func (w *Workspace) Volume() *Volume { return w.vol }
 // DirFD returns the pinned scope directory fd. Callers must not close it.
 func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 
-// Close releases the pinned fds.
+// Close releases the pinned fds, once no lock wait that outlived its
+// caller's budget still uses them.
 func (w *Workspace) Close() error {
+	w.late.Wait()
 	w.closeJournal()
 	w.calls.close()
 	w.state.Close()

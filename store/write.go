@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"os"
 	"strconv"
 
@@ -85,6 +87,12 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 // renames it to name. With mustCreate it refuses to replace an object that
 // appeared meanwhile (PlaceNew).
 func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool, by Change) error {
+	return w.replaceFrom(parent, name, rel, bytes.NewReader(data), perm, mustCreate, by)
+}
+
+// replaceFrom is replace with the content read from r; an error of r
+// leaves nothing behind.
+func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm uint32, mustCreate bool, by Change) error {
 	if err := w.ReadyToChange(); err != nil {
 		return err
 	}
@@ -99,7 +107,7 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uin
 			unix.Unlinkat(pfd, tmpName, 0)
 		}
 	}
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		cleanup()
 		return policy.FromErrno(err, "write", rel)
 	}

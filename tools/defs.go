@@ -117,11 +117,12 @@ func Definitions(pol *policy.Policy) []Definition {
 				"offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based; default 1."},
 				"limit":  {"type": "integer", "minimum": 1, "description": fmt.Sprintf("Most lines to return; default %d.", defaultReadLines)},
 			})},
-		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). New files are created 0600 and a replaced file keeps its mode; missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
+		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). New files are created 0600 and a replaced file keeps its mode; missing parent directories are created (0700, each as workspace_mkdir would) unless parents is false. At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
 			schema([]string{"path", "content"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to write."),
 				"content":         {"type": "string", "description": "The whole new content."},
 				"expected_sha256": shaProp,
+				"parents":         {"type": "boolean", "description": "Create missing parent directories (default true); false refuses with not_found instead."},
 			}))},
 		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Instead of old_text and new_text, edits lists several replacements applied in order to the same file, each to the text the ones before it left (old_text and new_text, if given too, first), all or none: a failing one names its index and why, and nothing is written. Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
 			editSchema(schema([]string{"path"}, withConfirm(pol, policy.OpWrite, map[string]prop{

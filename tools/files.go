@@ -197,6 +197,7 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 		Content  *string `json:"content"`
 		Expected *string `json:"expected_sha256"`
 		Confirm  string  `json:"confirm_token"`
+		Parents  *bool   `json:"parents"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
@@ -216,12 +217,26 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	if in.Expected == nil {
 		in.Expected = confirmed
 	}
+	// Missing parents are made as workspace_mkdir with parents makes them,
+	// each asked of the policy; "parents": false keeps the refusal.
+	if dir, _ := policy.Split(rel); dir != "." && (in.Parents == nil || *in.Parents) && missing(t.WS, dir) {
+		if _, err := t.WS.Mkdir(ctx, dir, true); err != nil {
+			return nil, err
+		}
+		t.changed(dir)
+	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(*in.Content), in.Expected)
 	if err != nil {
 		return nil, err
 	}
 	t.changed(rel)
 	return WriteResult{Path: rel, Bytes: res.Bytes, SHA256: res.SHA256, Created: res.Created}, nil
+}
+
+// missing reports whether nothing is at the cleaned path rel.
+func missing(ws *store.Workspace, rel string) bool {
+	_, err := ws.Lstat(rel)
+	return policy.CodeOf(err) == policy.NotFound
 }
 
 func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {

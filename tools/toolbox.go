@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -149,7 +150,13 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	if mutating {
 		started := ev
 		started.Result = "started"
-		if err := t.sink().Record(ctx, started); err != nil {
+		// The audit log is on the volume, whose storage may not answer:
+		// nothing has been done yet if its budget runs out here.
+		_, err := budget.Run(ctx, func() (struct{}, error) { return struct{}{}, t.sink().Record(ctx, started) }, nil)
+		if err != nil && ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "%s was not started: the audit log's storage did not answer within the call's budget; nothing was changed, retry later", name)
+		}
+		if err != nil {
 			return nil, auditErr(err)
 		}
 	}

@@ -11,9 +11,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/stage"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -39,9 +41,15 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 	if err != nil {
 		return nil, err
 	}
-	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// The audit directory is on the volume: its storage may not answer.
+	log, err := budget.Run(ctx, func() (*audit.Log, error) {
+		return audit.Open(ws.Volume().Path(), audit.Options{})
+	}, func(l *audit.Log) { l.Close() })
 	if err != nil {
 		done()
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "the audit log's storage did not answer within the call's budget; retry later")
+		}
 		return nil, auditUnavailable(err)
 	}
 	cmds := &lazyCommands{g: g, log: log}
@@ -64,6 +72,20 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		done()
 	}
 	return s, nil
+}
+
+// recordLayout audits, as the platform's, the layout directories opening
+// ws made (none once the scope has them), before any door serves it.
+func recordLayout(ctx context.Context, ws *store.Workspace) error {
+	if len(ws.LayoutMade()) == 0 {
+		return nil
+	}
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return auditUnavailable(err)
+	}
+	defer log.Close()
+	return (&stage.Platform{WS: ws, Audit: log, Actor: actorOf(ws.Scope())}).RecordLayout(ctx)
 }
 
 // lazyCommands connects to the Docker engine on the first command only, so
