@@ -272,6 +272,7 @@ func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, rel string,
 	if delta < 0 {
 		f.ws.AdjustAt(rel, delta, 0)
 	}
+	n.resized(&st, rel, delta)
 	return 0
 }
 

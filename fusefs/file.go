@@ -102,6 +102,7 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created
 		}
 		h.change = n.fsys.ws.NoteOpenBy(h.path, by)
 	}
+	n.opened()
 	n.fsys.open.Store(h, struct{}{})
 	// The kernel need not send FLUSH at each close(2) (writes are noted
 	// from the open to the release), and it would cost a round trip per
@@ -137,6 +138,7 @@ func (h *handle) fileHandle() fs.FileHandle {
 // for the unmount's summary either.
 func (h *handle) close() {
 	h.node.fsys.open.Delete(h)
+	h.node.closing(h.fd)
 	if h.file != nil {
 		h.file.Close()
 	} else {
@@ -340,9 +342,11 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 	}
 	written = max(written, 0)
 	if grow > 0 {
-		if got := max(off+int64(written)-st.Size, 0); got != grow {
+		got := max(off+int64(written)-st.Size, 0)
+		if got != grow {
 			f.ws.AdjustAt(rel, got-grow, 0)
 		}
+		n.resized(&st, rel, got)
 	}
 	h.written.Add(int64(written))
 	if err != nil && written == 0 {
@@ -387,6 +391,7 @@ func (n *node) resize(fd int, rel string, size int64, apply func() error) error 
 	if delta < 0 {
 		f.ws.AdjustAt(rel, delta, 0)
 	}
+	n.resized(&st, rel, delta)
 	return nil
 }
 
@@ -454,7 +459,8 @@ func (h *handle) release(ctx context.Context, why string) {
 // (FALLOC_FL_KEEP_SIZE) is invisible to a quota on apparent size, so such a
 // reservation is refused with EOPNOTSUPP (a program then writes instead)
 // rather than granted short in silence; within the file it is served.
-// Collapsing and inserting ranges are refused.
+// Collapsing and inserting ranges never come here: the kernel's FUSE
+// client answers them EOPNOTSUPP itself.
 const allocModes = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
 
 func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
@@ -500,6 +506,9 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		}
 		return policy.Errno(err)
 	}
+	if grow > 0 {
+		n.resized(&st, ev.Path, grow)
+	}
 	return 0
 }
 
@@ -543,9 +552,11 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	k, err := unix.CopyFileRange(in.fd, &ri, dst.fd, &wo, int(size), 0)
 	k = max(k, 0)
 	if grow > 0 {
-		if got := max(int64(offOut)+int64(k)-cur.Size, 0); got != grow {
+		got := max(int64(offOut)+int64(k)-cur.Size, 0)
+		if got != grow {
 			f.ws.AdjustAt(ev.Path, got-grow, 0)
 		}
+		on.resized(&cur, ev.Path, got)
 	}
 	in.read.Add(int64(k))
 	dst.written.Add(int64(k))

@@ -36,6 +36,10 @@ type node struct {
 	// locks is the POSIX locks held through the mount on this file, nil
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
+
+	// held is what the opens of this file keep counted in the quota
+	// (unnamed.go); guarded by mu.
+	held held
 }
 
 var (
@@ -353,6 +357,12 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
+	if t, ok := target.(*node); ok {
+		// An O_TMPFILE file is given its name (linkat from /proc/self/fd).
+		if in, handled, e := n.linkUnnamed(ctx, t, name, out); handled {
+			return in, e
+		}
+	}
 	rel, err := n.childRel(name)
 	if err == nil {
 		err = policy.CheckLink(rel)
@@ -596,13 +606,18 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	if dir {
 		flags = unix.AT_REMOVEDIR
 	}
+	// A file still open keeps its space until its last release.
+	done := n.removing(base, &sx, rel)
 	if err := unix.Unlinkat(pfd, base, flags); err != nil {
+		done(false)
 		return f.failed(ctx, ev, err)
 	}
+	held := done(true)
 	f.ws.NoteChangeBy(rel, false, f.by(store.OpDelete, rel))
-	if dir {
+	switch {
+	case dir:
 		f.ws.AdjustAt(rel, 0, -1)
-	} else {
+	case !held:
 		f.ws.AdjustAt(rel, -obj.Size, -1)
 	}
 	return 0
@@ -713,10 +728,18 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		undo()
 		return e
 	}
+	// A file replaced while still open keeps its space until its last
+	// release.
+	done := func(bool) bool { return false }
+	if replaced && !exchange && dst.Ino != src.Ino {
+		done = np.removing(newBase, &dst, newRel)
+	}
 	if err := unix.Renameat2(int(oldDir.Fd()), oldBase, int(newDir.Fd()), newBase, uint(flags)); err != nil {
+		done(false)
 		undo()
 		return f.failed(ctx, ev, err)
 	}
+	held := done(true)
 	// A directory moves with everything in it.
 	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
 	moved := f.by(store.OpRename, oldRel)
@@ -724,7 +747,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	f.ws.NoteChangeBy(oldRel, subtree, moved)
 	moved.To, moved.From = "", oldRel
 	f.ws.NoteChangeBy(newRel, subtree, moved)
-	if replaced && !exchange && dst.Ino != src.Ino {
+	if replaced && !exchange && dst.Ino != src.Ino && !held {
 		obj := objectOf(&dst)
 		if obj.Kind == policy.KindRegular || obj.Kind == policy.KindLink {
 			f.ws.AdjustAt(newRel, -obj.Size, -1)

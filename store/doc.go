@@ -2,7 +2,9 @@
 // layout, the walker that resolves every path beneath a scope's pinned
 // directory fd without following a symlink, atomic writes and exclusive
 // creates (with or without RENAME_NOREPLACE), scope locks, execution
-// markers and the record of tool calls.
+// markers and the record of tool calls. The scope's usage (Usage, Reserve,
+// Adjust) is its shared quota account, package quota, kept in the state
+// directory's QuotaDir and joined by each Workspace on first use.
 //
 // It never hands a path string from outside to a path-based syscall, and
 // it asks the policy package about every object it opens; it decides no

@@ -125,9 +125,11 @@ const (
 const (
 	SourceTool       = "tool"
 	SourceProjection = "projection"
-	// SourceLoomfs marks loomfs's own changes (a projection's health
-	// probe, the policy's layout directories made at open): in the
-	// journal for snapshots, never in the change feed.
+	// SourcePlatform is the platform's own door (package stage) and the
+	// layout an opening makes.
+	SourcePlatform = "platform"
+	// SourceLoomfs marks loomfs's own files (a projection's health
+	// probe): in the journal for snapshots, never in the change feed.
 	SourceLoomfs = "loomfs"
 )
 

@@ -65,7 +65,7 @@ func (w *Workspace) layoutDir(rel string) (made string, stop bool, err error) {
 		unix.Fchmod(fd, policy.DirPerm)
 		unix.Close(fd)
 	}
-	w.NoteChangeBy(rel, false, Change{Op: OpMkdir, Source: SourceLoomfs})
+	w.NoteChangeBy(rel, false, Change{Op: OpMkdir, Source: SourcePlatform})
 	return rel, false, nil
 }
 

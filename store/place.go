@@ -71,11 +71,14 @@ func (w *Workspace) PlaceFile(ctx context.Context, rel string, r io.Reader, size
 	}
 	h := sha256.New()
 	src := io.TeeReader(&exactReader{r: r, left: size, rel: rel}, h)
-	op := OpWrite
+	by := changeBy(ctx, OpWrite)
 	if !exists {
-		op = OpCreate
+		by.Op = OpCreate
 	}
-	if err := w.replaceFrom(parent, name, rel, src, policy.OwnerPerm(perm), !exists, changeBy(ctx, op)); err != nil {
+	if by.Source == "" {
+		by.Source = SourcePlatform
+	}
+	if err := w.replaceFrom(parent, name, rel, src, policy.OwnerPerm(perm), !exists, by); err != nil {
 		undo()
 		return WriteResult{}, err
 	}

@@ -30,6 +30,7 @@ func (w *Workspace) Unfiltered() *Workspace {
 		dev:     w.dev,
 		mnt:     w.mnt,
 		journal: w.journal,
+		quota:   w.quota,
 	}
 }
 

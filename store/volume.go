@@ -231,6 +231,7 @@ func (v *Volume) open(s Scope, pol *policy.Policy) (*Workspace, error) {
 		dev:     st.Dev,
 		mnt:     mnt,
 		journal: &journal{},
+		quota:   &scopeQuota{},
 	}
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {

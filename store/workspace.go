@@ -27,10 +27,9 @@ type Workspace struct {
 	dev   uint64
 	mnt   uint64 // mount id of dir: nothing on another mount is used
 
-	usageMu    sync.Mutex
-	usage      policy.Usage
-	usageKnown bool
-	caps       capUsage // usage of each capped subtree (subtree.go)
+	quota   *scopeQuota // the scope's shared quota account (usage.go)
+	usageMu sync.Mutex
+	caps    capUsage // usage of each capped subtree (subtree.go)
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
 	calls   callLog  // call records (calls.go)
@@ -55,6 +54,7 @@ func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 // caller's budget still uses them.
 func (w *Workspace) Close() error {
 	w.late.Wait()
+	w.closeAccount()
 	w.closeJournal()
 	w.calls.close()
 	w.state.Close()
