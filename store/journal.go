@@ -230,7 +230,10 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed || kind == 'c' && j.openAt(rel) {
+	// A setattr of a file an open still going holds is covered by that
+	// open (openAt); a create, delete or rename, or a tool's write, has
+	// its line: the change feed tells them apart.
+	if j.closed || kind == 'c' && (c.Op == OpSetattr || c.Op == "") && j.openAt(rel) {
 		return
 	}
 	j.write(w, kind, rel, c)
