@@ -231,9 +231,10 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	// A setattr of a file an open still going holds is covered by that
-	// open (openAt); a create, delete or rename, or a tool's write, has
-	// its line: the change feed tells them apart.
-	if j.closed || kind == 'c' && (c.Op == OpSetattr || c.Op == "") && j.openAt(rel) {
+	// open (openAt), if the open is this change's own door's; a create,
+	// delete or rename, a tool's write, or another door's change has its
+	// line: the change feed and the other mounts' invalidation need it.
+	if j.closed || kind == 'c' && (c.Op == OpSetattr || c.Op == "") && j.openAt(rel, c.Source) {
 		return
 	}
 	j.write(w, kind, rel, c)
@@ -245,13 +246,15 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	}
 }
 
-// openAt reports whether an open still going has its file at rel: a
-// change to that file is covered by the open until its x line, so it
-// needs no line of its own (tar sets the times of each file it has open:
-// one append less per file, a round trip on a shared filesystem).
-func (j *journal) openAt(rel string) bool {
+// openAt reports whether an open still going, made by the same door
+// (source), has its file at rel: a change to that file is covered by the
+// open until its x line, so it needs no line of its own (tar sets the
+// times of each file it has open: one append less per file, a round trip
+// on a shared filesystem). Another door's change gets its line: a mount
+// following the journals skips its own lines, and would miss it.
+func (j *journal) openAt(rel, source string) bool {
 	for o := range j.opens {
-		if o.path() == rel {
+		if o.by.Source == source && o.path() == rel {
 			return true
 		}
 	}
