@@ -61,6 +61,10 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
+	// Layout lists the directories a scope gets at first use (layout.go):
+	// the standard preset's, and every rule's of a policy file unless it
+	// says "create: false". Set it with SetLayout.
+	Layout []string
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
@@ -230,6 +234,11 @@ type Limits struct {
 	RegexTimeout time.Duration // per-match limit of a backtracking regex
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
+
+	// ImageBytes caps the image workspace_read_image returns (after
+	// downscaling and encoding); ImageSource the file it reads.
+	ImageBytes  int64
+	ImageSource int64
 }
 
 // DefaultLimits are the limits of the open layout.
@@ -247,6 +256,8 @@ func DefaultLimits() Limits {
 		RegexTimeout: 100 * time.Millisecond,
 		GrepBudget:   10 * time.Second,
 		WalkEntries:  200_000,
+		ImageBytes:   4 << 20,
+		ImageSource:  64 << 20,
 	}
 }
 

@@ -84,5 +84,11 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 		unlock()
 		return nil, err
 	}
+	// A change set a crash cut midway is finished before anything else
+	// (intent.go).
+	if err := w.recoverChanges(); err != nil {
+		unlock()
+		return nil, err
+	}
 	return unlock, nil
 }

@@ -185,10 +185,11 @@ func (v *Volume) stateDir(s Scope) (int, error) {
 	return mkdirAll(int(v.root.Fd()), LocksDir+"/"+s.Hash())
 }
 
-// Open opens scope s with policy pol, creating its directory on demand.
-// The returned Workspace pins the scope directory by fd: no call on it
-// resolves the scope's path again. A scope whose storage does not answer
-// before ctx is done is refused with timeout.
+// Open opens scope s with policy pol, creating its directory on demand,
+// and the directories of the policy's layout that are missing
+// (LayoutMade). The returned Workspace pins the scope directory by fd: no
+// call on it resolves the scope's path again. A scope whose storage does
+// not answer before ctx is done is refused with timeout.
 func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Workspace, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -230,12 +231,17 @@ func (v *Volume) open(s Scope, pol *policy.Policy) (*Workspace, error) {
 		dev:     st.Dev,
 		mnt:     mnt,
 		journal: &journal{},
+		quota:   &scopeQuota{},
 	}
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {
 			w.Close()
 			return nil, err
 		}
+	}
+	if err := w.makeLayout(); err != nil {
+		w.Close()
+		return nil, err
 	}
 	return w, nil
 }
@@ -256,7 +262,7 @@ func (w *Workspace) keepReadme() error {
 	defer parent.Close()
 	// The rename replaces whatever has the name (never following it);
 	// usage is not known yet at open, so nothing to adjust.
-	if err := w.replace(parent, name, rel, want, policy.FilePerm, false); err != nil {
+	if err := w.replace(parent, name, rel, want, policy.FilePerm, false, Change{Op: OpWrite}); err != nil {
 		return fmt.Errorf("workspace README: %w", err)
 	}
 	return nil

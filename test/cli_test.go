@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
 )
 
 var loomfsBin string
@@ -139,8 +140,13 @@ func TestToolsListsDefinitions(t *testing.T) {
 		Description string          `json:"description"`
 		InputSchema json.RawMessage `json:"input_schema"`
 	}
-	if err := json.Unmarshal(r.stdout, &defs); err != nil || len(defs) != 10 {
-		t.Fatalf("loomfs tools: %v, %d definitions", err, len(defs))
+	if err := json.Unmarshal(r.stdout, &defs); err != nil || len(defs) != len(tools.Names) {
+		t.Fatalf("loomfs tools: %v, %d definitions, want %d", err, len(defs), len(tools.Names))
+	}
+	for i, d := range defs {
+		if d.Name != tools.Names[i] || d.Description == "" || len(d.InputSchema) == 0 {
+			t.Errorf("definition %d: %s, want %s with a description and a schema", i, d.Name, tools.Names[i])
+		}
 	}
 }
 

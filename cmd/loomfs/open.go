@@ -30,7 +30,8 @@ func (g *globals) loadPolicy() (*policy.Policy, error) {
 // SPACE/AGENT/SESSION[/RUN/INSTANCE], or run:RUN[/INSTANCE] to resume a run
 // through its recorded binding (SPEC §2.3) — its volume, layout and scope
 // as they were when it was created, or <data>/runs/RUN for a run from
-// before bindings. The caller closes everything through the returned func.
+// before bindings. The layout directories the opening made are audited as
+// the platform's. The caller closes everything through the returned func.
 func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Workspace, func(), error) {
 	if scopeArg == "" {
 		return nil, nil, usagef("--scope is required (SPACE/AGENT/SESSION, SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE])")
@@ -39,9 +40,26 @@ func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Wo
 	if err != nil {
 		return nil, nil, err
 	}
+	var ws *store.Workspace
+	var done func()
 	if run, ok := strings.CutPrefix(scopeArg, "run:"); ok {
-		return g.resumeRun(ctx, run, pol)
+		ws, done, err = g.resumeRun(ctx, run, pol)
+	} else {
+		ws, done, err = g.openScope(ctx, scopeArg, pol)
 	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := recordLayout(ctx, ws); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return ws, done, nil
+}
+
+// openScope opens SPACE/AGENT/SESSION[/RUN/INSTANCE] on the configured
+// volume.
+func (g *globals) openScope(ctx context.Context, scopeArg string, pol *policy.Policy) (*store.Workspace, func(), error) {
 	sc, err := parseScopeFlag(scopeArg)
 	if err != nil {
 		return nil, nil, err

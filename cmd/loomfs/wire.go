@@ -15,6 +15,7 @@ import (
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/stage"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -71,6 +72,20 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		done()
 	}
 	return s, nil
+}
+
+// recordLayout audits, as the platform's, the layout directories opening
+// ws made (none once the scope has them), before any door serves it.
+func recordLayout(ctx context.Context, ws *store.Workspace) error {
+	if len(ws.LayoutMade()) == 0 {
+		return nil
+	}
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return auditUnavailable(err)
+	}
+	defer log.Close()
+	return (&stage.Platform{WS: ws, Audit: log, Actor: actorOf(ws.Scope())}).RecordLayout(ctx)
 }
 
 // lazyCommands connects to the Docker engine on the first command only, so
