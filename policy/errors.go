@@ -53,6 +53,12 @@ const (
 	// policy marks for two-step confirmation (seed 001 §6.3); Token
 	// carries the one-time token that performs it.
 	ConfirmationRequired Code = "confirmation_required"
+	// ProcessOnOtherNode answers a call for a process that another node
+	// owns (SPEC §5.1); the message names that node.
+	ProcessOnOtherNode Code = "process_on_other_node"
+	// ProcessServiceUnavailable: no node service (loomfs serve) answers,
+	// so processes can't be started or reached.
+	ProcessServiceUnavailable Code = "process_service_unavailable"
 )
 
 // Error is the one error type every door returns. Message is written for a

@@ -35,6 +35,9 @@ import (
 //	  file_bytes: 1 GiB     # largest file through the filesystem
 //	  scope_bytes: 5 GiB    # or "unlimited"
 //	  scope_files: 100000
+//	  session_idle: 10m     # a session sandbox with no process and no call ends (SPEC §5.1)
+//	  session_lifetime: 2h  # a session sandbox ends this long after it started, whatever runs
+//	  process_output_bytes: 1 MiB  # output kept per process for workspace_process_read
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
 // grep_line, regex_timeout, grep_budget, walk_entries) may be set too. An
@@ -415,7 +418,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "session_idle", "session_lifetime", "process_output_bytes"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -442,6 +445,12 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.RegexTimeout, err = p.duration(v, key)
 		case "grep_budget":
 			l.GrepBudget, err = p.duration(v, key)
+		case "session_idle":
+			l.SessionIdle, err = p.duration(v, key)
+		case "session_lifetime":
+			l.SessionLifetime, err = p.duration(v, key)
+		case "process_output_bytes":
+			l.ProcessOutput, err = p.size(v, key, false)
 		}
 		return err
 	})

@@ -230,6 +230,13 @@ type Limits struct {
 	RegexTimeout time.Duration // per-match limit of a backtracking regex
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
+
+	// A scope's session sandbox (SPEC §5.1) ends after SessionIdle
+	// without a running process or a call, and after SessionLifetime in
+	// any case; each process keeps its last ProcessOutput bytes of output.
+	SessionIdle     time.Duration
+	SessionLifetime time.Duration
+	ProcessOutput   int64
 }
 
 // DefaultLimits are the limits of the open layout.
@@ -247,6 +254,10 @@ func DefaultLimits() Limits {
 		RegexTimeout: 100 * time.Millisecond,
 		GrepBudget:   10 * time.Second,
 		WalkEntries:  200_000,
+
+		SessionIdle:     10 * time.Minute,
+		SessionLifetime: 2 * time.Hour,
+		ProcessOutput:   1 << 20,
 	}
 }
 

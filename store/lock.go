@@ -71,5 +71,9 @@ func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
 		unlock()
 		return nil, err
 	}
+	if err := w.quarantineStaleSession(); err != nil {
+		unlock()
+		return nil, err
+	}
 	return unlock, nil
 }

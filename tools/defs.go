@@ -142,7 +142,7 @@ func Definitions(pol *policy.Policy) []Definition {
 				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
 			})},
 	}
-	return defs
+	return append(defs, processDefinitions(pol)...)
 }
 
 // Command timeouts (SPEC §5).

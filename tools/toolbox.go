@@ -95,7 +95,10 @@ type CommandRunner interface {
 type Toolbox struct {
 	WS       *store.Workspace
 	Commands CommandRunner // nil: workspace_command answers sandbox_unavailable
-	Audit    audit.Sink    // nil: audit.Discard
+	// Processes runs the process tools (SPEC §5.1); nil: they answer
+	// process_service_unavailable.
+	Processes ProcessRunner
+	Audit     audit.Sink // nil: audit.Discard
 	// Changed is told of every path the tools changed, so an in-process
 	// FUSE projection can drop its caches.
 	Changed func(rel string)
@@ -259,7 +262,7 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		}
 		return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
 	}
-	if Mutating(name) {
+	if Mutating(name) && !selfLocking[name] {
 		wait := t.LockWait
 		if wait == 0 {
 			wait = 30 * time.Second
