@@ -69,7 +69,8 @@ type Record struct {
 	Reason    string     `json:"reason,omitempty"`
 }
 
-func (r Record) info() tools.ProcessInfo {
+// Info is the record as a process tool shows it.
+func (r Record) Info() tools.ProcessInfo {
 	return tools.ProcessInfo{ProcessID: r.ID, Command: r.Command, TTY: r.TTY, Cols: r.Cols, Rows: r.Rows, Status: r.Status,
 		ExitCode: r.ExitCode, Signal: r.Signal, Node: r.Node, Container: r.Container, ExecID: r.ExecID, CallID: r.CallID,
 		Started: r.Started, Ended: r.Ended, Cursor: r.Cursor}
@@ -365,7 +366,7 @@ func (p *Process) output(since int64, max int) tools.ProcessOutput {
 }
 
 // Info describes the process as it is now.
-func (p *Process) Info() tools.ProcessInfo { return p.rec().info() }
+func (p *Process) Info() tools.ProcessInfo { return p.rec().Info() }
 
 func (p *Process) rec() Record {
 	end, _, _ := p.out.state()

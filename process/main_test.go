@@ -122,8 +122,8 @@ func newEnv(t *testing.T, root, node, scope, polText string) *env {
 	mountDir := filepath.Join(t.TempDir(), "mnt")
 	svc := NewService(Config{
 		Runner: r, MountDir: mountDir, Open: open, KeepEnded: time.Minute,
-		Mount: func(ctx context.Context, ws *store.Workspace, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
-			return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+		Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
+			return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID, Audit: log})
 		},
 	})
 	sc, err := store.ParseScope(scope)

@@ -24,11 +24,15 @@ import (
 // life; close releases both.
 type Opener func(ctx context.Context, sc store.Scope) (ws *store.Workspace, log audit.Sink, close func(), err error)
 
+// MountFunc mounts ws's projection at mountpoint for a session sandbox,
+// its FUSE records going to log.
+type MountFunc func(ctx context.Context, ws *store.Workspace, log audit.Sink, mountpoint string, call sandbox.CallInfo) (sandbox.Projection, error)
+
 // Config configures a Service.
 type Config struct {
-	Runner   *sandbox.Runner   // the engine; its image, limits and user are the sandbox's
-	Mount    sandbox.MountFunc // mounts a scope's projection for a session sandbox
-	MountDir string            // root-only directory for mountpoints; "" means sandbox.DefaultMountDir
+	Runner   *sandbox.Runner // the engine; its image, limits and user are the sandbox's
+	Mount    MountFunc       // mounts a scope's projection for a session sandbox
+	MountDir string          // root-only directory for mountpoints; "" means sandbox.DefaultMountDir
 	Open     Opener
 	Skills   map[string]string // skill id → host dir, mounted read-only
 	// KeepEnded is how long the record of an ended process is kept for
@@ -255,7 +259,7 @@ func (s *Service) ListProcesses(ctx context.Context, ws *store.Workspace) ([]too
 		}
 		var rec Record
 		if ok, err := ws.ReadProcessRecord(id, &rec); err == nil && ok {
-			out = append(out, rec.info())
+			out = append(out, rec.Info())
 		}
 	}
 	return out, nil

@@ -32,7 +32,7 @@ func processDefinitions(pol *policy.Policy) []Definition {
 		return prop{"type": "integer", "minimum": 0, "maximum": MaxYield.Milliseconds(), "description": fmt.Sprintf("Milliseconds to wait for output before answering; default %d.", def)}
 	}
 	maxBytes := prop{"type": "integer", "minimum": 1, "maximum": MaxReadBytes, "description": fmt.Sprintf("Most output bytes to return; default %d. truncated says more followed.", DefaultReadBytes)}
-	id := prop{"type": "string", "description": "The process_id from workspace_process_start or workspace_process_list."}
+	id := prop{"type": "string", "pattern": "^[a-z0-9-]{1,64}$", "description": "The process_id from workspace_process_start or workspace_process_list."}
 	cols := prop{"type": "integer", "minimum": MinTermSize, "maximum": MaxTermSize, "description": fmt.Sprintf("Terminal columns; default %d.", DefaultCols)}
 	rows := prop{"type": "integer", "minimum": MinTermSize, "maximum": MaxTermSize, "description": fmt.Sprintf("Terminal rows; default %d.", DefaultRows)}
 	return []Definition{

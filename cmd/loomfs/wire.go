@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
@@ -45,19 +46,22 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 		return nil, auditUnavailable(err)
 	}
 	cmds := &lazyCommands{g: g, log: log}
+	procs := nodeservice.NewClient(socketPath())
 	s := &session{
 		ws:  ws,
 		log: log,
 		tools: &tools.Toolbox{
-			WS:       ws,
-			Audit:    log,
-			Commands: cmds,
-			Actor:    actorOf(ws.Scope()),
-			Log:      g.log,
+			WS:        ws,
+			Audit:     log,
+			Commands:  cmds,
+			Processes: procs,
+			Actor:     actorOf(ws.Scope()),
+			Log:       g.log,
 		},
 	}
 	s.close = func() {
 		cmds.close()
+		procs.Close()
 		if err := log.Close(); err != nil {
 			g.log.Warn("close audit log", zap.Error(err))
 		}
