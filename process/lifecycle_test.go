@@ -168,6 +168,10 @@ func TestProcessAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := between(string(res), `"process_id":"`, `"`)
+	var rec Record
+	if ok, _ := e.ws.ReadProcessRecord(id, &rec); !ok || rec.CallID != "call-start" {
+		t.Fatalf("record %+v: want the start's call id", rec)
+	}
 	if _, err := e.tb.Call(ctx, tools.ProcessWrite, "call-write", []byte(`{"process_id":"`+id+`","input":"secret\n","yield_ms":100}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -212,3 +216,29 @@ func between(s, a, b string) string {
 }
 
 var _ = store.SessionMarker
+
+// Records of ended processes stay for late readers, then are collected;
+// a running process's record stays.
+func TestEndedRecordsCollected(t *testing.T) {
+	e := newEnvKeeping(t, "", testNode, "acme/coder/collect", "", 2*time.Second)
+	ended := e.start(map[string]any{"command": "echo done", "yield_ms": 5000})
+	running := e.start(map[string]any{"command": "sleep 600", "yield_ms": 100})
+	var r tools.ProcessOutput
+	e.must(tools.ProcessRead, map[string]any{"process_id": ended.ProcessID}, &r)
+	if r.Output != "done\n" || r.Status != tools.StatusExited {
+		t.Fatalf("late read of an ended process: %+v", r)
+	}
+	var rec Record
+	if ok, _ := e.ws.ReadProcessRecord(ended.ProcessID, &rec); !ok || rec.Node != testNode || rec.Container != ended.Container || rec.ExecID == "" || rec.Command != "echo done" || rec.Started.IsZero() {
+		t.Fatalf("record %+v", rec)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	var list tools.ProcessListResult
+	e.must(tools.ProcessList, map[string]any{}, &list)
+	if len(list.Processes) != 1 || list.Processes[0].ProcessID != running.ProcessID {
+		t.Fatalf("after the keep time: %+v, want only the running process", list.Processes)
+	}
+	if err := e.call(tools.ProcessRead, map[string]any{"process_id": ended.ProcessID}, nil); policy.CodeOf(err) != policy.NotFound {
+		t.Fatalf("read of a collected process: %v, want not_found", err)
+	}
+}

@@ -84,6 +84,11 @@ type env struct {
 // newEnv opens scope sc on root (a fresh directory when ""), with a
 // Service of node node and the policy text polText ("" for the open layout).
 func newEnv(t *testing.T, root, node, scope, polText string) *env {
+	return newEnvKeeping(t, root, node, scope, polText, time.Minute)
+}
+
+// newEnvKeeping is newEnv with ended processes kept for keep.
+func newEnvKeeping(t *testing.T, root, node, scope, polText string, keep time.Duration) *env {
 	t.Helper()
 	if root == "" {
 		root = t.TempDir()
@@ -121,7 +126,7 @@ func newEnv(t *testing.T, root, node, scope, polText string) *env {
 	}
 	mountDir := filepath.Join(t.TempDir(), "mnt")
 	svc := NewService(Config{
-		Runner: r, MountDir: mountDir, Open: open, KeepEnded: time.Minute,
+		Runner: r, MountDir: mountDir, Open: open, KeepEnded: keep,
 		Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
 			return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID, Audit: log})
 		},

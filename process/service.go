@@ -298,7 +298,7 @@ func (s *Service) ended(ws *store.Workspace, id string) (Record, bool) {
 }
 
 // collect removes the records of processes that ended more than
-// KeepEnded ago, and of processes of this node that no longer exist.
+// KeepEnded ago, with the output this node kept of them.
 func (s *Service) collect(ws *store.Workspace) {
 	ids, err := ws.ProcessRecordIDs()
 	if err != nil {
@@ -311,8 +311,22 @@ func (s *Service) collect(ws *store.Workspace) {
 		}
 		if rec.Ended != nil && time.Since(*rec.Ended) > s.cfg.KeepEnded {
 			ws.RemoveProcessRecord(id)
+			s.mu.Lock()
+			delete(s.procs, id) // its output goes with its record
+			s.mu.Unlock()
+			if b := s.boxOf(ws.Scope()); b != nil {
+				b.mu.Lock()
+				delete(b.procs, id)
+				b.mu.Unlock()
+			}
 		}
 	}
+}
+
+func (s *Service) boxOf(sc store.Scope) *Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.boxes[sc.Hash()]
 }
 
 func otherNode(node, what string) error {
