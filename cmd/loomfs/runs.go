@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/nodeservice"
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/retention"
 	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
