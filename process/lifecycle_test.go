@@ -242,3 +242,20 @@ func TestEndedRecordsCollected(t *testing.T) {
 		t.Fatalf("read of a collected process: %v, want not_found", err)
 	}
 }
+
+// A process changing a file between a model's read and its write makes
+// the write's expected_sha256 fail with conflict and the current hash,
+// never a silent overwrite: the CAS half of the lock rule.
+func TestProcessWriteMeetsCAS(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/cas", "")
+	var w tools.WriteResult
+	e.must(tools.Write, map[string]any{"path": "f.txt", "content": "one\n"}, &w)
+	out := e.start(map[string]any{"command": "echo two >> f.txt", "yield_ms": 5000})
+	if out.Status != tools.StatusExited || *out.ExitCode != 0 {
+		t.Fatalf("append: %+v", out)
+	}
+	err := e.call(tools.Write, map[string]any{"path": "f.txt", "content": "mine\n", "expected_sha256": w.SHA256}, nil)
+	if pe := policy.AsError(err); pe.Code != policy.Conflict || pe.SHA256 == "" || pe.SHA256 == w.SHA256 {
+		t.Fatalf("stale write: %v, want conflict with the new hash", err)
+	}
+}
