@@ -21,7 +21,7 @@ func (e *env) containerGone(name string) bool {
 	return err == nil && !ok
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

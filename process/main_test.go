@@ -72,7 +72,7 @@ func removeLabelled(ctx context.Context, label string) (int, error) {
 
 // env is a volume root and a service over it.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 	svc  *Service
 	ws   *store.Workspace // the caller's own open of the scope
@@ -83,12 +83,12 @@ type env struct {
 
 // newEnv opens scope sc on root (a fresh directory when ""), with a
 // Service of node node and the policy text polText ("" for the open layout).
-func newEnv(t *testing.T, root, node, scope, polText string) *env {
+func newEnv(t testing.TB, root, node, scope, polText string) *env {
 	return newEnvKeeping(t, root, node, scope, polText, time.Minute)
 }
 
 // newEnvKeeping is newEnv with ended processes kept for keep.
-func newEnvKeeping(t *testing.T, root, node, scope, polText string, keep time.Duration) *env {
+func newEnvKeeping(t testing.TB, root, node, scope, polText string, keep time.Duration) *env {
 	t.Helper()
 	if root == "" {
 		root = t.TempDir()
@@ -200,4 +200,18 @@ func (e *env) readUntil(id string, since int64, want string) tools.ProcessOutput
 			e.t.Fatalf("output of %s never held %q; got %q (status %s)", id, want, all.String(), out.Status)
 		}
 	}
+}
+
+// startRaw starts a process from raw JSON input.
+func (e *env) startRaw(in string) tools.ProcessOutput {
+	e.t.Helper()
+	res, err := e.tb.Call(context.Background(), tools.ProcessStart, "", []byte(in))
+	if err != nil {
+		e.t.Fatalf("start %s: %v", in, err)
+	}
+	var out tools.ProcessOutput
+	if err := json.Unmarshal(res, &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
 }
