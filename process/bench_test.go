@@ -126,4 +126,3 @@ func BenchmarkDockerRunRm(b *testing.B) {
 	}
 	l.report(b)
 }
-
