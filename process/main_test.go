@@ -42,12 +42,13 @@ func TestMain(m *testing.M) {
 				code = 1
 			}
 		}
-		if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), "/session-") && strings.Contains(string(mi), "loomfs") {
-			for _, l := range strings.Split(string(mi), "\n") {
-				if strings.Contains(l, "/session-") && strings.Contains(l, testNode) {
-					fmt.Fprintln(os.Stderr, "process tests left a mount:", l)
-					code = 1
-				}
+		// Every session projection of this binary is mounted under its
+		// temporary directories, at .../mnt/session-*.
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, l := range strings.Split(string(mi), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], os.TempDir()+"/Test") && strings.Contains(f[4], "/mnt/session-") {
+				fmt.Fprintln(os.Stderr, "process tests left a mount:", f[4])
+				code = 1
 			}
 		}
 		return code
