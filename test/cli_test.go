@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
 )
 
 var loomfsBin string
@@ -139,7 +140,7 @@ func TestToolsListsDefinitions(t *testing.T) {
 		Description string          `json:"description"`
 		InputSchema json.RawMessage `json:"input_schema"`
 	}
-	if err := json.Unmarshal(r.stdout, &defs); err != nil || len(defs) != 10 {
+	if err := json.Unmarshal(r.stdout, &defs); err != nil || len(defs) != len(tools.Names) {
 		t.Fatalf("loomfs tools: %v, %d definitions", err, len(defs))
 	}
 }

@@ -8,14 +8,11 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
-	"github.com/agentloom/loomfs/audit"
-	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/loom"
 	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/process"
 	"github.com/agentloom/loomfs/sandbox"
-	"github.com/agentloom/loomfs/store"
 )
 
 func init() { addCommand(newServeCmd) }
@@ -56,12 +53,12 @@ this one answer process_on_other_node naming it.`,
 			setProcs(procs, cmd.Flags().Changed("procs"))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			svc, err := g.newProcessService(ctx, node, mountDir)
+			svc, closeSvc, err := g.newProcessService(ctx, node, mountDir)
 			if err != nil {
 				return printToolError(cmd, err)
 			}
 			defer func() {
-				if err := svc.Close(); err != nil {
+				if err := closeSvc(); err != nil {
 					fmt.Fprintf(os.Stderr, "loomfs serve: stopping the session sandboxes: %v\n", err)
 				}
 			}()
@@ -82,42 +79,18 @@ this one answer process_on_other_node naming it.`,
 	return cmd
 }
 
-// newProcessService builds the node's process service: a Runner on the
-// local engine, and per session sandbox the scope, its audit log and a
-// projection audited as the sandbox's.
-func (g *globals) newProcessService(ctx context.Context, node, mountDir string) (*process.Service, error) {
-	cfg := sandbox.ConfigFromEnv()
-	cfg.Node = node
-	r, err := sandbox.NewRunner(ctx, cfg)
+// newProcessService is the node's own process service (loom.Node.Processes)
+// with this worker's name and mount directory; close stops its sandboxes.
+func (g *globals) newProcessService(ctx context.Context, node, mountDir string) (svc *process.Service, close func() error, err error) {
+	cfg := loom.Config{MountDir: mountDir}
+	cfg.Sandbox.Node = node
+	n, err := g.node(cfg)
 	if err != nil {
-		return nil, sandboxUnavailable(err)
+		return nil, nil, err
 	}
-	g.reportOrphans(ctx, r)
-	return process.NewService(process.Config{
-		Runner:   r,
-		MountDir: mountDir,
-		Log:      g.log,
-		Open: func(ctx context.Context, sc store.Scope) (*store.Workspace, audit.Sink, func(), error) {
-			ws, done, err := g.openWorkspace(ctx, sc.String())
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			log, err := audit.Open(ws.Volume().Path(), audit.Options{})
-			if err != nil {
-				done()
-				return nil, nil, nil, auditUnavailable(err)
-			}
-			return ws, log, func() {
-				if err := log.Close(); err != nil {
-					g.log.Warn("close audit log", zap.Error(err))
-				}
-				done()
-			}, nil
-		},
-		Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
-			a := actorOf(ws.Scope())
-			a.Container = call.Container
-			return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID})
-		},
-	}), nil
+	svc, err = n.Processes(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return svc, n.Close, nil
 }
