@@ -45,6 +45,7 @@ type Process struct {
 	endedAt  time.Time
 	sig      string
 	reason   string // why it ended, when its sandbox stopped under it
+	hostPid  int    // the exec's pid as this host sees it, for the FUSE records
 }
 
 // Record is a process's record under the scope's state directory: enough
@@ -121,8 +122,18 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 		return nil, policy.Errorf(policy.SandboxUnavailable, "create the process in the session sandbox: %s", policy.MaskHostPaths(err.Error()))
 	}
 	p.execID = created.ID
+	p.Started = time.Now().UTC()
+	// Known to the sandbox before it starts, so its first FUSE request is
+	// attributed to it.
+	b.mu.Lock()
+	b.procs[id] = p
+	b.lastUse = time.Now()
+	b.mu.Unlock()
 	p.hj, err = cli.ContainerExecAttach(octx, created.ID, container.ExecAttachOptions{Tty: req.TTY, ConsoleSize: opts.ConsoleSize})
 	if err != nil {
+		b.mu.Lock()
+		delete(b.procs, id)
+		b.mu.Unlock()
 		return nil, policy.Errorf(policy.SandboxUnavailable, "start the process in the session sandbox: %s", policy.MaskHostPaths(err.Error()))
 	}
 	if req.TTY {
@@ -130,11 +141,6 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 		// set the size again now that the terminal exists.
 		cli.ContainerExecResize(octx, created.ID, container.ResizeOptions{Height: uint(req.Rows), Width: uint(req.Cols)})
 	}
-	p.Started = time.Now().UTC()
-	b.mu.Lock()
-	b.procs[id] = p
-	b.lastUse = time.Now()
-	b.mu.Unlock()
 	if err := p.save(); err != nil {
 		p.hj.Close()
 		return nil, err
@@ -142,6 +148,7 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 	b.record("process_start", req.CallID, 0, map[string]any{"process_id": id, "exec_id": p.execID, "command": req.Command, "tty": req.TTY})
 	b.svc.wg.Add(1)
 	go p.pump()
+	go p.hostPID() // usually known before the process's first FUSE request
 	return p, nil
 }
 

@@ -178,6 +178,11 @@ func TestProcessAudit(t *testing.T) {
 	if _, err := e.tb.Call(ctx, tools.ProcessSignal, "call-signal", []byte(`{"process_id":"`+id+`","signal":"TERM"}`)); err != nil {
 		t.Fatal(err)
 	}
+	res, err = e.tb.Call(ctx, tools.ProcessStart, "call-make", []byte(`{"command":"echo x > made.txt","yield_ms":5000}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	maker := between(string(res), `"process_id":"`, `"`)
 	if stopped, err := e.svc.Stop(ctx, e.ws, "call-stop"); err != nil || !stopped {
 		t.Fatalf("stop: %v %v", stopped, err)
 	}
@@ -200,6 +205,20 @@ func TestProcessAudit(t *testing.T) {
 		}
 		if strings.Contains(fmt.Sprint(r), "secret") {
 			t.Errorf("an audit record holds the input's content: %+v", r)
+		}
+	}
+	attributed := false
+	for _, r := range recs {
+		if r.Source == audit.SourceFUSE && r.Path == "made.txt" && r.Detail["process_id"] == maker {
+			attributed = true
+		}
+	}
+	if !attributed && os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME") == "" {
+		t.Errorf("no FUSE record of made.txt carries process id %s", maker)
+		for _, r := range recs {
+			if r.Path == "made.txt" {
+				t.Logf("%s %s %v", r.Source, r.Op, r.Detail)
+			}
 		}
 	}
 	for op := range want {

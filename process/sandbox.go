@@ -106,7 +106,11 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 		return nil, fmt.Errorf("mountpoint: %w", err)
 	}
 	undo = append(undo, func() { os.Remove(b.mp) })
-	b.proj, err = svc.cfg.Mount(ctx, ws, log, b.mp, sandbox.CallInfo{CallID: callID, Run: sc.Run, Container: b.name})
+	fuseLog := audit.Sink(audit.Discard)
+	if log != nil {
+		fuseLog = attributing{log, b}
+	}
+	b.proj, err = svc.cfg.Mount(ctx, ws, fuseLog, b.mp, sandbox.CallInfo{CallID: callID, Run: sc.Run, Container: b.name})
 	if err != nil {
 		return nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
 	}
