@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -276,5 +277,25 @@ func TestProcessWriteMeetsCAS(t *testing.T) {
 	err := e.call(tools.Write, map[string]any{"path": "f.txt", "content": "mine\n", "expected_sha256": w.SHA256}, nil)
 	if pe := policy.AsError(err); pe.Code != policy.Conflict || pe.SHA256 == "" || pe.SHA256 == w.SHA256 {
 		t.Fatalf("stale write: %v, want conflict with the new hash", err)
+	}
+}
+
+// Snapshots and restores refuse while the session sandbox runs, as gc
+// leaves its scope alone; once it stopped they work.
+func TestSnapshotRefusedDuringSession(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/snap", "")
+	e.start(map[string]any{"command": "sleep 600", "yield_ms": 100})
+	ctx := context.Background()
+	if _, err := snapshot.Create(ctx, e.ws, snapshot.Options{Label: "during"}); policy.CodeOf(err) != policy.Conflict {
+		t.Fatalf("snapshot during a session: %v, want conflict", err)
+	}
+	if err := e.ws.Volume().CheckIdle(e.ws.Scope()); policy.CodeOf(err) != policy.Conflict {
+		t.Fatalf("CheckIdle (gc, restore) during a session: %v, want conflict", err)
+	}
+	if _, err := e.svc.Stop(ctx, e.ws, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snapshot.Create(ctx, e.ws, snapshot.Options{Label: "after"}); err != nil {
+		t.Fatalf("snapshot after the session: %v", err)
 	}
 }
