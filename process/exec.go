@@ -93,7 +93,9 @@ func (r Record) endedOutput(since int64) tools.ProcessOutput {
 // an exec as the leader of a process group of its own, so the signal goes
 // to that group and reaches the command's children too.
 func wrapper(id string) string {
-	return "echo $$ > /tmp/.loomfs/" + id + `.pid; umask 077; exec /bin/sh -c "$1"`
+	// The directory is made here too: the first exec may run before the
+	// container's own command made it.
+	return "mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/" + id + `.pid; umask 077; exec /bin/sh -c "$1"`
 }
 
 // exec starts a process in the sandbox. The caller holds the scope lock.
@@ -273,7 +275,8 @@ func (p *Process) signal(ctx context.Context, sig, callID string) error {
 	}
 	p.box.touch()
 	f := "/tmp/.loomfs/" + p.ID + ".pid"
-	script := fmt.Sprintf(`p=$(cat %s) && { kill -%s -- -$p 2>/dev/null || kill -%s $p; }`, f, sig, sig)
+	// "kill -SIG -PID" names the group: busybox's kill takes no "--".
+	script := fmt.Sprintf(`p=$(cat %s) && { kill -%s -$p 2>/dev/null || kill -%s $p; }`, f, sig, sig)
 	r := p.box.svc.cfg.Runner
 	cli := r.Engine()
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

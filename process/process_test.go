@@ -50,6 +50,12 @@ func TestStdinRead(t *testing.T) {
 	}
 	var w tools.ProcessOutput
 	e.must(tools.ProcessWrite, map[string]any{"process_id": out.ProcessID, "input": "hello\n", "yield_ms": 5000}, &w)
+	if w.Status == tools.StatusRunning { // the answer came; the exit may follow it by a moment
+		var r tools.ProcessOutput
+		e.must(tools.ProcessRead, map[string]any{"process_id": out.ProcessID, "since": w.Cursor, "yield_ms": 5000}, &r)
+		r.Stdout = w.Stdout + r.Stdout
+		w = r
+	}
 	if w.Stdout != "got:hello\n" || w.Status != tools.StatusExited || *w.ExitCode != 0 {
 		t.Fatalf("answer %+v", w)
 	}
@@ -95,3 +101,18 @@ var _ = time.Second
 
 // sizeTwice prints the terminal's size, waits for a line, and prints it again.
 const sizeTwice = `python3 -c 'import os; print("size", os.get_terminal_size(0).lines, os.get_terminal_size(0).columns, flush=True); input(); print("size", os.get_terminal_size(0).lines, os.get_terminal_size(0).columns)'`
+
+// A signal reaches the process's children too: it goes to its group.
+func TestSignalReachesGroup(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/group", "")
+	out := e.start(map[string]any{"command": "sleep 600 & sleep 601 & wait", "yield_ms": 300})
+	var info tools.ProcessInfo
+	e.must(tools.ProcessSignal, map[string]any{"process_id": out.ProcessID, "signal": "TERM"}, &info)
+	if info.Status != tools.StatusExited {
+		t.Fatalf("after TERM: %+v", info)
+	}
+	ps := e.start(map[string]any{"command": "ps -o args | grep -c '^sleep 60[01]' || true", "yield_ms": 5000})
+	if strings.TrimSpace(ps.Stdout) != "0" {
+		t.Fatalf("sleeps left after TERM to the group: %q", ps.Stdout)
+	}
+}
