@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -183,5 +182,3 @@ func reply(w http.ResponseWriter, res any, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(resp)
 }
-
-var _ = syscall.EINVAL

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/policy"
-	"github.com/agentloom/loomfs/tools"
 )
 
 // DefaultSocket is where loomfs serve listens: in the root-only directory
@@ -55,5 +54,3 @@ type StopResult struct {
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 func dur(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
-
-var _ = tools.StatusRunning

@@ -12,7 +12,6 @@ import (
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/snapshot"
-	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
 
@@ -234,8 +233,6 @@ func between(s, a, b string) string {
 	s, _, _ = strings.Cut(s, b)
 	return s
 }
-
-var _ = store.SessionMarker
 
 // Records of ended processes stay for late readers, then are collected;
 // a running process's record stays.

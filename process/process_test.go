@@ -3,7 +3,6 @@ package process
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/agentloom/loomfs/tools"
 )
@@ -96,8 +95,6 @@ func TestStaleCursorDropped(t *testing.T) {
 		t.Fatalf("fresh cursor: dropped %d, %d bytes, cursor %d, truncated %v", r.DroppedBytes, len(r.Output), r.Cursor, r.Truncated)
 	}
 }
-
-var _ = time.Second
 
 // sizeTwice prints the terminal's size, waits for a line, and prints it again.
 const sizeTwice = `python3 -c 'import os; print("size", os.get_terminal_size(0).lines, os.get_terminal_size(0).columns, flush=True); input(); print("size", os.get_terminal_size(0).lines, os.get_terminal_size(0).columns)'`

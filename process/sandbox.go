@@ -16,7 +16,6 @@ import (
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
-	"github.com/agentloom/loomfs/tools"
 )
 
 // keepAlive is the session container's own command: it does nothing but
@@ -72,7 +71,16 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	if err != nil {
 		return nil, err
 	}
-	lim := ws.Policy().Limits
+	lim, def := ws.Policy().Limits, policy.DefaultLimits()
+	if lim.SessionIdle <= 0 {
+		lim.SessionIdle = def.SessionIdle
+	}
+	if lim.SessionLifetime <= 0 {
+		lim.SessionLifetime = def.SessionLifetime
+	}
+	if lim.ProcessOutput <= 0 {
+		lim.ProcessOutput = def.ProcessOutput
+	}
 	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()),
 		idle: lim.SessionIdle, life: lim.SessionLifetime, output: int(lim.ProcessOutput),
 		procs: map[string]*Process{}, done: make(chan struct{})}
@@ -317,5 +325,3 @@ func (b *Sandbox) Info() SandboxInfo {
 
 // errStopped answers a call on a sandbox that is going away.
 var errStopped = errors.New("the session sandbox has stopped")
-
-var _ = tools.StatusRunning

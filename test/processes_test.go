@@ -133,6 +133,9 @@ func TestProcessesAcrossCallers(t *testing.T) {
 	call(first, tools.ProcessStart, map[string]any{"command": "echo ready; read x; echo got:$x", "yield_ms": 1000}, &started)
 	var r tools.ProcessOutput
 	call(second, tools.ProcessWrite, map[string]any{"process_id": started.ProcessID, "input": "from-the-second\n", "yield_ms": 5000}, &r)
+	var end tools.ProcessOutput // the exit may follow the answer by a moment
+	call(second, tools.ProcessRead, map[string]any{"process_id": started.ProcessID, "since": r.Cursor, "yield_ms": 5000}, &end)
+	r = tools.ProcessOutput{}
 	call(second, tools.ProcessRead, map[string]any{"process_id": started.ProcessID}, &r)
 	if r.Stdout != "ready\ngot:from-the-second\n" || r.Status != tools.StatusExited {
 		t.Fatalf("second MCP client read %+v", r)
