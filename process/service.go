@@ -41,6 +41,10 @@ type Config struct {
 	Log       *zap.Logger
 }
 
+// lockWait bounds the wait for the scope lock when a process starts, as
+// the Toolbox bounds a write's.
+const lockWait = 30 * time.Second
+
 // DefaultKeepEnded is how long ended processes stay readable.
 const DefaultKeepEnded = time.Hour
 
@@ -134,7 +138,9 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 	if err := ws.CheckQuarantine(); err != nil {
 		return nil, err
 	}
-	unlock, err := ws.Lock(ctx)
+	lctx, cancel := context.WithTimeout(ctx, lockWait)
+	unlock, err := ws.Lock(lctx)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
