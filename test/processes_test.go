@@ -174,7 +174,19 @@ func TestServiceKilledWithLiveSession(t *testing.T) {
 	s.cmd.Wait()
 	detachUnder(s.mountDir)
 
-	r := s.tool(tools.Write, scope, map[string]any{"path": "a.txt", "content": "x"}, nil)
+	// With no service, the records still say who ran what.
+	r := s.loomfs("", "--json", "processes", "list", "--scope", scope)
+	var listed []tools.ProcessInfo
+	if err := json.Unmarshal(r.stdout, &listed); r.code != 0 || err != nil || len(listed) != 1 || listed[0].Node != "node-a" || listed[0].Container != out.Container || listed[0].Command != "sleep 600" {
+		t.Fatalf("processes list without a service: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := s.loomfs("", "processes", "show", "--scope", scope, out.ProcessID); r.code != 0 || !strings.Contains(string(r.stdout), `"exec_id"`) {
+		t.Fatalf("processes show: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := s.loomfs("", "processes", "stop", "--scope", scope); r.code != 1 || !strings.Contains(string(r.stdout), "process_service_unavailable") {
+		t.Fatalf("processes stop without a service: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	r = s.tool(tools.Write, scope, map[string]any{"path": "a.txt", "content": "x"}, nil)
 	if r.code != 1 || !strings.Contains(string(r.stdout), `"quarantined"`) {
 		t.Fatalf("write after the service died: %d %s, want quarantined", r.code, r.stdout)
 	}
