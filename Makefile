@@ -31,12 +31,18 @@ test: build
 fuzz:
 	GO=$(GO) bash scripts/fuzz FuzzCleanPath ./policy/ $(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE)
 
-## test-dfs: the shared-volume tests on two clients of a single-host CephFS (root; scripts/cephfs), taken down after.
+## test-dfs: the shared-volume tests on two clients of a single-host CephFS (root; scripts/cephfs), and the
+## peer probe's negative control on GlusterFS (scripts/glusterfs), each taken down after.
 DFS_TESTS ?= ^TestNode
 test-dfs: build
 	bash scripts/cephfs up
 	LOOMFS_DFS_ROOTS=$$(bash scripts/cephfs roots) $(GO) test -race -count=1 -timeout 20m -run '$(DFS_TESTS)' ./test/; \
-		rc=$$?; bash scripts/cephfs down; exit $$rc
+		rc=$$?; bash scripts/cephfs down; [ $$rc -eq 0 ] || exit $$rc
+	bash scripts/glusterfs up
+	LOOMFS_GLUSTER_DEFAULT_ROOTS=$$(bash scripts/glusterfs roots default) \
+	LOOMFS_GLUSTER_COHERENT_ROOTS=$$(bash scripts/glusterfs roots coherent) \
+		$(GO) test -race -count=1 -timeout 5m -run '^TestPeerProbeGlusterFS$$' ./test/; \
+		rc=$$?; bash scripts/glusterfs down; exit $$rc
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -3,12 +3,19 @@
 // that no scope, projection or container can reach.
 //
 // Every door (tools, FUSE, sandbox, admin commands) writes through a Sink; a
-// Log is the Sink backed by files. Each Log owns one chain: a set of files
-// named <node>-<pid>-<start>.<n>.jsonl that only it writes, so writers on
-// several nodes sharing one root never touch the same file. Every record
-// carries its sequence number and the sha256 of the exact bytes of the
-// record before it, so Verify finds any edited, dropped, inserted or
-// reordered record, and Query and Follow read the log back.
+// Log is the Sink backed by files. All writers of one node append to the
+// node's one chain, <node>.<day>.<n>.jsonl, taking turns under an OFD lock,
+// so files grow with records, not with processes. Every record carries its
+// sequence number and the sha256 of the exact bytes of the record before it,
+// so Verify finds any edited, dropped, inserted or reordered record.
+//
+// Each node also keeps a ledger of its writers, <node>.ledger.jsonl, itself
+// hash-chained: a writer is registered there before its first record and
+// closed there with its count and last hash, so Verify finds a writer whose
+// records were removed whole, a cut tail and a writer that ended without
+// closing. With a node key (GenerateKey) writers sign the ledger's head at
+// rotation, at close and every few minutes; Heads exports every node's head
+// as an Anchor to keep elsewhere. Query, Tail and Follow read the log back.
 //
 // The package never reads workspace files and never decides policy: a caller
 // that gets ErrUnavailable from Record must refuse the operation itself.
@@ -41,6 +48,9 @@ const (
 	SourceFUSE    Source = "fuse"
 	SourceSandbox Source = "sandbox"
 	SourceAdmin   Source = "admin"
+	// SourcePlatform is the platform's own door (package stage): the
+	// layout made at first use, inputs staged, outputs collected.
+	SourcePlatform Source = "platform"
 )
 
 // Record kinds.
@@ -50,7 +60,8 @@ const (
 )
 
 // Actor names who acted, with ids from the platform's authorised run record.
-// Container is set for operations of sandbox commands.
+// Container is set for operations of sandbox commands, Operator for the
+// platform's (the identity it gave, e.g. loomfs stage --actor).
 type Actor struct {
 	Space     string `json:"space,omitempty"`
 	Agent     string `json:"agent,omitempty"`
@@ -58,6 +69,7 @@ type Actor struct {
 	Run       string `json:"run,omitempty"`
 	Instance  string `json:"instance,omitempty"`
 	Container string `json:"container,omitempty"`
+	Operator  string `json:"operator,omitempty"`
 }
 
 // Event is one operation as a door reports it. The Log adds time, node, pid,
@@ -85,8 +97,11 @@ type Record struct {
 	Kind string    `json:"kind"` // KindEvent or KindCheckpoint
 	Node string    `json:"node"`
 	PID  int       `json:"pid"`
-	Seq  uint64    `json:"seq"`  // 1 for a chain's first record
-	Prev string    `json:"prev"` // hex sha256 of the previous line, "" for seq 1
+	// Writer is the writer's number in its node's ledger (0 in the legacy
+	// per-process format).
+	Writer uint64 `json:"writer,omitempty"`
+	Seq    uint64 `json:"seq"`  // 1 for a chain's first record
+	Prev   string `json:"prev"` // hex sha256 of the previous line, "" for seq 1
 
 	Event
 
@@ -96,11 +111,14 @@ type Record struct {
 	PathB64    string `json:"path_b64,omitempty"`
 	NewPathB64 string `json:"new_path_b64,omitempty"`
 
-	// Checkpoint fields: events in the chain so far, hash of the line before
-	// the checkpoint, and why it was written ("rotate" or "close").
+	// Checkpoint fields, at the end of each file of a chain: the records
+	// in the file before it (legacy: events in the chain), hash of the line
+	// before it, why it was written ("rotate", legacy also "close") and the
+	// file that continues the chain.
 	Count  uint64 `json:"count,omitempty"`
 	Head   string `json:"head,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	Next   string `json:"next,omitempty"`
 }
 
 // A Sink accepts audit records. Record returns an error wrapping

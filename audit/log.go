@@ -11,8 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -22,56 +20,87 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// DefaultMaxFileBytes is the size at which a Log starts a new file when
-// Options.MaxFileBytes is zero.
+// DefaultMaxFileBytes is the size at which a node's chain starts a new
+// file when Options.MaxFileBytes is zero.
 const DefaultMaxFileBytes = 64 << 20
+
+// DefaultSealEvery is how often a writer with a key signs its node's heads
+// when Options.SealEvery is zero.
+const DefaultSealEvery = 5 * time.Minute
 
 // Options tune a Log. The zero value is ready to use.
 type Options struct {
 	// Node names this worker node in records and file names; default the
-	// host name. Two nodes sharing a root must use different names.
+	// host name. Two nodes sharing a root must use different names; all
+	// writers of one node share its chain.
 	Node string
 	// MaxFileBytes starts a new file of the chain once the current one
-	// would grow past it; default DefaultMaxFileBytes.
+	// would grow past it; default DefaultMaxFileBytes. A chain also starts
+	// a new file when the day (UTC) changes.
 	MaxFileBytes int64
 	// Sync makes every Record fsync before it returns, for callers that
 	// need each record durable before the operation goes ahead. Without it
 	// records reach the kernel at once (they survive a crash of loomfs, not
 	// of the machine); rotation and Close always sync.
 	Sync bool
+	// KeyFile is the node's signing key (loomfs audit keygen); default the
+	// file named by $AGENT_LOOM_AUDIT_KEY, and no signing if that is unset.
+	// A key that is named but can't be used makes Open fail.
+	KeyFile string
+	// SealEvery is how often a long-running writer signs a checkpoint;
+	// default DefaultSealEvery. Writers also sign at rotation and close.
+	SealEvery time.Duration
 	// Clock returns the time stamped on records; default time.Now.
 	Clock func() time.Time
 }
 
-// Log is a Sink that appends hash-chained records to files only it writes.
-// Its methods are safe for concurrent use: records are serialised, so
-// concurrent goroutines produce one valid chain.
+// Log is a Sink that appends hash-chained records to its node's chain,
+// shared with every other writer of the node: each append takes an OFD
+// lock on the chain's current file, continues the chain from its last
+// line and releases the lock. The Log is registered in the node's ledger
+// from Open to Close. Its methods are safe for concurrent use.
 type Log struct {
-	dir    string
-	writer string // file name stem: <node>-<pid>-<start>
-	opts   Options
-	enc    zapcore.Encoder // JSON, with node and pid already added
+	dir   string
+	node  string // as in file names
+	opts  Options
+	key   *NodeKey
+	pid   int
+	start time.Time
+	enc   zapcore.Encoder // JSON, with node, pid and writer already added
 
-	mu      sync.Mutex
-	f       *os.File
-	ws      zapcore.WriteSyncer // f, seen through zap
-	fileSeq int                 // number of the current file, from 1
-	size    int64               // bytes of complete records in the current file
-	seq     uint64              // seq of the last record written
-	events  uint64              // event records written
-	prev    string              // hex sha256 of the last line written
-	fields  []zapcore.Field     // reused per record, under mu
-	actor   actorFields         // reused per record, under mu
-	lastErr error               // last failure; nil after a success
-	broken  error               // set when the chain can no longer be continued
-	closed  bool
+	mu       sync.Mutex
+	led      *os.File // the node's ledger; holds this writer's liveness lock
+	id       uint64   // writer number: seq of its open entry in the ledger
+	f        *os.File // the chain's current file, as far as this writer knows
+	ws       zapcore.WriteSyncer
+	fileN    int    // its number
+	fileDay  string // its day
+	size     int64  // its size when this writer last looked; -1 unknown
+	seq      uint64 // the chain's last seq
+	prev     string // hex sha256 of the chain's last line
+	last     lineFields
+	events   uint64 // events this writer recorded
+	records  uint64 // lines this writer wrote, checkpoints included
+	lastSeq  uint64 // its last record
+	lastHash string
+	lastSeal time.Time
+	held     bool            // the chain lock is kept through a burst of records
+	heldAt   time.Time       // when it was taken
+	lastRec  time.Time       // when this writer last recorded
+	release  *time.Timer     // lets the lock go once the burst is over
+	fields   []zapcore.Field // reused per record, under mu
+	actor    actorFields     // reused per record, under mu
+	lastErr  error           // last failure; nil after a success
+	broken   error           // set when the chain can no longer be continued
+	closed   bool
 }
 
 var _ Sink = (*Log)(nil)
 
-// Open starts a new chain in root's audit directory, creating the directory
-// (mode 0700) if it is missing but never root itself. Its first file (mode
-// 0600) is created at once, so an unwritable log is reported here.
+// Open registers a new writer in the node's ledger under root's audit
+// directory, creating the directory (mode 0700) if it is missing but never
+// root itself, and the node's chain if it has none. An unwritable log or
+// an unusable key is reported here.
 func Open(root string, opts Options) (*Log, error) {
 	if opts.Node == "" {
 		h, err := os.Hostname()
@@ -83,57 +112,280 @@ func Open(root string, opts Options) (*Log, error) {
 	if opts.MaxFileBytes <= 0 {
 		opts.MaxFileBytes = DefaultMaxFileBytes
 	}
+	if opts.SealEvery <= 0 {
+		opts.SealEvery = DefaultSealEvery
+	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	dir := Dir(root)
-	if err := makeDir(dir); err != nil {
+	if opts.KeyFile == "" {
+		opts.KeyFile = os.Getenv(KeyEnv)
+	}
+	l := &Log{dir: Dir(root), node: fileNode(opts.Node), opts: opts, pid: os.Getpid(), size: -1}
+	if opts.KeyFile != "" {
+		k, err := LoadKey(opts.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if k.Node != opts.Node {
+			return nil, fmt.Errorf("%w: audit key %s is node %q's, this node is %q", ErrUnavailable, opts.KeyFile, k.Node, opts.Node)
+		}
+		l.key = k
+	}
+	if err := makeDir(l.dir); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	pid := os.Getpid()
+	if err := l.register(); err != nil {
+		l.closeFiles()
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	enc := zapcore.NewJSONEncoder(zapcore.EncoderConfig{
 		TimeKey:    "time",
 		EncodeTime: encodeTime,
 		LineEnding: "\n",
 	})
 	enc.AddString("node", opts.Node)
-	enc.AddInt("pid", pid)
-	l := &Log{dir: dir, opts: opts, enc: enc}
+	enc.AddInt("pid", l.pid)
+	enc.AddUint64("writer", l.id)
+	l.enc = enc
+	return l, nil
+}
 
-	// The start time makes the name unique per process; O_EXCL makes sure,
-	// should a clock repeat itself.
-	start := opts.Clock().UTC()
-	for try := 0; ; try++ {
-		l.writer = fileNode(opts.Node) + "-" + strconv.Itoa(pid) + "-" + start.Format(startLayout)
-		f, err := l.create(1)
-		if errors.Is(err, fs.ErrExist) && try < 1000 {
-			start = start.Add(time.Nanosecond)
-			continue
-		}
+// register opens the node's ledger and chain and enters this writer in
+// the ledger, with the chain's head as it starts.
+func (l *Log) register() error {
+	led, err := openLedger(l.dir, l.node)
+	if err != nil {
+		return err
+	}
+	l.led = led
+	if err := l.openCurrent(); err != nil {
+		return err
+	}
+	if err := l.lockChain(); err != nil {
+		return err
+	}
+	defer l.unlockChain()
+	l.start = l.opts.Clock().UTC()
+	id, err := l.appendLedger(&LedgerEntry{Time: l.start, Kind: LedgerOpen, Node: l.opts.Node, PID: l.pid, Start: l.start,
+		ChainSeq: l.seq, ChainHead: l.prev}, false)
+	if err != nil {
+		return err
+	}
+	l.id = id
+	l.lastSeal = l.start
+	if err := tryLockRange(l.led, writerLockBase+int64(id), 1); err != nil {
+		return fmt.Errorf("ledger: hold writer %d: %w", id, err)
+	}
+	return nil
+}
+
+// openCurrent opens the newest file of the node's chain, or starts the
+// chain.
+func (l *Log) openCurrent() error {
+	for {
+		ents, err := os.ReadDir(l.dir)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return fmt.Errorf("read audit directory: %w", err)
 		}
-		l.f, l.ws, l.fileSeq = f, f, 1
-		return l, nil
+		var cur, before parsedName
+		var curName, beforeName string
+		for _, e := range ents {
+			p := parseName(e.Name())
+			if p.kind != nodeChainFile || p.w.node != l.node {
+				continue
+			}
+			if p.n > cur.n {
+				before, beforeName = cur, curName
+				cur, curName = p, e.Name()
+			} else if p.n > before.n {
+				before, beforeName = p, e.Name()
+			}
+		}
+		if curName == "" {
+			day := l.opts.Clock().UTC().Format(dayLayout)
+			f, err := l.create(chainFileName(l.node, day, 1))
+			if errors.Is(err, fs.ErrExist) {
+				continue // another writer started the chain first
+			}
+			if err != nil {
+				return err
+			}
+			l.f, l.ws, l.fileN, l.fileDay, l.size = f, f, 1, day, 0
+			return nil
+		}
+		if fi, err := os.Stat(filepath.Join(l.dir, curName)); err == nil && fi.Size() == 0 && cur.n > 1 {
+			// A rotation made it and may still be under way: start from the
+			// file before, whose lock the rotating writer holds until its
+			// checkpoint names this one, and follow that checkpoint.
+			if beforeName == "" || before.n != cur.n-1 {
+				return fmt.Errorf("audit chain of node %s: file %d is missing, the chain can't be continued", l.node, cur.n-1)
+			}
+			cur, curName = before, beforeName
+		}
+		f, err := os.OpenFile(filepath.Join(l.dir, curName), os.O_RDWR|os.O_APPEND, 0)
+		if err != nil {
+			return fmt.Errorf("open audit chain: %w", err)
+		}
+		l.f, l.ws, l.fileN, l.fileDay = f, f, cur.n, cur.day.Format(dayLayout)
+		return nil
 	}
 }
 
-// Record appends e to the chain, stamped with time, node, pid, sequence
-// number and the previous record's hash. ctx is not used to abandon the
-// write: a record of something that happened is kept even if the caller has
-// given up. The error wraps ErrUnavailable.
+func (l *Log) setHead(line []byte) error {
+	if line == nil {
+		l.seq, l.prev, l.last = 0, "", lineFields{}
+		return nil
+	}
+	lf, err := parseLineFields(line)
+	if err != nil {
+		return fmt.Errorf("audit chain of node %s: %w", l.node, err)
+	}
+	sum := sha256.Sum256(line)
+	l.seq, l.prev, l.last = lf.Seq, hex.EncodeToString(sum[:]), lf
+	return nil
+}
+
+// lockChain takes the chain's append lock and brings this writer's view
+// of the chain up to date: records other writers appended, a rotation to
+// a newer file, a partial line a crashed writer left (cut off).
+func (l *Log) lockChain() error {
+	for {
+		if err := lockRange(l.f, 0, 0); err != nil {
+			return err
+		}
+		if err := l.refresh(); err != nil {
+			l.unlockChain()
+			return err
+		}
+		if l.size == 0 || l.last.Kind != KindCheckpoint || l.last.Reason != "rotate" {
+			return nil
+		}
+		// Another writer rotated: follow it.
+		p := parseName(l.last.Next)
+		if p.kind != nodeChainFile || p.w.node != l.node || p.n != l.fileN+1 {
+			l.unlockChain()
+			return fmt.Errorf("audit chain: rotation checkpoint names %q as the next file", l.last.Next)
+		}
+		next, err := os.OpenFile(filepath.Join(l.dir, l.last.Next), os.O_RDWR|os.O_APPEND, 0)
+		l.unlockChain()
+		if err != nil {
+			return fmt.Errorf("audit chain: %w", err)
+		}
+		l.f.Close()
+		l.f, l.ws, l.fileN, l.fileDay, l.size = next, next, p.n, p.day.Format(dayLayout), 0
+	}
+}
+
+func (l *Log) unlockChain() { unlockRange(l.f, 0, 0) }
+
+// A writer that records in bursts (a mount serving a build) keeps the
+// chain lock from one record to the next while the burst lasts, which
+// saves the lock, fstat and unlock of each record; other writers of the
+// node wait at most holdMax for it. A writer recording now and then
+// takes and releases the lock for each record.
+const (
+	holdGap = 500 * time.Microsecond // records this close together are a burst
+	holdMax = 5 * time.Millisecond   // the longest the lock is kept at a stretch
+)
+
+// acquire takes the chain lock unless this writer still holds it.
+func (l *Log) acquire() error {
+	if l.held {
+		return nil
+	}
+	return l.lockChain()
+}
+
+// keep decides, after a record, whether to keep the chain lock.
+func (l *Log) keep() {
+	now := time.Now()
+	burst := now.Sub(l.lastRec) < holdGap
+	l.lastRec = now
+	switch {
+	case l.held && now.Sub(l.heldAt) < holdMax:
+	case burst && !l.held && l.broken == nil:
+		l.held, l.heldAt = true, now
+		if l.release == nil {
+			l.release = time.AfterFunc(holdGap, l.expire)
+		} else {
+			l.release.Reset(holdGap)
+		}
+	default:
+		l.letGo()
+	}
+}
+
+// expire lets the lock go once no record came for holdGap, or it was
+// kept holdMax.
+func (l *Log) expire() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.held {
+		return
+	}
+	now := time.Now()
+	if idle := now.Sub(l.lastRec); idle < holdGap && now.Sub(l.heldAt) < holdMax {
+		l.release.Reset(holdGap - idle)
+		return
+	}
+	l.letGo()
+}
+
+func (l *Log) letGo() {
+	l.held = false
+	if l.f != nil {
+		l.unlockChain()
+	}
+}
+
+// refresh rereads the chain's last line if the file changed since this
+// writer last wrote it.
+func (l *Log) refresh() error {
+	fi, err := l.f.Stat()
+	if err != nil {
+		return fmt.Errorf("audit chain: %w", err)
+	}
+	size := fi.Size()
+	if size == l.size {
+		return nil
+	}
+	line, end, err := lastLine(l.f, size)
+	if err != nil {
+		return err
+	}
+	if end < size { // a writer died mid-record: cut its partial line off
+		if err := l.f.Truncate(end); err != nil {
+			return fmt.Errorf("audit chain: cut partial record: %w", err)
+		}
+	}
+	l.size = end
+	if line == nil && l.fileN > 1 {
+		return nil // an empty file after a rotation: the head is the checkpoint's
+	}
+	return l.setHead(line)
+}
+
+// Record appends e to the node's chain, stamped with time, node, pid,
+// writer, sequence number and the previous record's hash. ctx is not used
+// to abandon the write: a record of something that happened is kept even
+// if the caller has given up. The error wraps ErrUnavailable.
 func (l *Log) Record(ctx context.Context, e Event) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
 		return err
 	}
+	if err := l.acquire(); err != nil {
+		return l.fail(err)
+	}
+	defer l.keep()
 	now := l.opts.Clock().UTC()
 	buf, err := l.encodeEvent(now, &e)
 	if err != nil {
 		return l.fail(err)
 	}
-	if l.size > 0 && l.size+int64(buf.Len()) > l.opts.MaxFileBytes {
+	if l.size > 0 && (l.size+int64(buf.Len()) > l.opts.MaxFileBytes || now.Format(dayLayout) != l.fileDay) {
 		buf.Free()
 		if err := l.rotate(now); err != nil {
 			return l.fail(err)
@@ -142,19 +394,26 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 			return l.fail(err)
 		}
 	}
-	err = l.append(buf.Bytes())
+	err = l.append(buf.Bytes(), lineFields{Kind: KindEvent, Seq: l.seq + 1})
 	buf.Free()
 	if err != nil {
 		return l.fail(err)
 	}
 	l.events++
+	l.lastSeq, l.lastHash = l.seq, l.prev
 	l.lastErr = nil
+	if l.key != nil && now.Sub(l.lastSeal) >= l.opts.SealEvery {
+		if err := l.seal(now, "interval"); err != nil {
+			l.lastErr = fmt.Errorf("%w: seal: %w", ErrUnavailable, err) // the record itself is kept
+		}
+	}
 	return nil
 }
 
-// Close ends the chain with a checkpoint, syncs and closes the file. A Log
-// whose file could not be written ends without one; Verify reports such a
-// chain as open, not broken.
+// Close deregisters the writer in the ledger with its count and last
+// record, signs the heads if it has a key, and syncs and closes its files.
+// A Log whose chain could not be written ends without a close entry;
+// Verify reports it as a writer that ended without closing.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -162,14 +421,16 @@ func (l *Log) Close() error {
 		return nil
 	}
 	l.closed = true
+	if l.release != nil {
+		l.release.Stop()
+	}
 	err := l.broken
 	if err == nil {
-		err = l.checkpoint(l.opts.Clock().UTC(), "close")
-		if err == nil {
-			err = l.f.Sync()
-		}
+		err = l.closeEntry()
+	} else {
+		l.letGo()
 	}
-	if cerr := l.f.Close(); err == nil {
+	if cerr := l.closeFiles(); err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -178,10 +439,42 @@ func (l *Log) Close() error {
 	return nil
 }
 
+func (l *Log) closeEntry() error {
+	if err := l.acquire(); err != nil {
+		return err
+	}
+	defer l.letGo()
+	now := l.opts.Clock().UTC()
+	if err := l.f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", l.f.Name(), err)
+	}
+	if _, err := l.appendLedger(&LedgerEntry{Time: now, Kind: LedgerClose, Node: l.opts.Node, PID: l.pid, Writer: l.id,
+		Count: l.events, LastSeq: l.lastSeq, LastHash: l.lastHash, ChainSeq: l.seq, ChainHead: l.prev}, l.key == nil); err != nil {
+		return err
+	}
+	return l.seal(now, "close")
+}
+
+// closeFiles closes the chain and the ledger, which releases the writer's
+// liveness lock.
+func (l *Log) closeFiles() error {
+	var err error
+	if l.f != nil {
+		err = l.f.Close()
+	}
+	if l.led != nil {
+		if cerr := l.led.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
 // Status describes a Log's health, for operators and health checks.
 type Status struct {
-	File    string // file being written
-	Records uint64 // records written to the chain, checkpoints included
+	File    string // chain file being written
+	Writer  uint64 // the writer's number in its node's ledger
+	Records uint64 // records this writer wrote, checkpoints included
 	Err     error  // the last failure; nil once a later write succeeded
 	Closed  bool
 }
@@ -194,7 +487,7 @@ func (l *Log) Status() Status {
 	if l.broken != nil {
 		err = l.broken
 	}
-	return Status{File: l.path(l.fileSeq), Records: l.seq, Err: err, Closed: l.closed}
+	return Status{File: l.f.Name(), Writer: l.id, Records: l.records, Err: err, Closed: l.closed}
 }
 
 func (l *Log) usable() error {
@@ -216,10 +509,11 @@ func (l *Log) fail(err error) error {
 	return err
 }
 
-// append writes one encoded line and advances the chain over exactly those
-// bytes. A partly written line is cut off again so the file stays a chain;
-// if even that fails the Log refuses every later record.
-func (l *Log) append(line []byte) error {
+// append writes one encoded line, the chain lock held, and advances the
+// chain over exactly those bytes. A partly written line is cut off again
+// so the file stays a chain; if even that fails the Log refuses every
+// later record.
+func (l *Log) append(line []byte, lf lineFields) error {
 	n, err := l.ws.Write(line)
 	if err != nil {
 		if _, ok := errors.AsType[*fs.PathError](err); !ok {
@@ -235,7 +529,9 @@ func (l *Log) append(line []byte) error {
 	sum := sha256.Sum256(line)
 	l.prev = hex.EncodeToString(sum[:])
 	l.size += int64(n)
-	l.seq++
+	l.seq = lf.Seq
+	l.last = lf
+	l.records++
 	if l.opts.Sync {
 		if err := l.ws.Sync(); err != nil {
 			return fmt.Errorf("sync %s: %w", l.f.Name(), err)
@@ -244,41 +540,75 @@ func (l *Log) append(line []byte) error {
 	return nil
 }
 
-// rotate moves the chain to its next file. The next file is created before
-// the checkpoint is written, so a chain whose last file ends in a "rotate"
-// checkpoint has always lost a file.
+// rotate moves the chain to its next file, the chain lock held. The next
+// file is created and locked before the checkpoint naming it is written,
+// so a chain whose last file ends in a "rotate" checkpoint has always
+// lost a file, and no other writer can append to the new file first.
 func (l *Log) rotate(now time.Time) error {
-	next, err := l.create(l.fileSeq + 1)
+	day := now.Format(dayLayout)
+	name := chainFileName(l.node, day, l.fileN+1)
+	next, err := l.create(name)
+	if errors.Is(err, fs.ErrExist) {
+		// A rotation that died before its checkpoint left it, empty.
+		next, err = os.OpenFile(filepath.Join(l.dir, name), os.O_RDWR|os.O_APPEND, 0)
+		if err == nil {
+			if fi, serr := next.Stat(); serr != nil || fi.Size() != 0 {
+				next.Close()
+				err = fmt.Errorf("audit chain: next file %s exists and is not empty", name)
+			}
+		}
+	}
 	if err != nil {
 		return err
 	}
-	if err := l.checkpoint(now, "rotate"); err != nil {
+	if err := lockRange(next, 0, 0); err != nil {
 		next.Close()
-		os.Remove(next.Name())
+		return err
+	}
+	first, err := firstLine(l.f)
+	if err != nil {
+		next.Close()
+		return err
+	}
+	var count uint64
+	if first != nil {
+		lf, err := parseLineFields(first)
+		if err != nil {
+			next.Close()
+			return err
+		}
+		count = l.seq - lf.Seq + 1
+	}
+	if err := l.checkpoint(now, "rotate", count, name); err != nil {
+		next.Close()
 		return err
 	}
 	old := l.f
-	l.f, l.ws = next, next
-	l.fileSeq++
-	l.size = 0
-	if err := old.Sync(); err != nil {
-		old.Close()
+	l.f, l.ws, l.fileN, l.fileDay, l.size = next, next, l.fileN+1, day, 0
+	err = old.Sync()
+	if cerr := old.Close(); err == nil { // closing releases its lock
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("sync %s: %w", old.Name(), err)
 	}
-	if err := old.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", old.Name(), err)
+	if err := l.seal(now, "rotate"); err != nil {
+		l.lastErr = fmt.Errorf("%w: seal: %w", ErrUnavailable, err)
 	}
 	return nil
 }
 
-func (l *Log) checkpoint(now time.Time, reason string) error {
+// checkpoint ends a file: count is the number of records in it before
+// the checkpoint, next the name of the file that continues the chain.
+func (l *Log) checkpoint(now time.Time, reason string, count uint64, next string) error {
 	f := append(l.fields[:0],
 		zap.String("kind", KindCheckpoint),
 		zap.Uint64("seq", l.seq+1),
 		zap.String("prev", l.prev),
-		zap.Uint64("count", l.events),
+		zap.Uint64("count", count),
 		zap.String("head", l.prev),
 		zap.String("reason", reason),
+		zap.String("next", next),
 	)
 	l.fields = f
 	buf, err := l.enc.EncodeEntry(zapcore.Entry{Time: now}, f)
@@ -286,7 +616,7 @@ func (l *Log) checkpoint(now time.Time, reason string) error {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
 	defer buf.Free()
-	return l.append(buf.Bytes())
+	return l.append(buf.Bytes(), lineFields{Kind: KindCheckpoint, Seq: l.seq + 1, Reason: reason, Next: next})
 }
 
 func (l *Log) encodeEvent(now time.Time, e *Event) (*buffer.Buffer, error) {
@@ -386,7 +716,7 @@ type actorFields Actor
 func (a *actorFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	for _, kv := range [...]struct{ k, v string }{
 		{"space", a.Space}, {"agent", a.Agent}, {"session", a.Session},
-		{"run", a.Run}, {"instance", a.Instance}, {"container", a.Container},
+		{"run", a.Run}, {"instance", a.Instance}, {"container", a.Container}, {"operator", a.Operator},
 	} {
 		if kv.v != "" {
 			enc.AddString(kv.k, kv.v)
@@ -399,10 +729,10 @@ func encodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
 	enc.AppendString(t.UTC().Format(time.RFC3339Nano))
 }
 
-// create makes file number seq of the chain and syncs the directory so the
-// new name survives a crash.
-func (l *Log) create(seq int) (*os.File, error) {
-	f, err := os.OpenFile(l.path(seq), os.O_WRONLY|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
+// create makes a new chain file (mode 0600, O_EXCL) and syncs the
+// directory so the new name survives a crash.
+func (l *Log) create(name string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(l.dir, name), os.O_RDWR|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -412,10 +742,6 @@ func (l *Log) create(seq int) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
-}
-
-func (l *Log) path(seq int) string {
-	return filepath.Join(l.dir, fileName(l.writer, seq))
 }
 
 // makeDir creates dir, or checks that it is a real directory (not a
@@ -452,76 +778,4 @@ func syncDir(dir string) error {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
-}
-
-// File names: <node>-<pid>-<start>.<n>.jsonl. The start time has no '-' and
-// n has no '.', so a name parses from the right whatever the node is called.
-const (
-	fileExt     = ".jsonl"
-	startLayout = "20060102T150405.000000000Z"
-)
-
-func fileName(writer string, seq int) string {
-	return fmt.Sprintf("%s.%06d%s", writer, seq, fileExt)
-}
-
-// fileNode makes a node name safe for a file name.
-func fileNode(node string) string {
-	var b strings.Builder
-	for _, r := range node {
-		switch {
-		case b.Len() >= 64:
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	if b.Len() == 0 {
-		return "node"
-	}
-	return b.String()
-}
-
-// writerID identifies one chain: one Log of one process on one node.
-type writerID struct {
-	id    string // file name stem
-	node  string // as in the file name
-	pid   int
-	start time.Time
-}
-
-// parseFileName splits a chain file's name into its writer and file number.
-func parseFileName(name string) (writerID, int, bool) {
-	stem, ok := strings.CutSuffix(name, fileExt)
-	if !ok {
-		return writerID{}, 0, false
-	}
-	dot := strings.LastIndexByte(stem, '.')
-	if dot < 0 {
-		return writerID{}, 0, false
-	}
-	seq, err := strconv.Atoi(stem[dot+1:])
-	if err != nil || seq < 1 {
-		return writerID{}, 0, false
-	}
-	w := writerID{id: stem[:dot]}
-	rest := w.id
-	i := strings.LastIndexByte(rest, '-')
-	if i < 0 {
-		return writerID{}, 0, false
-	}
-	if w.start, err = time.Parse(startLayout, rest[i+1:]); err != nil {
-		return writerID{}, 0, false
-	}
-	rest = rest[:i]
-	i = strings.LastIndexByte(rest, '-')
-	if i <= 0 {
-		return writerID{}, 0, false
-	}
-	if w.pid, err = strconv.Atoi(rest[i+1:]); err != nil {
-		return writerID{}, 0, false
-	}
-	w.node = rest[:i]
-	return w, seq, true
 }

@@ -26,11 +26,24 @@ import (
 const (
 	childRootEnv  = "LOOMFS_AUDIT_TEST_CHILD_ROOT"
 	childCountEnv = "LOOMFS_AUDIT_TEST_CHILD_COUNT"
+	childHangEnv  = "LOOMFS_AUDIT_TEST_CHILD_HANG" // write, say "ready", wait to be killed
 )
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childRootEnv); root != "" {
 		n, _ := strconv.Atoi(os.Getenv(childCountEnv))
+		if os.Getenv(childHangEnv) != "" {
+			l, err := Open(root, Options{Node: "shared-node"})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			for range n {
+				l.Record(context.Background(), sampleEvent())
+			}
+			fmt.Println("ready")
+			time.Sleep(time.Hour)
+		}
 		if err := writeRecords(root, "shared-node", n); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -106,7 +119,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	e := Event{
 		TraceID:  "tr-9",
 		CallID:   "call-7",
-		Actor:    Actor{Space: "s1", Agent: "a1", Session: "se1", Run: "run1", Instance: "sub-1", Container: "loomfs-abc"},
+		Actor:    Actor{Space: "s1", Agent: "a1", Session: "se1", Run: "run1", Instance: "sub-1", Container: "loomfs-abc", Operator: "ci-bot"},
 		Scope:    "9c1f00ab",
 		Source:   SourceSandbox,
 		Op:       "rename",
@@ -141,22 +154,20 @@ func TestRecordRoundTrip(t *testing.T) {
 	if r.Kind != KindEvent || r.Node != "node-a.example" || r.PID != os.Getpid() || r.Seq != 1 || r.Prev != "" {
 		t.Errorf("chain fields: kind %q node %q pid %d seq %d prev %q", r.Kind, r.Node, r.PID, r.Seq, r.Prev)
 	}
-	// The clock ticks once for Open (the file name) and once for the record.
-	if !r.Time.Equal(start.Add(2*time.Millisecond)) || r.Time.Location() != time.UTC {
-		t.Errorf("time %v, want %v UTC", r.Time, start.Add(2*time.Millisecond))
+	// The clock ticks twice for Open (the file's day, the registration)
+	// and once for the record.
+	if !r.Time.Equal(start.Add(3*time.Millisecond)) || r.Time.Location() != time.UTC || r.Writer != 1 {
+		t.Errorf("time %v writer %d, want %v UTC, writer 1", r.Time, r.Writer, start.Add(3*time.Millisecond))
 	}
 
-	// The raw lines: the event's field names, then a close checkpoint.
+	// The raw lines: the event's field names; the ledger's open and close.
 	files, _ := filepath.Glob(filepath.Join(Dir(root), "*.jsonl"))
-	if len(files) != 1 {
-		t.Fatalf("files %v, want one", files)
-	}
-	if name := filepath.Base(files[0]); !strings.HasPrefix(name, "node-a.example-"+strconv.Itoa(os.Getpid())+"-20250301T120000.001000000Z.") {
-		t.Errorf("file name %q does not name node, pid and start", name)
+	if len(files) != 2 || filepath.Base(files[0]) != "node-a.example.20250301.000001.jsonl" || filepath.Base(files[1]) != "node-a.example.ledger.jsonl" {
+		t.Fatalf("files %v, want the node's chain file of the day and its ledger", files)
 	}
 	lines := readLines(t, files[0])
-	if len(lines) != 2 {
-		t.Fatalf("%d lines, want event and checkpoint", len(lines))
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want the event", len(lines))
 	}
 	var raw map[string]any
 	if err := json.Unmarshal([]byte(lines[0]), &raw); err != nil {
@@ -167,15 +178,32 @@ func TestRecordRoundTrip(t *testing.T) {
 			t.Errorf("record has no %q field: %s", k, lines[0])
 		}
 	}
-	if ts := raw["time"].(string); ts != "2025-03-01T12:00:00.002Z" {
+	if ts := raw["time"].(string); ts != "2025-03-01T12:00:00.003Z" {
 		t.Errorf("time %q, want RFC 3339 UTC", ts)
 	}
-	var cp Record
-	if err := json.Unmarshal([]byte(lines[1]), &cp); err != nil {
+	ledger := readLines(t, files[1])
+	if len(ledger) != 2 {
+		t.Fatalf("ledger %q: want open and close", ledger)
+	}
+	var open, cl LedgerEntry
+	if err := json.Unmarshal([]byte(ledger[0]), &open); err != nil {
 		t.Fatal(err)
 	}
-	if cp.Kind != KindCheckpoint || cp.Reason != "close" || cp.Count != 1 || cp.Seq != 2 || cp.Head != sha256hex(lines[0]+"\n") || cp.Prev != cp.Head {
-		t.Errorf("close checkpoint %+v", cp)
+	if err := json.Unmarshal([]byte(ledger[1]), &cl); err != nil {
+		t.Fatal(err)
+	}
+	if open.Kind != LedgerOpen || open.Seq != 1 || open.PID != os.Getpid() || open.Node != "node-a.example" || open.ChainSeq != 0 || open.Start.IsZero() {
+		t.Errorf("open entry %+v", open)
+	}
+	head := sha256hex(lines[0] + "\n")
+	if cl.Kind != LedgerClose || cl.Seq != 2 || cl.Prev != sha256hex(ledger[0]+"\n") || cl.Writer != 1 || cl.Count != 1 ||
+		cl.LastSeq != 1 || cl.LastHash != head || cl.ChainSeq != 1 || cl.ChainHead != head {
+		t.Errorf("close entry %+v", cl)
+	}
+	for _, f := range files {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", f, fi.Mode().Perm())
+		}
 	}
 
 	fi, err := os.Stat(files[0])
@@ -219,9 +247,9 @@ func TestPathCannotForgeRecord(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(Dir(root), "*.jsonl"))
-	if n := len(readLines(t, files[0])); n != len(paths)+1 {
-		t.Errorf("%d lines, want %d records and a checkpoint", n, len(paths))
+	files, _ := filepath.Glob(filepath.Join(Dir(root), "*.[0-9]*.jsonl"))
+	if n := len(readLines(t, files[0])); n != len(paths) {
+		t.Errorf("%d lines, want %d records", n, len(paths))
 	}
 	for _, p := range paths {
 		got := queryAll(t, Dir(root), Filter{Path: p})
@@ -233,7 +261,7 @@ func TestPathCannotForgeRecord(t *testing.T) {
 		t.Errorf("forged record came back: %+v", got)
 	}
 	rep, err := Verify(Dir(root))
-	if err != nil || !rep.OK() || rep.Records != len(paths)+1 {
+	if err != nil || !rep.OK() || rep.Records != len(paths) {
 		t.Errorf("Verify: %v %v %+v", rep, err, rep.Problems)
 	}
 }
@@ -263,8 +291,8 @@ func TestConcurrentGoroutines(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("Verify: %v %v %+v", rep, err, rep.Problems)
 	}
-	if rep.Events != workers*each || rep.Files < 10 || len(rep.Chains) != 1 || !rep.Chains[0].Closed {
-		t.Errorf("report %+v: want %d events in one closed chain over many files", rep, workers*each)
+	if rep.Events != workers*each || rep.Files < 10 || len(rep.Chains) != 1 || len(rep.Nodes) != 1 || rep.Nodes[0].Closed != 1 {
+		t.Errorf("report %+v: want %d events in one chain over many files, its writer closed", rep, workers*each)
 	}
 	seen := map[string]bool{}
 	for _, r := range queryAll(t, Dir(root), Filter{}) {
@@ -278,9 +306,11 @@ func TestConcurrentGoroutines(t *testing.T) {
 	}
 }
 
+// Three processes of one node share its chain: every record is there,
+// once, in one chain, and each writer is registered and closed.
 func TestTwoProcessesOneRoot(t *testing.T) {
 	root := t.TempDir()
-	const each = 400
+	const each = 1500
 	var children []*exec.Cmd
 	for range 2 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -300,19 +330,25 @@ func TestTwoProcessesOneRoot(t *testing.T) {
 		}
 	}
 	rep, err := Verify(Dir(root))
-	if err != nil || !rep.OK() {
-		t.Fatalf("Verify: %v %v %+v", rep, err, rep.Problems)
+	if err != nil || !rep.Clean(false) {
+		t.Fatalf("Verify: %v %v %+v %+v", rep, err, rep.Problems, rep.Crashed)
 	}
-	if len(rep.Chains) != 3 || rep.Events != 3*each {
-		t.Fatalf("%d chains, %d events; want 3 and %d", len(rep.Chains), rep.Events, 3*each)
+	if len(rep.Chains) != 1 || rep.Events != 3*each || rep.Files < 2 {
+		t.Fatalf("%d chains, %d events in %d files; want one rotated chain of %d", len(rep.Chains), rep.Events, rep.Files, 3*each)
 	}
-	for _, c := range rep.Chains {
-		if !c.Closed || c.Files < 2 {
-			t.Errorf("chain %+v: want closed, rotated", c)
+	if n := rep.Nodes[0]; n.Writers != 3 || n.Closed != 3 {
+		t.Errorf("node %+v: want 3 writers, all closed", n)
+	}
+	got := queryAll(t, Dir(root), Filter{})
+	seen := map[string]bool{}
+	for _, r := range got {
+		if seen[r.CallID] {
+			t.Errorf("record %s twice", r.CallID)
 		}
+		seen[r.CallID] = true
 	}
-	if got := queryAll(t, Dir(root), Filter{}); len(got) != 3*each {
-		t.Errorf("Query: %d records, want %d", len(got), 3*each)
+	if len(seen) != 3*each {
+		t.Errorf("Query: %d distinct records, want %d", len(seen), 3*each)
 	}
 }
 
@@ -464,25 +500,6 @@ func TestSyncOption(t *testing.T) {
 	}
 }
 
-func TestParseFileName(t *testing.T) {
-	start := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
-	for _, node := range []string{"n", "node-1", "a.b-c.example", "--", "x_y"} {
-		stem := node + "-4242-" + start.Format(startLayout)
-		w, n, ok := parseFileName(fileName(stem, 17))
-		if !ok || w.id != stem || w.node != node || w.pid != 4242 || !w.start.Equal(start) || n != 17 {
-			t.Errorf("node %q: parse = %+v %d %v", node, w, n, ok)
-		}
-	}
-	for _, bad := range []string{"x.jsonl", "n-1-2.1.jsonl", "n-1-20250102T030405.000000006Z.0.jsonl", "n-x-20250102T030405.000000006Z.1.jsonl", "n-1-20250102T030405.000000006Z.1.json", "-1-20250102T030405.000000006Z.1.jsonl"} {
-		if _, _, ok := parseFileName(bad); ok {
-			t.Errorf("parseFileName(%q) accepted", bad)
-		}
-	}
-	if got := fileNode("a/b\nc d..é"); got != "a_b_c_d.._" {
-		t.Errorf("fileNode = %q", got)
-	}
-}
-
 func TestDiscard(t *testing.T) {
 	if err := Discard.Record(context.Background(), sampleEvent()); err != nil {
 		t.Error(err)
@@ -514,6 +531,21 @@ func BenchmarkRecord(b *testing.B) {
 			}
 		})
 	}
+	// Two writers of one node taking turns: each append finds the other's
+	// record at the end of the chain and reads it to continue the chain.
+	b.Run("two-writers", func(b *testing.B) {
+		root := b.TempDir()
+		logs := []*Log{openLog(b, root, Options{Node: "bench"}), openLog(b, root, Options{Node: "bench"})}
+		e := sampleEvent()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if err := logs[i%2].Record(context.Background(), e); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
 	b.Run("parallel", func(b *testing.B) {
 		l := openLog(b, b.TempDir(), Options{Node: "bench"})
 		e := sampleEvent()

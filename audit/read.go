@@ -28,6 +28,7 @@ type Filter struct {
 	Op     string
 	Path   string // string prefix of the path or the new path
 	Result string
+	Node   string // records of this node only
 }
 
 // Match reports whether r is an event record that f selects.
@@ -40,7 +41,8 @@ func (f Filter) Match(r Record) bool {
 		f.Source != "" && r.Source != f.Source,
 		f.Op != "" && r.Op != f.Op,
 		f.Path != "" && !strings.HasPrefix(r.Path, f.Path) && !strings.HasPrefix(r.NewPath, f.Path),
-		f.Result != "" && r.Result != f.Result:
+		f.Result != "" && r.Result != f.Result,
+		f.Node != "" && r.Node != f.Node:
 		return false
 	}
 	return true
@@ -64,16 +66,85 @@ func matchScope(scope string, r Record) bool {
 // across all chains. It skips lines it cannot parse: Verify is the judge of
 // those. An error from fn stops the query and is returned.
 func Query(dir string, f Filter, fn func(Record) error) error {
+	return QueryWith(dir, f, nil, fn)
+}
+
+// ScanProgress says how far a query has read.
+type ScanProgress struct {
+	Files, TotalFiles int   // files opened, files that can hold matches
+	Bytes, TotalBytes int64 // bytes read, bytes of those files
+	Records           int64 // records read
+	Elapsed           time.Duration
+}
+
+// progressEvery is how often QueryWith reports progress.
+var progressEvery = time.Second
+
+// QueryWith is Query that reads only the files that can hold matches (a
+// node chain's file names carry its node and the day of its events) and
+// calls progress, if set, about once a second while it reads.
+func QueryWith(dir string, f Filter, progress func(ScanProgress), fn func(Record) error) error {
 	chains, err := scanDir(dir)
 	if err != nil {
 		return err
 	}
-	return mergeChains(dir, chains, func(r Record) error {
+	st := &scanStats{start: time.Now(), fn: progress}
+	kept := chains[:0]
+	for _, c := range chains {
+		if f.Node != "" && c.w.node != fileNode(f.Node) {
+			continue
+		}
+		if c.w.kind == nodeChainFile {
+			c.files = slices.DeleteFunc(c.files, func(cf chainFile) bool {
+				return !f.Until.IsZero() && !cf.day.Before(f.Until) ||
+					!f.Since.IsZero() && !cf.day.Add(24*time.Hour).After(f.Since)
+			})
+			if len(c.files) == 0 {
+				continue
+			}
+			c.w.start = c.files[0].day
+		} else if !f.Until.IsZero() && !c.w.start.Before(f.Until) {
+			continue
+		}
+		for _, cf := range c.files {
+			if fi, err := os.Stat(filepath.Join(dir, cf.name)); err == nil {
+				st.p.TotalBytes += fi.Size()
+			}
+		}
+		st.p.TotalFiles += len(c.files)
+		c.stats = st
+		kept = append(kept, c)
+	}
+	sortChains(kept)
+	return mergeChains(dir, kept, func(r Record) error {
+		st.tick()
 		if f.Match(r) {
 			return fn(r)
 		}
 		return nil
 	})
+}
+
+// scanStats counts what a query has read, for its progress reports.
+type scanStats struct {
+	p     ScanProgress
+	start time.Time
+	last  time.Time
+	fn    func(ScanProgress)
+}
+
+func (s *scanStats) tick() {
+	s.p.Records++
+	if s.fn == nil || s.p.Records%4096 != 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(s.start) < progressEvery || now.Sub(s.last) < progressEvery {
+		return
+	}
+	s.last = now
+	s.p.Elapsed = now.Sub(s.start)
+	s.fn(s.p)
 }
 
 // Follow calls fn for every event record in dir, oldest first, and then
@@ -183,55 +254,68 @@ type chainReader struct {
 	lastKind string
 	done     bool   // the chain ended with a close checkpoint
 	head     Record // next record, while merging
+	stats    *scanStats
 }
 
 type chainFile struct {
 	name string
 	n    int
+	day  time.Time // node chain files: the day of their events
 }
 
-// groupChains groups the audit log files among ents by writer. bad, if
-// set, is told of every other entry: isLog says whether its name is a log
-// file's (then it is not a regular file).
+// groupChains groups the chain files among ents by chain: one per node, and
+// one per process for legacy files. Ledgers are left out. bad, if set, is
+// told of every other entry: isLog says whether its name is a log file's
+// (then it is not a regular file).
 func groupChains(ents []os.DirEntry, bad func(e os.DirEntry, isLog bool)) []*chainReader {
 	byID := map[string]*chainReader{}
 	var chains []*chainReader
 	for _, e := range ents {
-		w, n, ok := parseFileName(e.Name())
-		if !ok || !e.Type().IsRegular() {
+		p := parseName(e.Name())
+		if p.kind == ledgerFile && e.Type().IsRegular() {
+			continue
+		}
+		if p.kind == notAuditFile || !e.Type().IsRegular() {
 			if bad != nil {
-				bad(e, ok)
+				bad(e, p.kind != notAuditFile)
 			}
 			continue
 		}
-		c := byID[w.id]
+		c := byID[p.w.id]
 		if c == nil {
-			c = &chainReader{w: w}
-			byID[w.id] = c
+			c = &chainReader{w: p.w}
+			byID[p.w.id] = c
 			chains = append(chains, c)
 		}
-		c.files = append(c.files, chainFile{name: e.Name(), n: n})
+		c.files = append(c.files, chainFile{name: e.Name(), n: p.n, day: p.day})
+	}
+	for _, c := range chains {
+		slices.SortFunc(c.files, func(a, b chainFile) int { return a.n - b.n })
+		if c.w.kind == nodeChainFile {
+			c.w.start = c.files[0].day
+		}
 	}
 	return chains
 }
 
-// scanDir groups the chain files in dir by writer, ordered by start time.
+// scanDir groups the chain files in dir by chain, ordered by start time.
 func scanDir(dir string) ([]*chainReader, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read audit directory: %w", err)
 	}
 	chains := groupChains(ents, nil)
-	for _, c := range chains {
-		slices.SortFunc(c.files, func(a, b chainFile) int { return a.n - b.n })
-	}
+	sortChains(chains)
+	return chains, nil
+}
+
+func sortChains(chains []*chainReader) {
 	slices.SortFunc(chains, func(a, b *chainReader) int {
 		if c := a.w.start.Compare(b.w.start); c != 0 {
 			return c
 		}
 		return strings.Compare(a.w.id, b.w.id)
 	})
-	return chains, nil
 }
 
 // next returns the chain's next event record, moving on to the next file
@@ -253,6 +337,9 @@ func (c *chainReader) next(dir string) (Record, bool, error) {
 				return Record{}, false, fmt.Errorf("read audit log: %w", err)
 			}
 			c.f = f
+			if c.stats != nil {
+				c.stats.p.Files++
+			}
 			if c.br == nil {
 				c.br = bufio.NewReaderSize(f, 64<<10)
 			} else {
@@ -262,6 +349,9 @@ func (c *chainReader) next(dir string) (Record, bool, error) {
 		line, err := c.br.ReadSlice('\n')
 		if err == nil {
 			c.off += int64(len(line))
+			if c.stats != nil {
+				c.stats.p.Bytes += int64(len(line))
+			}
 			r, perr := parseRecord(line)
 			if perr != nil {
 				continue

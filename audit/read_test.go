@@ -181,7 +181,7 @@ func TestFollow(t *testing.T) {
 	// A line that arrives in two writes is delivered once, whole.
 	line := `{"time":"2025-01-01T00:00:00Z","node":"third","pid":7,"kind":"event","seq":1,"prev":"","call_id":"half-written","op":"create"}` + "\n"
 	want["half-written"] = true
-	name := filepath.Join(Dir(root), fileName("third-7-"+time.Now().UTC().Format(startLayout), 1))
+	name := filepath.Join(Dir(root), legacyFileName("third-7-"+time.Now().UTC().Format(startLayout), 1))
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package audit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,12 +29,23 @@ func rotatedLog(t *testing.T, n int) (string, []string) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	files, err := filepath.Glob(filepath.Join(Dir(root), "*.jsonl"))
+	files, err := filepath.Glob(filepath.Join(Dir(root), "n1.2*.jsonl"))
 	if err != nil || len(files) < 3 {
 		t.Fatalf("want at least 3 rotated files, got %d (%v)", len(files), err)
 	}
 	slices.Sort(files)
 	return Dir(root), files
+}
+
+// ledgerOf names the ledger beside a chain's files.
+func ledgerOf(files []string) string {
+	return filepath.Join(filepath.Dir(files[0]), "n1"+ledgerExt)
+}
+
+// cutLedger removes the ledger's last n entries.
+func cutLedger(t *testing.T, files []string, n int) {
+	t.Helper()
+	editLines(t, ledgerOf(files), func(l [][]byte) [][]byte { return l[:len(l)-n] })
 }
 
 // editLines rewrites a file's lines (each with its newline) through fn.
@@ -55,11 +67,12 @@ func editLines(t *testing.T, name string, fn func([][]byte) [][]byte) {
 func TestVerify(t *testing.T) {
 	const events = 60
 	for _, tc := range []struct {
-		name   string
-		tamper func(t *testing.T, files []string)
-		ok     bool
-		warn   bool
-		at     string // file index and line of the first problem, "1:3"; "" not checked
+		name    string
+		tamper  func(t *testing.T, files []string)
+		ok      bool
+		warn    bool
+		crashed bool   // a writer ended without closing
+		at      string // file index and line of the first problem, "1:3"; "" not checked
 	}{
 		{name: "untouched log over several rotated files", tamper: func(*testing.T, []string) {}, ok: true},
 		{name: "edited byte", at: "1:3", tamper: func(t *testing.T, f []string) {
@@ -72,9 +85,9 @@ func TestVerify(t *testing.T) {
 			editLines(t, f[1], func(l [][]byte) [][]byte { l[1][0] = '['; return l })
 		}},
 		{name: "edited checkpoint", tamper: func(t *testing.T, f []string) {
-			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte {
+			editLines(t, f[0], func(l [][]byte) [][]byte {
 				n := len(l) - 1
-				l[n] = bytes.Replace(l[n], []byte(fmt.Sprintf(`"count":%d`, events)), []byte(`"count":7`), 1)
+				l[n] = bytes.Replace(l[n], []byte(fmt.Sprintf(`"count":%d`, n)), []byte(`"count":7`), 1)
 				return l
 			})
 		}},
@@ -95,7 +108,7 @@ func TestVerify(t *testing.T) {
 				return slices.Insert(l, 1, []byte(`{"time":"2025-05-01T00:00:00Z","node":"n1","pid":1,"kind":"event","seq":9,"prev":"","op":"unlink"}`+"\n"))
 			})
 		}},
-		{name: "record after the close checkpoint", tamper: func(t *testing.T, f []string) {
+		{name: "record appended after the writer's close", tamper: func(t *testing.T, f []string) {
 			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte { return append(l, l[0]) })
 		}},
 		{name: "file removed from the middle", at: "3:0", tamper: func(t *testing.T, f []string) { os.Remove(f[2]) }},
@@ -107,19 +120,39 @@ func TestVerify(t *testing.T) {
 			os.Rename(f[1]+".tmp", f[2])
 		}},
 		{name: "file emptied", tamper: func(t *testing.T, f []string) { os.Truncate(f[1], 0) }},
-		{name: "truncated last line after a crash", ok: true, warn: true, tamper: func(t *testing.T, f []string) {
-			// The close checkpoint never made it, and the last event only half.
+		{name: "truncated last line after a crash", ok: true, warn: true, crashed: true, tamper: func(t *testing.T, f []string) {
+			// The close never made it, and the last event only half.
 			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte {
-				n := len(l) - 2
+				n := len(l) - 1
 				l[n] = l[n][:len(l[n])/2]
-				return l[:n+1]
+				return l
 			})
+			cutLedger(t, f, 1)
 		}},
 		{name: "truncated line in a middle file", tamper: func(t *testing.T, f []string) {
 			editLines(t, f[1], func(l [][]byte) [][]byte { n := len(l) - 1; l[n] = l[n][:10]; return l })
 		}},
-		{name: "close checkpoint missing: chain still open", ok: true, tamper: func(t *testing.T, f []string) {
-			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte { return l[:len(l)-1] })
+		{name: "last records of a closed chain cut", tamper: func(t *testing.T, f []string) {
+			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte { return l[:len(l)-2] })
+		}},
+		{name: "last records and the close cut: ended without closing", ok: true, crashed: true, tamper: func(t *testing.T, f []string) {
+			editLines(t, f[len(f)-1], func(l [][]byte) [][]byte { return l[:len(l)-2] })
+			cutLedger(t, f, 1)
+		}},
+		{name: "ledger entry edited", tamper: func(t *testing.T, f []string) {
+			editLines(t, ledgerOf(f), func(l [][]byte) [][]byte {
+				l[0] = bytes.Replace(l[0], []byte(`"pid":`), []byte(`"pid":1`), 1)
+				return l
+			})
+		}},
+		{name: "ledger entry removed", tamper: func(t *testing.T, f []string) {
+			editLines(t, ledgerOf(f), func(l [][]byte) [][]byte { return l[1:] })
+		}},
+		{name: "ledger removed", tamper: func(t *testing.T, f []string) { os.Remove(ledgerOf(f)) }},
+		{name: "the chain's whole file set removed", tamper: func(t *testing.T, f []string) {
+			for _, name := range f {
+				os.Remove(name)
+			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +164,9 @@ func TestVerify(t *testing.T) {
 			}
 			if rep.OK() != tc.ok {
 				t.Fatalf("OK = %v, want %v; %s; problems %v", rep.OK(), tc.ok, rep, rep.Problems)
+			}
+			if got := len(rep.Crashed) > 0; tc.ok && (got != tc.crashed || rep.Clean(false) != !tc.crashed || !rep.Clean(true)) {
+				t.Errorf("ended without closing %v, want %v", rep.Crashed, tc.crashed)
 			}
 			if got := len(rep.Warnings) > 0; got != tc.warn {
 				t.Errorf("warnings %v, want some: %v", rep.Warnings, tc.warn)
@@ -156,16 +192,19 @@ func TestVerifyCounts(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("%v %v", rep, err)
 	}
-	// One rotation checkpoint per file but the last, which ends in a close one.
-	if rep.Files != len(files) || rep.Events != 60 || rep.Records != 60+len(files) {
-		t.Errorf("report %s (%d events); want %d files, %d records", rep, rep.Events, len(files), 60+len(files))
+	// One rotation checkpoint per file but the last.
+	if rep.Files != len(files) || rep.Events != 60 || rep.Records != 60+len(files)-1 {
+		t.Errorf("report %s (%d events); want %d files, %d records", rep, rep.Events, len(files), 60+len(files)-1)
 	}
-	if want := fmt.Sprintf("%d files, %d records, chain intact", len(files), 60+len(files)); rep.String() != want {
+	if want := fmt.Sprintf("%d files, %d records, chain intact (1 nodes, 1 writers)", len(files), 60+len(files)-1); rep.String() != want {
 		t.Errorf("summary %q, want %q", rep.String(), want)
 	}
 	c := rep.Chains[0]
-	if !c.Closed || c.Files != len(files) || len(c.Head) != 64 {
+	if c.Files != len(files) || len(c.Head) != 64 || c.Legacy {
 		t.Errorf("chain %+v", c)
+	}
+	if n := rep.Nodes[0]; n.Writers != 1 || n.Closed != 1 || n.ChainHead != c.Head || n.LedgerSeq != 2 {
+		t.Errorf("node %+v", n)
 	}
 }
 
@@ -177,6 +216,7 @@ func TestVerifyTruncatedLineRestStillChecked(t *testing.T) {
 	})
 	last := files[len(files)-1]
 	editLines(t, last, func(l [][]byte) [][]byte { n := len(l) - 1; l[n] = l[n][:5]; return l })
+	cutLedger(t, files, 1)
 	rep, _ := Verify(dir)
 	if rep.OK() || len(rep.Warnings) != 1 {
 		t.Errorf("edit before a truncated tail: OK %v warnings %v", rep.OK(), rep.Warnings)
@@ -198,5 +238,88 @@ func TestVerifyUnexpectedFiles(t *testing.T) {
 	os.Symlink(files[0], strings.Replace(files[0], ".000001.", ".000099.", 1))
 	if rep, _ := Verify(dir); rep.OK() {
 		t.Error("symlinked chain file accepted")
+	}
+}
+
+// copyLegacy copies the legacy per-process log in testdata to a fresh
+// audit directory.
+func copyLegacy(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.Mkdir(Dir(root), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("testdata/legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("testdata/legacy", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(Dir(root), e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// A log written in the format before the ledger still verifies, says so,
+// and reads back beside a new one.
+func TestVerifyLegacy(t *testing.T) {
+	root := copyLegacy(t)
+	l := openLog(t, root, Options{Node: "n1"})
+	if err := l.Record(context.Background(), sampleEvent()); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	rep, err := Verify(Dir(root))
+	if err != nil || !rep.Clean(false) || rep.Legacy != 1 || len(rep.Nodes) != 1 || rep.Events != 21 {
+		t.Fatalf("%v %v %+v", rep, err, rep.Problems)
+	}
+	if len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0].Message, "legacy per-process format") {
+		t.Errorf("warnings %v: want one saying the log is partly legacy", rep.Warnings)
+	}
+	if got := queryAll(t, Dir(root), Filter{}); len(got) != 21 {
+		t.Errorf("query: %d records, want 21", len(got))
+	}
+	files, _ := filepath.Glob(filepath.Join(Dir(root), "old-node-*.000002.jsonl"))
+	editLines(t, files[0], func(l [][]byte) [][]byte { return l[1:] })
+	if rep, _ := Verify(Dir(root)); rep.OK() {
+		t.Error("a record dropped from a legacy chain went unseen")
+	}
+}
+
+// The fast reading of a record's chain fields agrees with encoding/json
+// on every kind of line a writer makes, and gives up on any other.
+func TestParseFast(t *testing.T) {
+	_, files := rotatedLog(t, 20)
+	lines := append(readLines(t, files[0]), readLines(t, files[len(files)-1])...)
+	legacy, _ := filepath.Glob("testdata/legacy/*.jsonl")
+	slices.Sort(legacy)
+	lines = append(lines, readLines(t, legacy[0])...)
+	lines = append(lines, readLines(t, legacy[len(legacy)-1])...)
+	for _, l := range lines {
+		var fast, slow verifyFields
+		if !fast.parseFast([]byte(l + "\n")) {
+			t.Errorf("fast path refused a writer's line %s", l)
+			continue
+		}
+		if err := json.Unmarshal([]byte(l), &slow); err != nil || fast != slow {
+			t.Errorf("line %s:\nfast %+v\njson %+v", l, fast, slow)
+		}
+	}
+	for _, l := range []string{
+		`[{"time":"x","node":"n","pid":1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n\"q","pid":1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":1,"seq":1,"kind":"event","prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":-1,"kind":"event","seq":1,"prev":""}` + "\n",
+		`{"time":"x","node":"n","pid":1,"kind":"checkpoint","seq":1,"prev":"","count":1,"head":"","reason":"rotate"}garbage` + "\n",
+	} {
+		var r verifyFields
+		if r.parseFast([]byte(l)) {
+			t.Errorf("fast path took %q", l)
+		}
 	}
 }

@@ -14,6 +14,9 @@ PINS=${PINS:-"unpinned pinned"}
 # the same with passthrough off, every write served by the daemon as
 # loomfs serves every write.
 LAYERS=${LAYERS:-"native loomfs loopback loopback-np bindfs"}
+# BEFORE=REV builds loomfs as it was at the git revision REV too, as the
+# layer loomfs-before (add it to LAYERS): a change measured side by side
+# with what it changed, in one run.
 # LOOMFS_MOUNT_FLAGS adds flags to loomfs mount, e.g. --passthrough
 # BENCH_TMP is where the backing directories live; BENCH_TMP=/dev/shm (tmpfs)
 # takes the disk out, leaving what each FUSE layer itself costs.
@@ -57,6 +60,11 @@ chmod 700 "$work"
 mnt=$work/mnt
 bin=$work/bin; mkdir -p "$bin"
 go build -o "$bin/loomfs" ./cmd/loomfs
+if [ -n "${BEFORE:-}" ]; then
+	mkdir -p "$work/before"
+	git archive "$BEFORE" | tar -x -C "$work/before"
+	(cd "$work/before" && go build -o "$bin/loomfs-before" ./cmd/loomfs)
+fi
 go build -o "$bin/loopback" ./bench/loopback
 go build -o "$bin/metaops" ./bench/metaops
 srctar=$work/src.tar
@@ -72,10 +80,10 @@ mount_layer() {
 	case $layer in
 	native)
 		rm -rf "$work/native"; mkdir -p "$work/native"; dir=$work/native; backing=$dir; return ;;
-	loomfs)
+	loomfs | loomfs-before)
 		rm -rf "$root"
-		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
-		"${pre[@]}" "$bin/loomfs" --root "$root" mount --scope $SCOPE ${LOOMFS_MOUNT_FLAGS:-} "$mnt" >/dev/null 2>"$work/daemon.log" &
+		"$bin/$layer" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
+		"${pre[@]}" "$bin/$layer" --root "$root" mount --scope $SCOPE ${LOOMFS_MOUNT_FLAGS:-} "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$!
 		backing=$root/spaces/bench/agents/agent/sessions/s/main
 		;;

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // Setattr serves chmod, truncate and utimes, on an open file (fchmod,
@@ -160,7 +161,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	} else if e := f.begin(ctx, ev); e != 0 {
 		return e
 	}
-	defer f.ws.NoteChange(rel, false)
+	defer f.ws.NoteChangeBy(rel, false, f.by(store.OpSetattr, rel))
 	if setMode {
 		if err := fchmod(fd, policy.OwnerPerm(mode), pathFD); err != nil {
 			return f.failed(ctx, ev, err)
@@ -271,6 +272,7 @@ func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, rel string,
 	if delta < 0 {
 		f.ws.AdjustAt(rel, delta, 0)
 	}
+	n.resized(&st, rel, delta)
 	return 0
 }
 

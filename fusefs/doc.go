@@ -37,7 +37,13 @@
 // and the scope quota answer EFBIG and EDQUOT on write, truncate,
 // fallocate and copy_file_range, counting apparent size so sparse files
 // count in full (statfs shows the quota); a capped subtree (tmp/) counts
-// what is written and moved into it in the same counter as the tools.
+// what is written and moved into it in the same counter as the tools. The
+// scope quota is the scope's shared account (package quota), so other
+// mounts, other nodes and the tool door draw on it too. A file unlinked or
+// renamed over while open stays counted until its last release, when its
+// size is given back (unnamed.go); so does an O_TMPFILE file (Tmpfile),
+// unless linkat(2) through /proc/self/fd names it first, which is the one
+// hard link the mount makes.
 // Deleting, overwriting or moving away what a subtree marks for two-step
 // confirmation answers EPERM: the filesystem can't ask twice. A
 // quarantined scope answers EROFS to every change and still reads.
@@ -141,6 +147,9 @@
 // one more round trip per file; only files that have held POSIX locks are
 // sent one, see Locks). A change is refused (EIO,
 // volume_unavailable) when the journal can't be opened to take its line.
+// Each line also says what the change was and that this projection made
+// it for its command's call id (store.Change, source projection), for the
+// change feed; the health probe's file is noted as loomfs's own.
 //
 // # Locks
 //

@@ -83,7 +83,7 @@ func handleOf(fh fs.FileHandle) *handle {
 
 // newHandle wraps an opened backing file, fd (held by file unless that is
 // nil), and returns the FOPEN flags to answer with.
-func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handle, uint32) {
+func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created bool) (*handle, uint32) {
 	h := &handle{
 		node:     n,
 		file:     file,
@@ -94,8 +94,15 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32) (*handl
 		opened:   time.Now(),
 	}
 	if h.writable {
-		h.change = n.fsys.ws.NoteOpen(h.path)
+		// The open's line says create for a file it made; the line of
+		// its end says write, for the change feed.
+		by := n.fsys.by(store.OpWrite, rel)
+		if created {
+			by.Op = store.OpCreate
+		}
+		h.change = n.fsys.ws.NoteOpenBy(h.path, by)
 	}
+	n.opened()
 	n.fsys.open.Store(h, struct{}{})
 	// The kernel need not send FLUSH at each close(2) (writes are noted
 	// from the open to the release), and it would cost a round trip per
@@ -131,6 +138,7 @@ func (h *handle) fileHandle() fs.FileHandle {
 // for the unmount's summary either.
 func (h *handle) close() {
 	h.node.fsys.open.Delete(h)
+	h.node.closing(h.fd)
 	if h.file != nil {
 		h.file.Close()
 	} else {
@@ -232,7 +240,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags)
+	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags, false)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.
@@ -334,9 +342,11 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 	}
 	written = max(written, 0)
 	if grow > 0 {
-		if got := max(off+int64(written)-st.Size, 0); got != grow {
+		got := max(off+int64(written)-st.Size, 0)
+		if got != grow {
 			f.ws.AdjustAt(rel, got-grow, 0)
 		}
+		n.resized(&st, rel, got)
 	}
 	h.written.Add(int64(written))
 	if err != nil && written == 0 {
@@ -381,6 +391,7 @@ func (n *node) resize(fd int, rel string, size int64, apply func() error) error 
 	if delta < 0 {
 		f.ws.AdjustAt(rel, delta, 0)
 	}
+	n.resized(&st, rel, delta)
 	return nil
 }
 
@@ -448,7 +459,8 @@ func (h *handle) release(ctx context.Context, why string) {
 // (FALLOC_FL_KEEP_SIZE) is invisible to a quota on apparent size, so such a
 // reservation is refused with EOPNOTSUPP (a program then writes instead)
 // rather than granted short in silence; within the file it is served.
-// Collapsing and inserting ranges are refused.
+// Collapsing and inserting ranges never come here: the kernel's FUSE
+// client answers them EOPNOTSUPP itself.
 const allocModes = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
 
 func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
@@ -494,6 +506,9 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 		}
 		return policy.Errno(err)
 	}
+	if grow > 0 {
+		n.resized(&st, ev.Path, grow)
+	}
 	return 0
 }
 
@@ -537,9 +552,11 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	k, err := unix.CopyFileRange(in.fd, &ri, dst.fd, &wo, int(size), 0)
 	k = max(k, 0)
 	if grow > 0 {
-		if got := max(int64(offOut)+int64(k)-cur.Size, 0); got != grow {
+		got := max(int64(offOut)+int64(k)-cur.Size, 0)
+		if got != grow {
 			f.ws.AdjustAt(ev.Path, got-grow, 0)
 		}
+		on.resized(&cur, ev.Path, got)
 	}
 	in.read.Add(int64(k))
 	dst.written.Add(int64(k))

@@ -347,3 +347,12 @@ func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
 	}
 	return nil
 }
+
+// by says a change at rel is this projection's, made for its command's
+// call, or loomfs's own (the health probe's file).
+func (f *fsys) by(op, rel string) store.Change {
+	if p := f.probing.Load(); p != nil && *p == rel {
+		return store.Change{Op: op, Source: store.SourceLoomfs}
+	}
+	return store.Change{Op: op, Source: store.SourceProjection, Call: f.opts.CallID}
+}

@@ -46,7 +46,10 @@ func TestJournalNotesEveryChange(t *testing.T) {
 		var got []store.JournalChange
 		next := map[string]int64{}
 		for _, f := range files {
-			got = append(got, f.Changes...)
+			for _, c := range f.Changes {
+				// What a snapshot reads: the path, and whether a subtree.
+				got = append(got, store.JournalChange{Path: c.Path, Subtree: c.Subtree})
+			}
 			next[f.Name] = f.Size
 		}
 		return slices.Compact(got), next
@@ -68,6 +71,54 @@ func TestJournalNotesEveryChange(t *testing.T) {
 		got, cursor = read()
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: journal has %+v, want %+v", tc.cmd, got, tc.want)
+		}
+	}
+}
+
+// TestJournalSaysWhat: each line says what the change was, that the
+// projection made it, and for which command's call; a rename names both
+// paths, once each.
+func TestJournalSaysWhat(t *testing.T) {
+	e := newEnv(t, withOptions(func(o *Options) { o.CallID = "cmd-7" }))
+	mustWrite(t, e.host("old"), "x")
+	type line struct {
+		kind     byte
+		op, path string
+		to, from string
+	}
+	cases := []struct {
+		cmd  string
+		want []line
+	}{
+		{"printf new > f", []line{{'o', store.OpCreate, "f", "", ""}, {'x', store.OpWrite, "f", "", ""}}},
+		{"mkdir d", []line{{'c', store.OpMkdir, "d", "", ""}}},
+		{"chmod 0400 f", []line{{'c', store.OpSetattr, "f", "", ""}}},
+		{"mv f d/g", []line{{'c', store.OpRename, "f", "d/g", ""}, {'c', store.OpRename, "d/g", "", "f"}}},
+		{"rm old", []line{{'c', store.OpDelete, "old", "", ""}}},
+	}
+	var cursor map[string]int64
+	for _, tc := range cases {
+		if out, err := runIn(t, e.mnt, tc.cmd); err != nil {
+			t.Fatalf("%s: %v\n%s", tc.cmd, err, out)
+		}
+		waitReleased(t, e.m)
+		files, err := e.ws.ReadJournal(cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []line
+		cursor = map[string]int64{}
+		for _, f := range files {
+			for _, c := range f.Changes {
+				got = append(got, line{c.Kind, c.Op, c.Path, c.To, c.From})
+				if c.Source != store.SourceProjection || c.Call != "cmd-7" || c.Time == 0 {
+					t.Errorf("%s: %s line of %s says source %q call %q time %d", tc.cmd, string(c.Kind), c.Path, c.Source, c.Call, c.Time)
+				}
+			}
+			cursor[f.Name] = f.End
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: lines %+v, want %+v", tc.cmd, got, tc.want)
 		}
 	}
 }

@@ -30,8 +30,9 @@ type Mounted struct {
 	server *fuse.Server
 	dir    string
 
-	once sync.Once
-	err  error
+	once   sync.Once
+	err    error
+	unheld func() // ends the mount's part in counts of the scope
 }
 
 // ErrDetached is returned by Unmount when the mount was still in use: the
@@ -100,7 +101,10 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		server.Unmount()
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
-	return &Mounted{fsys: f, server: server, dir: dir}, nil
+	// A count of the scope (the quota's reconcile) sees what files open
+	// here hold with no name left.
+	unheld := ws.CountHeld(f.heldOpen)
+	return &Mounted{fsys: f, server: server, dir: dir, unheld: unheld}, nil
 }
 
 // fuseCloseOnExec marks every /dev/fuse fd of the process close-on-exec.
@@ -135,6 +139,7 @@ func (m *Mounted) Dir() string { return m.dir }
 // aborted and detached, and ErrDetached returned.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
+		defer m.unheld()
 		defer m.releaseOpen()
 		if err := m.server.Unmount(); err == nil {
 			return

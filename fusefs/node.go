@@ -36,6 +36,10 @@ type node struct {
 	// locks is the POSIX locks held through the mount on this file, nil
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
+
+	// held is what the opens of this file keep counted in the quota
+	// (unnamed.go); guarded by mu.
+	held held
 }
 
 var (
@@ -343,7 +347,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChange(rel, false)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpSymlink, rel))
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, policy.Errno(err)
@@ -353,6 +357,12 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := n.fsys
+	if t, ok := target.(*node); ok {
+		// An O_TMPFILE file is given its name (linkat from /proc/self/fd).
+		if in, handled, e := n.linkUnnamed(ctx, t, name, out); handled {
+			return in, e
+		}
+	}
 	rel, err := n.childRel(name)
 	if err == nil {
 		err = policy.CheckLink(rel)
@@ -447,7 +457,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 	noted := false
 	defer func() {
 		if !noted {
-			f.ws.NoteChange(rel, false)
+			f.ws.NoteChangeBy(rel, false, f.by(store.OpCreate, rel))
 		}
 	}()
 	sx, err := setPerm(fd, perm)
@@ -460,7 +470,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags)
+	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags, true)
 	noted = h.writable
 	return child, h, fuseFlags, 0
 }
@@ -534,7 +544,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	defer unix.Close(fd)
 	sx, err := setPerm(fd, perm)
-	f.ws.NoteChange(rel, false)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir, rel))
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -596,13 +606,18 @@ func (n *node) remove(ctx context.Context, op, name string, dir bool) syscall.Er
 	if dir {
 		flags = unix.AT_REMOVEDIR
 	}
+	// A file still open keeps its space until its last release.
+	done := n.removing(base, &sx, rel)
 	if err := unix.Unlinkat(pfd, base, flags); err != nil {
+		done(false)
 		return f.failed(ctx, ev, err)
 	}
-	f.ws.NoteChange(rel, false)
-	if dir {
+	held := done(true)
+	f.ws.NoteChangeBy(rel, false, f.by(store.OpDelete, rel))
+	switch {
+	case dir:
 		f.ws.AdjustAt(rel, 0, -1)
-	} else {
+	case !held:
 		f.ws.AdjustAt(rel, -obj.Size, -1)
 	}
 	return 0
@@ -713,15 +728,26 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		undo()
 		return e
 	}
+	// A file replaced while still open keeps its space until its last
+	// release.
+	done := func(bool) bool { return false }
+	if replaced && !exchange && dst.Ino != src.Ino {
+		done = np.removing(newBase, &dst, newRel)
+	}
 	if err := unix.Renameat2(int(oldDir.Fd()), oldBase, int(newDir.Fd()), newBase, uint(flags)); err != nil {
+		done(false)
 		undo()
 		return f.failed(ctx, ev, err)
 	}
+	held := done(true)
 	// A directory moves with everything in it.
 	subtree := src.Mode&unix.S_IFMT == unix.S_IFDIR || replaced && dst.Mode&unix.S_IFMT == unix.S_IFDIR
-	f.ws.NoteChange(oldRel, subtree)
-	f.ws.NoteChange(newRel, subtree)
-	if replaced && !exchange && dst.Ino != src.Ino {
+	moved := f.by(store.OpRename, oldRel)
+	moved.To = newRel
+	f.ws.NoteChangeBy(oldRel, subtree, moved)
+	moved.To, moved.From = "", oldRel
+	f.ws.NoteChangeBy(newRel, subtree, moved)
+	if replaced && !exchange && dst.Ino != src.Ino && !held {
 		obj := objectOf(&dst)
 		if obj.Kind == policy.KindRegular || obj.Kind == policy.KindLink {
 			f.ws.AdjustAt(newRel, -obj.Size, -1)

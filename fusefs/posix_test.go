@@ -32,10 +32,6 @@ var refusedPosix = map[string]expectedRefusal{
 		mustWrite(t, mnt+"/tmpfile", "hello")
 		wantErrno(t, syscall.Link(mnt+"/tmpfile", mnt+"/file"), syscall.EXDEV)
 	}},
-	"Tmpfile": {"an O_TMPFILE file could only be named by linkat, and hard links are refused", func(t *testing.T, mnt string) {
-		_, err := syscall.Open(mnt, unix.O_TMPFILE|syscall.O_RDWR, 0o600)
-		wantErrno(t, err, syscall.EOPNOTSUPP)
-	}},
 	"FallocateKeepSize": {"SPEC §3.3: space reserved past the end (FALLOC_FL_KEEP_SIZE) is invisible to the quota, so it is refused with EOPNOTSUPP, never granted short", func(t *testing.T, mnt string) {
 		f, err := os.Create(mnt + "/file")
 		if err != nil {

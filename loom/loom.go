@@ -10,10 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/process"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/stage"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -91,7 +93,31 @@ func (n *Node) OpenWorkspace(ctx context.Context, scope string) (*store.Workspac
 		vol.Close()
 		return nil, nil, err
 	}
-	return ws, func() { ws.Close(); vol.Close() }, nil
+	return layoutRecorded(ctx, ws, func() { ws.Close(); vol.Close() })
+}
+
+// layoutRecorded audits the layout directories opening ws made, closing
+// it on failure.
+func layoutRecorded(ctx context.Context, ws *store.Workspace, done func()) (*store.Workspace, func(), error) {
+	if err := RecordLayout(ctx, ws); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return ws, done, nil
+}
+
+// RecordLayout audits, as the platform's, the layout directories opening
+// ws made (none once the scope has them), before any door serves it.
+func RecordLayout(ctx context.Context, ws *store.Workspace) error {
+	if len(ws.LayoutMade()) == 0 {
+		return nil
+	}
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return AuditUnavailable(err)
+	}
+	defer log.Close()
+	return (&stage.Platform{WS: ws, Audit: log, Actor: Actor(ws.Scope())}).RecordLayout(ctx)
 }
 
 func (n *Node) resumeRun(ctx context.Context, arg string) (*store.Workspace, func(), error) {
@@ -118,7 +144,7 @@ func (n *Node) resumeRun(ctx context.Context, arg string) (*store.Workspace, fun
 		r.Close()
 		return nil, nil, err
 	}
-	return ws, func() { ws.Close(); r.Close() }, nil
+	return layoutRecorded(ctx, ws, func() { ws.Close(); r.Close() })
 }
 
 // Session is one scope opened for work: the workspace, its audit log, and
@@ -141,9 +167,15 @@ func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// The audit directory is on the volume: its storage may not answer.
+	log, err := budget.Run(ctx, func() (*audit.Log, error) {
+		return audit.Open(ws.Volume().Path(), audit.Options{})
+	}, func(l *audit.Log) { l.Close() })
 	if err != nil {
 		done()
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "the audit log's storage did not answer within the call's budget; retry later")
+		}
 		return nil, AuditUnavailable(err)
 	}
 	procs := n.cfg.Processes

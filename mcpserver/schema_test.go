@@ -56,6 +56,10 @@ func validValue(t *testing.T, ts toolSchema, prop string) any {
 		cands = append(cands, 1)
 	case "boolean":
 		cands = []any{false}
+	case "array":
+		cands = []any{[]any{map[string]any{"old_text": "gen", "new_text": "other"}}}
+	case "object":
+		cands = []any{map[string]any{}}
 	}
 	cands = append(p.Enum, cands...)
 	r, err := p.Resolve(nil)
@@ -80,6 +84,8 @@ func wrongType(p *jsonschema.Schema) any {
 		return "seven"
 	case "boolean":
 		return "yes"
+	case "array", "object":
+		return "not a list or an object"
 	}
 	return []any{}
 }
@@ -91,7 +97,12 @@ func minimal(t *testing.T, ts toolSchema) map[string]any {
 		in[r] = validValue(t, ts, r)
 	}
 	if ts.name == tools.Edit {
+		// One of the two forms is required (anyOf).
+		in["old_text"] = "gen.txt"
 		in["new_text"] = "other" // must differ from old_text
+	}
+	if ts.name == tools.ApplyPatch {
+		in["patch"] = "*** Begin Patch\n*** Add File: gen/new.txt\n+x\n*** End Patch"
 	}
 	return in
 }

@@ -72,7 +72,7 @@ func New(tb *tools.Toolbox, opts Options) (*Server, error) {
 			InputSchema: d.InputSchema,
 			Annotations: &mcp.ToolAnnotations{
 				ReadOnlyHint:    !tools.Mutating(d.Name),
-				DestructiveHint: ptr(d.Name == tools.Write || d.Name == tools.Edit || d.Name == tools.Delete || d.Name == tools.Command || d.Name == tools.ProcessStart || d.Name == tools.ProcessWrite || d.Name == tools.ProcessSignal),
+				DestructiveHint: ptr(d.Name == tools.Write || d.Name == tools.Edit || d.Name == tools.Delete || d.Name == tools.Command || d.Name == tools.ApplyPatch || d.Name == tools.ProcessStart || d.Name == tools.ProcessWrite || d.Name == tools.ProcessSignal),
 				OpenWorldHint:   &closed,
 			},
 		}, s.handler(d.Name, schema))
@@ -136,10 +136,8 @@ func (s *Server) handler(name string, schema *jsonschema.Resolved) mcp.ToolHandl
 		if err != nil {
 			return errorResult(err), nil
 		}
-		return &mcp.CallToolResult{
-			Content:           []mcp.Content{&mcp.TextContent{Text: render(name, res)}},
-			StructuredContent: res,
-		}, nil
+		content, structured := contentOf(name, res)
+		return &mcp.CallToolResult{Content: content, StructuredContent: structured}, nil
 	}
 }
 

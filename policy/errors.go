@@ -53,6 +53,18 @@ const (
 	// policy marks for two-step confirmation (seed 001 §6.3); Token
 	// carries the one-time token that performs it.
 	ConfirmationRequired Code = "confirmation_required"
+	// PatchFailed answers a patch a hunk of which does not apply to the
+	// file as it is; the message names the file, the hunk and the
+	// closest lines found. Nothing was written.
+	PatchFailed Code = "patch_failed"
+	// InvalidPatch answers patch text that can't be parsed; the message
+	// names the line.
+	InvalidPatch Code = "invalid_patch"
+	// InvalidCursor answers a change-feed cursor the feed did not give.
+	InvalidCursor Code = "invalid_cursor"
+	// NotAnImage answers an image read of a file that is not a PNG,
+	// JPEG, GIF or WebP image (or is a damaged one).
+	NotAnImage Code = "not_an_image"
 	// ProcessOnOtherNode answers a call for a process that another node
 	// owns (SPEC §5.1); the message names that node.
 	ProcessOnOtherNode Code = "process_on_other_node"

@@ -24,6 +24,9 @@ import (
 //	  - path: output/
 //	    mode: wo            # rw, ro, wo or hidden; omitted: the enclosing rule's mode
 //	    confirm: [delete, overwrite]
+//	  - path: reports/
+//	    mode: ro
+//	    create: false       # don't make the directory at first use (the default is to make it)
 //	  - path: tmp/
 //	    mode: rw
 //	    max_bytes: 512 MiB  # cap on what the subtree holds
@@ -40,9 +43,13 @@ import (
 //	  process_output_bytes: 1 MiB  # output kept per process for workspace_process_read
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
-// grep_line, regex_timeout, grep_budget, walk_entries) may be set too. An
+// grep_line, regex_timeout, grep_budget, walk_entries) and the image limits
+// (image_bytes: the most workspace_read_image returns, default 4 MiB;
+// image_source_bytes: the largest file it reads, default 64 MiB) may be
+// set too. An
 // entry of rules replaces the preset's entry for the same path; a limit
-// replaces the preset's value.
+// replaces the preset's value. Every rule's path is a directory a scope
+// gets at first use (Policy.Layout), unless the rule says create: false.
 
 // MaxFileBytes bounds the size of a policy file.
 const MaxFileBytes = 1 << 20
@@ -183,6 +190,7 @@ type entry struct {
 	line    int
 	mode    Mode // "" when not given
 	subtree Subtree
+	noMake  bool // create: false
 }
 
 func (p *parser) file(doc *yaml.Node) (*Policy, error) {
@@ -277,7 +285,7 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 		item = deref(item)
 		e := entry{line: item.Line}
 		var pathNode *yaml.Node
-		known := []string{"path", "mode", "max_bytes", "max_files", "confirm", "clear_at_run_end"}
+		known := []string{"path", "mode", "max_bytes", "max_files", "confirm", "clear_at_run_end", "create"}
 		err := p.mapping(item, "a rule", known, func(key string, k, v *yaml.Node) error {
 			var err error
 			switch key {
@@ -302,6 +310,10 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 				e.subtree.Confirm, err = p.confirm(v)
 			case "clear_at_run_end":
 				e.subtree.Temporary, err = p.boolean(v, "clear_at_run_end")
+			case "create":
+				var mk bool
+				mk, err = p.boolean(v, "create")
+				e.noMake = !mk
 			}
 			return err
 		})
@@ -398,6 +410,22 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 			subs[prefix] = e.subtree
 		}
 	}
+	layout := map[string]bool{}
+	for _, d := range pol.Layout {
+		layout[d] = true
+	}
+	for _, e := range entries {
+		layout[e.subtree.Prefix] = !e.noMake && e.subtree.Prefix != "."
+	}
+	var dirs []string
+	for d, ok := range layout {
+		if ok {
+			dirs = append(dirs, d)
+		}
+	}
+	if err := pol.SetLayout(dirs); err != nil {
+		return &FileError{File: p.name, Reason: err.Error()}
+	}
 	var rs []Rule
 	var ss []Subtree
 	for _, prefix := range order {
@@ -418,7 +446,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "session_idle", "session_lifetime", "process_output_bytes"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "session_idle", "session_lifetime", "process_output_bytes"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -432,6 +460,10 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.ScopeFiles, err = p.count(v, key, true)
 		case "grep_scan":
 			l.GrepScan, err = p.size(v, key, false)
+		case "image_bytes":
+			l.ImageBytes, err = p.size(v, key, false)
+		case "image_source_bytes":
+			l.ImageSource, err = p.size(v, key, false)
 		case "list_entries", "glob_results", "grep_matches", "walk_entries":
 			var c int64
 			c, err = p.count(v, key, false)

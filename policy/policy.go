@@ -61,6 +61,10 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
+	// Layout lists the directories a scope gets at first use (layout.go):
+	// the standard preset's, and every rule's of a policy file unless it
+	// says "create: false". Set it with SetLayout.
+	Layout []string
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
@@ -231,6 +235,11 @@ type Limits struct {
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
 
+	// ImageBytes caps the image workspace_read_image returns (after
+	// downscaling and encoding); ImageSource the file it reads.
+	ImageBytes  int64
+	ImageSource int64
+
 	// A scope's session sandbox (SPEC §5.1) ends after SessionIdle
 	// without a running process or a call, and after SessionLifetime in
 	// any case; each process keeps its last ProcessOutput bytes of output.
@@ -254,6 +263,8 @@ func DefaultLimits() Limits {
 		RegexTimeout: 100 * time.Millisecond,
 		GrepBudget:   10 * time.Second,
 		WalkEntries:  200_000,
+		ImageBytes:   4 << 20,
+		ImageSource:  64 << 20,
 
 		SessionIdle:     10 * time.Minute,
 		SessionLifetime: 2 * time.Hour,

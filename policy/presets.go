@@ -6,7 +6,8 @@ import "sort"
 // limits. "standard" is the seed-001 layout (SPEC §3.3): source in src/,
 // read-only inputs in data/, write-only products in output/ whose deletion
 // or replacement needs confirmation, logs/, a capped tmp/ cleared at the
-// end of each run, and a hidden .meta/ for the platform.
+// end of each run, and a hidden .meta/ for the platform; each of them is
+// made at first use.
 var presets = map[string]func() *Policy{
 	"open": Default,
 	"standard": func() *Policy {
@@ -23,6 +24,7 @@ var presets = map[string]func() *Policy{
 			{Prefix: "output", Confirm: []Op{OpDelete, OpWrite}},
 			{Prefix: "tmp", MaxBytes: 512 << 20, MaxFiles: 10_000, Temporary: true},
 		}))
+		must(p.SetLayout([]string{"src", "data", "output", "logs", "tmp", ".meta"}))
 		return p
 	},
 }

@@ -37,7 +37,7 @@ func newVolume(t *testing.T) *volume {
 	return &volume{root: root, vol: vol}
 }
 
-// open opens scope s (creating it) with a file in it.
+// open opens scope s (creating it, and the standard layout) with a file in it.
 func (v *volume) open(t *testing.T, s string) *store.Workspace {
 	t.Helper()
 	sc, err := store.ParseScope(s)
@@ -50,7 +50,7 @@ func (v *volume) open(t *testing.T, s string) *store.Workspace {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
-	if _, err := ws.Mkdir(context.Background(), "src", false); err != nil {
+	if _, err := ws.Mkdir(context.Background(), "src", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ws.WriteFile(context.Background(), "src/a.txt", []byte("content of "+s), nil); err != nil {
@@ -298,7 +298,7 @@ func TestClearTemporary(t *testing.T) {
 	v := newVolume(t)
 	ws := v.open(t, "sp/ag/s1")
 	for _, d := range []string{"tmp", "tmp/deep"} {
-		if _, err := ws.Mkdir(ctx, d, false); err != nil {
+		if _, err := ws.Mkdir(ctx, d, true); err != nil {
 			t.Fatal(err)
 		}
 	}

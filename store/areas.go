@@ -271,8 +271,21 @@ func walkStat(ctx context.Context, dirfd int, dev uint64, note func(dirfd int, n
 // changed before cutoff: leftovers of a writer that died between creating
 // and renaming one (on filesystems without O_TMPFILE, such as NFS, for
 // the whole write). They are hidden and uncounted, so nothing else would
-// ever remove them. With dryRun it only counts them.
+// ever remove them. With dryRun it only counts them. A session a scope of
+// which has a change set pending (intent.go) is left alone: its staged
+// files are what the next lock take puts in place.
 func (v *Volume) SweepTemporaries(ctx context.Context, s Session, cutoff time.Time, dryRun bool) (n int, bytes int64, err error) {
+	for _, sc := range s.Scopes() {
+		st, err := v.ScopeState(sc)
+		if err != nil {
+			return 0, 0, err
+		}
+		pending := (&Workspace{state: st}).ChangeSetPending()
+		st.Close()
+		if pending {
+			return 0, 0, nil
+		}
+	}
 	fd, err := openBeneath(int(v.root.Fd()), s.Dir(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return 0, 0, fmt.Errorf("open %s: %w", s.Dir(), err)

@@ -2,7 +2,9 @@
 // layout, the walker that resolves every path beneath a scope's pinned
 // directory fd without following a symlink, atomic writes and exclusive
 // creates (with or without RENAME_NOREPLACE), scope locks, execution
-// markers and the record of tool calls.
+// markers and the record of tool calls. The scope's usage (Usage, Reserve,
+// Adjust) is its shared quota account, package quota, kept in the state
+// directory's QuotaDir and joined by each Workspace on first use.
 //
 // It never hands a path string from outside to a path-based syscall, and
 // it asks the policy package about every object it opens; it decides no
@@ -16,6 +18,21 @@
 // instead. Lock quarantines the scope when it finds the marker and the
 // lease free (the worker died); CheckIdle calls the scope busy while the
 // marker stands. Process records live in ProcessesDir, one JSON file each.
+//
+// # The platform's view
+//
+// Open makes the policy's layout directories that are missing
+// (policy.Policy.Layout; LayoutMade says which, for the opener to audit).
+// Platform is a view without the path modes, for the platform's own door
+// (package stage): it fills ro and hidden subtrees and reads wo ones,
+// under every other rule; PlaceFile is its streamed atomic write.
+// # Budgets
+//
+// OpenVolume, Volume.Open and Workspace.Lock answer timeout when their
+// context is done, even while a system call of theirs waits in the kernel
+// (a CephFS client that died holding what the call needs): the call keeps
+// its goroutine (package budget), what it takes afterwards is given back,
+// and Close waits for it before closing the fds it uses.
 //
 // # Call records
 //
@@ -31,6 +48,26 @@
 // CallsLock while reading the logs and appending the started line, so two
 // writers racing for one id decide it once, without an exclusive rename
 // (CephFS has none). The records go when retention removes the session.
+//
+// # Change sets
+//
+// ApplyChanges changes several files all or nothing (workspace_apply_patch):
+// everything is checked first (policy, expected hashes, quotas), the new
+// contents are staged under reserved names beside their files, an intent
+// record (IntentFile in the state directory) is committed, and the renames
+// and deletes follow. Whoever takes the scope lock next (Lock) finishes a
+// change set a crash cut: rolled back while its record says staging,
+// forward once it says commit (intent.go).
+//
+// # Change journal
+//
+// The change journals (journal.go) list what each process changed, one
+// line per change, for snapshots and the change feed: the path, and after
+// a tab what the change was and who made it (op, source, call id, time, a
+// rename's both paths). The format is described at the top of journal.go;
+// readers that want only paths ignore what follows the tab. Journals a
+// reader removes are listed in the journal directory's RemovedFile first,
+// so a change-feed cursor older than them answers reset.
 //
 // # Emulated symbolic links
 //

@@ -2,15 +2,19 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +35,18 @@ import (
 //	         may go on changing until a matching x line
 //	x PATH   an open for writing ended; PATH is where its file is now
 //	end      the writer closed the file cleanly; nothing follows
+//
+// A c, t, o or x line may go on, after a tab, with a JSON object saying
+// what the change was, for the change feed (package changes): op
+// (create, write, delete, rename, mkdir, setattr, symlink, tree), src
+// (tool or projection), call (the tool call's or the command's call id),
+// ts (Unix time in milliseconds), and for a rename, on the line of the
+// old path, to (the new path) and, on the line of the new path, from (the
+// old). Every field may be missing (a line of an older writer has none);
+// a reader that only wants paths ignores the tab and what follows, and a
+// path on a line never holds a tab (AppendPathLine quotes it). The node
+// and process that wrote a line are in its file's name
+// (NODE.PID.RANDOM.log).
 //
 // The writes of an open are not noted one by one (a line per write(2)
 // would cost a system call each), nor when the file is closed: the
@@ -77,6 +93,59 @@ type journal struct {
 // Open is an open for writing that NoteOpen put in the change journal.
 type Open struct {
 	path func() string
+	by   Change
+}
+
+// Change says what a change was and who made it, as a journal line
+// carries it for the change feed. The zero Change says nothing beyond the
+// path.
+type Change struct {
+	Op     string `json:"op,omitempty"`
+	To     string `json:"to,omitempty"`
+	From   string `json:"from,omitempty"`
+	Source string `json:"src,omitempty"`
+	Call   string `json:"call,omitempty"`
+	// Time is set when the line is written: Unix milliseconds.
+	Time int64 `json:"ts,omitempty"`
+}
+
+// Change ops, as the journal and the change feed name them.
+const (
+	OpCreate  = "create"
+	OpWrite   = "write"
+	OpDelete  = "delete"
+	OpRename  = "rename"
+	OpMkdir   = "mkdir"
+	OpSetattr = "setattr"
+	OpSymlink = "symlink"
+	OpTree    = "tree"
+)
+
+// Sources of a change.
+const (
+	SourceTool       = "tool"
+	SourceProjection = "projection"
+	// SourcePlatform is the platform's own door (package stage) and the
+	// layout an opening makes.
+	SourcePlatform = "platform"
+	// SourceLoomfs marks loomfs's own files (a projection's health
+	// probe): in the journal for snapshots, never in the change feed.
+	SourceLoomfs = "loomfs"
+)
+
+type changeKey struct{}
+
+// WithChange returns ctx carrying who makes the changes done under it
+// (source and call id), for the journal lines of the store's own writes.
+func WithChange(ctx context.Context, c Change) context.Context {
+	return context.WithValue(ctx, changeKey{}, c)
+}
+
+// changeBy is who ctx says makes a change, with op.
+func changeBy(ctx context.Context, op string) Change {
+	c, _ := ctx.Value(changeKey{}).(Change)
+	c.Op = op
+	return c
 }
 
 // ReadyToChange makes sure the change journal can take the line of a
@@ -106,11 +175,16 @@ func (w *Workspace) ReadyToChange() error {
 // the next snapshot walk the scope instead of trusting the journal, so a
 // failure here loses nothing and is not returned.
 func (w *Workspace) NoteChange(rel string, subtree bool) {
+	w.NoteChangeBy(rel, subtree, Change{})
+}
+
+// NoteChangeBy is NoteChange saying what the change was and who made it.
+func (w *Workspace) NoteChangeBy(rel string, subtree bool, c Change) {
 	kind := byte('c')
 	if subtree {
 		kind = 't'
 	}
-	w.note(kind, rel, nil)
+	w.note(kind, rel, nil, c)
 }
 
 // NoteOpen records that a file was opened for writing, after the open
@@ -118,8 +192,16 @@ func (w *Workspace) NoteChange(rel string, subtree bool) {
 // path reports where the file is now: it may be renamed while open.
 // Every write through the open is covered until NoteClose.
 func (w *Workspace) NoteOpen(path func() string) *Open {
-	o := &Open{path: path}
-	w.note('o', path(), o)
+	return w.NoteOpenBy(path, Change{})
+}
+
+// NoteOpenBy is NoteOpen saying what the open did (c.Op: create or
+// write) and who writes; the line of its end says write.
+func (w *Workspace) NoteOpenBy(path func() string, c Change) *Open {
+	end := c
+	end.Op = OpWrite
+	o := &Open{path: path, by: end}
+	w.note('o', path(), o, c)
 	return o
 }
 
@@ -136,21 +218,21 @@ func (w *Workspace) NoteClose(o *Open) {
 		return
 	}
 	delete(j.opens, o)
-	j.write(w, 'x', o.path())
+	j.write(w, 'x', o.path(), o.by)
 }
 
 // note writes a line of kind for rel and, for an o line, remembers open.
-func (w *Workspace) note(kind byte, rel string, open *Open) {
+func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	j := w.journal
 	if j == nil {
 		return
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed {
+	if j.closed || kind == 'c' && j.openAt(rel) {
 		return
 	}
-	j.write(w, kind, rel)
+	j.write(w, kind, rel, c)
 	if open != nil {
 		if j.opens == nil {
 			j.opens = map[*Open]struct{}{}
@@ -159,9 +241,22 @@ func (w *Workspace) note(kind byte, rel string, open *Open) {
 	}
 }
 
+// openAt reports whether an open still going has its file at rel: a
+// change to that file is covered by the open until its x line, so it
+// needs no line of its own (tar sets the times of each file it has open:
+// one append less per file, a round trip on a shared filesystem).
+func (j *journal) openAt(rel string) bool {
+	for o := range j.opens {
+		if o.path() == rel {
+			return true
+		}
+	}
+	return false
+}
+
 // write appends one line, starting a new file first if there is none (a
 // failed write abandoned the last) or the current one is full.
-func (j *journal) write(w *Workspace, kind byte, rel string) {
+func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 	if j.f == nil {
 		if err := j.open(w); err != nil {
 			return
@@ -174,15 +269,20 @@ func (j *journal) write(w *Workspace, kind byte, rel string) {
 			j.f = old
 		}
 	}
-	j.append(kind, rel)
+	j.append(kind, rel, c)
 }
 
 // append writes one line to the current file. A failed write abandons the
 // file, unlocked and unfinished: readers take it as the trace of a writer
 // that may have missed a line.
-func (j *journal) append(kind byte, rel string) bool {
+func (j *journal) append(kind byte, rel string, c Change) bool {
 	b := append(j.buf[:0], kind, ' ')
 	b = AppendPathLine(b, rel)
+	c.Time = time.Now().UnixMilli()
+	if meta, err := json.Marshal(c); err == nil {
+		b = append(b, '\t')
+		b = append(b, meta...)
+	}
 	b = append(b, '\n')
 	j.buf = b
 	n, err := unix.Write(int(j.f.Fd()), b)
@@ -229,7 +329,7 @@ func (j *journal) open(w *Workspace) error {
 	// The opens still going carry over, so a reader of this file alone
 	// looks at them until they end.
 	for o := range j.opens {
-		if !j.append('o', o.path()) {
+		if !j.append('o', o.path(), o.by) {
 			return fmt.Errorf("journal %s: write failed", name)
 		}
 	}
@@ -300,6 +400,12 @@ func ParsePathLine(s string) (string, error) {
 type JournalChange struct {
 	Path    string
 	Subtree bool
+	// Kind is the line's letter: c, t, o or x.
+	Kind byte
+	// Change is what the line says of the change beyond its path.
+	Change
+	// End is the offset just past the line in its file.
+	End int64
 }
 
 // JournalFile is what a reader found in one journal file past an offset.
@@ -308,10 +414,18 @@ type JournalFile struct {
 	// Size is the offset to read from next time: after the last
 	// complete line read, or, in a live file, at the first o line whose
 	// open has not ended yet.
-	Size    int64
+	Size int64
+	// End is the offset after the last complete line read (a reader
+	// that wants each line once, not every open still going, reads on
+	// from it).
+	End     int64
 	Changes []JournalChange
 	Ended   bool // the writer closed it cleanly
 	Live    bool // a writer holds it
+	// ModTime is when the file last changed; Skipped says it was not
+	// read (ReadJournalAfter).
+	ModTime time.Time
+	Skipped bool
 }
 
 // Trusted reports whether every change the file's writer made is in it:
@@ -324,10 +438,20 @@ var ErrJournalGone = errors.New("journal file removed or truncated")
 
 // ReadJournal reads every journal file of the scope past the offsets in
 // from (file name → offset; files it does not name are read from the
-// start). A file named in from that is gone or shorter is reported with
-// ErrJournalGone: the changes it held are lost to the reader.
+// start; a negative offset names a file the reader is done with, skipped
+// and not missed). A file named in from that is gone or shorter is
+// reported with ErrJournalGone: the changes it held are lost to the
+// reader.
 func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
-	return w.readJournals(from, true)
+	return w.readJournals(from, true, time.Time{})
+}
+
+// ReadJournalAfter is ReadJournal for a reader that keeps only the files
+// it has not finished: a file from does not name, that no writer holds
+// and that was last changed before done, is taken as read already and
+// described (Skipped, Size and End at its end) without being read.
+func (w *Workspace) ReadJournalAfter(from map[string]int64, done time.Time) ([]JournalFile, error) {
+	return w.readJournals(from, true, done)
 }
 
 // JournalOffsets describes every journal file of the scope with the
@@ -335,10 +459,10 @@ func (w *Workspace) ReadJournal(from map[string]int64) ([]JournalFile, error) {
 // first open still going), without the changes: where a snapshot that
 // walks the scope leaves the journals for the next one.
 func (w *Workspace) JournalOffsets() ([]JournalFile, error) {
-	return w.readJournals(nil, false)
+	return w.readJournals(nil, false, time.Time{})
 }
 
-func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]JournalFile, error) {
+func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.Time) ([]JournalFile, error) {
 	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
@@ -348,14 +472,21 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool) ([]Journal
 	var out []JournalFile
 	for _, name := range names {
 		present[name] = true
-		jf, err := readJournalFile(dfd, name, from[name], changes)
+		if from[name] < 0 {
+			continue // done with, whether or not it is still there
+		}
+		var skipBefore time.Time
+		if _, named := from[name]; !named {
+			skipBefore = done
+		}
+		jf, err := readJournalFile(dfd, name, from[name], changes, skipBefore)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, jf)
 	}
-	for name := range from {
-		if !present[name] {
+	for name, off := range from {
+		if !present[name] && off >= 0 {
 			return out, fmt.Errorf("%s: %w", name, ErrJournalGone)
 		}
 	}
@@ -373,10 +504,89 @@ func (w *Workspace) RemoveJournal(name string) error {
 		return err
 	}
 	defer unix.Close(dfd)
+	// Noted first, so a feed reader that finds the file gone also finds
+	// it here, with when it last changed.
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == unix.ENOENT {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("remove journal %s: %w", name, err)
+	}
+	if err := noteRemoved(dfd, name, time.Unix(st.Mtim.Sec, st.Mtim.Nsec)); err != nil {
+		return err
+	}
 	if err := unix.Unlinkat(dfd, name, 0); err != nil && err != unix.ENOENT {
 		return fmt.Errorf("remove journal %s: %w", name, err)
 	}
 	return nil
+}
+
+// RemovedFile lists, one "NAME REMOVED MODIFIED" line each (Unix
+// milliseconds), the journal files removed from the directory, when, and
+// when they had last changed, so a reader of the change feed
+// whose cursor predates a removal learns that changes it never read are
+// gone (and starts again) instead of missing them silently.
+const RemovedFile = ".removed"
+
+func noteRemoved(dfd int, name string, mtime time.Time) error {
+	fd, err := unix.Openat(dfd, RemovedFile, unix.O_CREAT|unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal removal log: %w", err)
+	}
+	defer unix.Close(fd)
+	line := name + " " + strconv.FormatInt(time.Now().UnixMilli(), 10) + " " + strconv.FormatInt(mtime.UnixMilli(), 10) + "\n"
+	if _, err := unix.Write(fd, []byte(line)); err != nil {
+		return fmt.Errorf("journal removal log: %w", err)
+	}
+	return nil
+}
+
+// RemovedJournal is a journal file a reader removed, and when it had
+// last changed.
+type RemovedJournal struct {
+	Name    string
+	ModTime time.Time
+}
+
+// RemovedJournals reads the removal log past offset: the journal files
+// removed since, and the offset to read from next time.
+func (w *Workspace) RemovedJournals(offset int64) (removed []RemovedJournal, next int64, err error) {
+	dfd, err := w.stateSubdir(JournalDir)
+	if err != nil {
+		return nil, offset, err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, RemovedFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil, offset, nil
+	}
+	if err != nil {
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), RemovedFile)
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 16<<20))
+	if err != nil {
+		return nil, offset, fmt.Errorf("journal removal log: %w", err)
+	}
+	b = b[:bytes.LastIndexByte(b, '\n')+1] // whole lines only
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		r := RemovedJournal{Name: f[0], ModTime: time.Now()} // unknown: the latest
+		if len(f) == 3 {
+			if ms, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				r.ModTime = time.UnixMilli(ms)
+			}
+		}
+		removed = append(removed, r)
+	}
+	return removed, offset + int64(len(b)), nil
 }
 
 // journalDir opens the scope's journal directory and lists the journal
@@ -416,8 +626,8 @@ func journalNames(dfd int) ([]string, error) {
 // readJournalFile reads name past offset. Whether its writer is alive is
 // asked before reading, so a writer that ends it meanwhile is seen as
 // alive (and its end line, if read, as ended): never the reverse.
-func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalFile, error) {
-	jf := JournalFile{Name: name, Size: offset}
+func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time) (JournalFile, error) {
+	jf := JournalFile{Name: name, Size: offset, End: offset}
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		// Removed between listing and opening: only a reader removes
@@ -439,6 +649,11 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 	if st.Size < offset {
 		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
 	}
+	jf.ModTime = time.Unix(st.Mtim.Sec, st.Mtim.Nsec)
+	if !jf.Live && jf.ModTime.Before(skipBefore) {
+		jf.Skipped, jf.Size, jf.End = true, st.Size, st.Size
+		return jf, nil
+	}
 	if st.Size == offset {
 		return jf, nil
 	}
@@ -451,6 +666,7 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 	end := bytes.LastIndexByte(buf, '\n') + 1
 	buf = buf[:end]
 	jf.Size = offset + int64(end)
+	jf.End = jf.Size
 	// open counts the opens going at pos; held is where the first of
 	// them was noted. The offset a reader is given is always one with
 	// none going.
@@ -469,11 +685,17 @@ func readJournalFile(dfd int, name string, offset int64, changes bool) (JournalF
 		if !ok || len(kind) != 1 || !strings.Contains("ctox", kind) {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
+		p, meta, _ := strings.Cut(p, "\t")
 		if p, err = ParsePathLine(p); err != nil {
 			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		if changes {
-			jf.Changes = append(jf.Changes, JournalChange{Path: p, Subtree: kind == "t"})
+			c := JournalChange{Path: p, Subtree: kind == "t", Kind: kind[0], End: pos}
+			if meta != "" {
+				// A line whose detail can't be read still names its path.
+				json.Unmarshal([]byte(meta), &c.Change)
+			}
+			jf.Changes = append(jf.Changes, c)
 		}
 		switch kind {
 		case "o":
@@ -550,4 +772,15 @@ func lockHeld(fd int) (bool, error) {
 		return false, err
 	}
 	return lk.Type != unix.F_UNLCK, nil
+}
+
+// JournalWriter reads the node and process id that wrote journal file
+// name from its name (NODE.PID.RANDOM.log).
+func JournalWriter(name string) (node string, pid int) {
+	parts := strings.Split(strings.TrimSuffix(name, journalSuffix), ".")
+	if len(parts) != 3 {
+		return "", 0
+	}
+	pid, _ = strconv.Atoi(parts[1])
+	return parts[0], pid
 }

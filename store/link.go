@@ -42,7 +42,7 @@ func (w *Workspace) Symlink(ctx context.Context, rel, target string) (Info, erro
 		w.AdjustAt(rel, -size, -1)
 		return Info{}, err
 	}
-	w.NoteChange(rel, false)
+	w.NoteChangeBy(rel, false, changeBy(ctx, OpSymlink))
 	return info, nil
 }
 

@@ -17,12 +17,25 @@ const LockFile = "scope.lock"
 // Lock takes the scope's exclusive lock, waiting until ctx is done. It is a
 // POSIX open-file-description lock, so it excludes other goroutines of this
 // process as well as other processes and, on a filesystem with working
-// POSIX locks (NFSv4), other nodes. The returned func releases it.
+// POSIX locks (NFSv4, CephFS), other nodes. The returned func releases it.
 //
 // Whoever takes the lock and finds an execution marker knows its owner is
 // gone (a running command holds the lock throughout), so the scope is
 // quarantined then and there.
+//
+// The wait is bounded by ctx even when a system call on the way does not
+// return: opening the lock file on CephFS waits in the kernel for the
+// metadata server while the client that last held it is dead. Lock then
+// answers timeout, and a lock taken after that is released at once.
 func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
+	unlock, err = within(ctx, &w.late, func() (func(), error) { return w.lock(ctx) }, func(unlock func()) { unlock() })
+	if overBudget(err) {
+		return nil, policy.Errorf(policy.Timeout, "scope %s is busy (another write or command holds its lock, or its storage did not answer in time); retry later", w.scope)
+	}
+	return unlock, err
+}
+
+func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	// Every write tool and every command holds this lock, so the shared
 	// volume's marker is checked here: before the lock file is made on a
 	// volume that is not ours, and again once the lock is ours, in case it
@@ -72,6 +85,12 @@ func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
 		return nil, err
 	}
 	if err := w.quarantineStaleSession(); err != nil {
+		unlock()
+		return nil, err
+	}
+	// A change set a crash cut midway is finished before anything else
+	// (intent.go).
+	if err := w.recoverChanges(); err != nil {
 		unlock()
 		return nil, err
 	}

@@ -487,6 +487,7 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		dev:     st.Dev,
 		mnt:     mnt,
 		journal: &journal{},
+		quota:   &scopeQuota{},
 	}, nil
 }
 

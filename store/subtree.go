@@ -9,7 +9,9 @@ import (
 // capUsage is what each capped subtree of the policy holds (policy.Subtree
 // with MaxBytes or MaxFiles), kept like the scope's usage: walked when
 // first needed, then counted from the changes this process makes, and
-// forgotten by RefreshUsage. It is guarded by Workspace.usageMu.
+// forgotten by RefreshUsage. It is guarded by Workspace.usageMu. Unlike
+// the scope's quota (package quota), a subtree's cap is counted by each
+// process alone.
 type capUsage struct {
 	known bool
 	used  map[string]policy.Usage // by subtree prefix
@@ -21,19 +23,13 @@ type capUsage struct {
 // change then fails gives them back with AdjustAt. Reserve is ReserveAt
 // for a change no capped subtree can see.
 func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
+	caps := w.pol.Caps(rel)
+	if len(caps) == 0 {
+		return w.Reserve(addBytes, addFiles)
+	}
 	w.usageMu.Lock()
 	defer w.usageMu.Unlock()
-	ctx := context.Background()
-	if err := w.loadUsage(ctx); err != nil {
-		return err
-	}
-	caps := w.pol.Caps(rel)
-	if len(caps) > 0 {
-		if err := w.loadCaps(ctx); err != nil {
-			return err
-		}
-	}
-	if err := w.pol.Limits.CheckQuota(w.usage, addBytes, addFiles); err != nil {
+	if err := w.loadCaps(context.Background()); err != nil {
 		return err
 	}
 	for _, c := range caps {
@@ -41,8 +37,9 @@ func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
 			return err
 		}
 	}
-	w.usage.Bytes += addBytes
-	w.usage.Files += addFiles
+	if err := w.Reserve(addBytes, addFiles); err != nil {
+		return err
+	}
 	w.countCaps(caps, addBytes, addFiles)
 	return nil
 }
@@ -50,13 +47,14 @@ func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
 // AdjustAt counts a change at rel without checking it (shrinking, or
 // undoing a ReserveAt), in the scope and in every capped subtree rel is in.
 func (w *Workspace) AdjustAt(rel string, addBytes, addFiles int64) {
+	w.Adjust(addBytes, addFiles)
+	caps := w.pol.Caps(rel)
+	if len(caps) == 0 {
+		return
+	}
 	w.usageMu.Lock()
 	defer w.usageMu.Unlock()
-	if w.usageKnown {
-		w.usage.Bytes += addBytes
-		w.usage.Files += addFiles
-	}
-	w.countCaps(w.pol.Caps(rel), addBytes, addFiles)
+	w.countCaps(caps, addBytes, addFiles)
 }
 
 // ReserveMove checks and counts a rename of an object holding bytes and
@@ -142,7 +140,7 @@ func (w *Workspace) loadCaps(ctx context.Context) error {
 	return nil
 }
 
-// walkUsage counts what the subtree at rel holds, as loadUsage counts the
+// walkUsage counts what the subtree at rel holds, as countScope counts the
 // scope: files and directories, and the apparent size of regular files.
 func (w *Workspace) walkUsage(ctx context.Context, rel string) (policy.Usage, error) {
 	info, err := w.Lstat(rel)

@@ -30,6 +30,7 @@ func (w *Workspace) Unfiltered() *Workspace {
 		dev:     w.dev,
 		mnt:     w.mnt,
 		journal: w.journal,
+		quota:   w.quota,
 	}
 }
 
@@ -109,7 +110,7 @@ func (w *Workspace) ClearDir(ctx context.Context, rel string) (policy.Usage, err
 	}
 	var u policy.Usage
 	err = removeContents(ctx, int(f.Fd()), w.dev, rel, &u)
-	w.NoteChange(rel, true)
+	w.NoteChangeBy(rel, true, changeBy(ctx, OpTree))
 	w.RefreshUsage()
 	return u, err
 }
@@ -297,7 +298,7 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		}
 		staging = old
 	}
-	w.NoteChange(".", true)
+	w.NoteChangeBy(".", true, changeBy(ctx, OpTree))
 	syncDir(pfd)
 	// sdir followed its inode: it is the scope directory now. The old tree
 	// is at the staging name.

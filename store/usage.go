@@ -2,35 +2,116 @@ package store
 
 import (
 	"context"
+	"errors"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/quota"
 )
 
-// Usage returns what the scope holds, computing it by a walk the first time
-// and keeping it up to date from the changes this process makes.
-func (w *Workspace) Usage(ctx context.Context) (policy.Usage, error) {
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
-	if err := w.loadUsage(ctx); err != nil {
-		return policy.Usage{}, err
-	}
-	return w.usage, nil
+// QuotaDir holds the scope's quota account (package quota) in its state
+// directory: one account for every process and node that opens the scope.
+const QuotaDir = "quota"
+
+// scopeQuota is this process's share of the scope's quota account, opened
+// on first use and shared by the workspace's views (Unfiltered).
+type scopeQuota struct {
+	mu   sync.Mutex
+	acct *quota.Account
+
+	heldMu sync.Mutex
+	held   map[*heldFunc]struct{}
 }
 
-// RefreshUsage forgets the kept usage so the next check walks the scope
-// again (after a change made outside this process).
-func (w *Workspace) RefreshUsage() {
-	w.usageMu.Lock()
-	w.usageKnown = false
-	w.caps.known = false // the capped subtrees too (subtree.go)
-	w.usageMu.Unlock()
+type heldFunc struct{ fn func() policy.Usage }
+
+// CountHeld adds fn to what a count of the scope finds: what this process
+// holds that a walk can't see (a projection's files removed, or never
+// named, while still open; they stay counted until their last close). fn
+// must not wait for a change in progress: it runs while the account is
+// held. The returned func removes it.
+func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
+	q := w.quota
+	if q == nil {
+		return func() {}
+	}
+	h := &heldFunc{fn}
+	q.heldMu.Lock()
+	if q.held == nil {
+		q.held = map[*heldFunc]struct{}{}
+	}
+	q.held[h] = struct{}{}
+	q.heldMu.Unlock()
+	return func() {
+		q.heldMu.Lock()
+		delete(q.held, h)
+		q.heldMu.Unlock()
+	}
 }
 
-func (w *Workspace) loadUsage(ctx context.Context) error {
-	if w.usageKnown {
-		return nil
-	}
+// heldUsage sums what CountHeld was given.
+func (w *Workspace) heldUsage() policy.Usage {
 	var u policy.Usage
+	q := w.quota
+	if q == nil {
+		return u
+	}
+	q.heldMu.Lock()
+	defer q.heldMu.Unlock()
+	for h := range q.held {
+		v := h.fn()
+		u.Bytes += v.Bytes
+		u.Files += v.Files
+	}
+	return u
+}
+
+var errNoAccount = errors.New("this view of the scope counts no quota")
+
+// account returns the scope's quota account, joining it on first use.
+func (w *Workspace) account() (*quota.Account, error) {
+	q := w.quota
+	if q == nil {
+		return nil, errNoAccount
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.acct != nil {
+		return q.acct, nil
+	}
+	dfd, err := w.stateSubdir(QuotaDir)
+	if err != nil {
+		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account can't be opened: %v", err)
+	}
+	defer unix.Close(dfd)
+	a, err := quota.Open(dfd, quota.Options{Limits: w.pol.Limits, Walk: w.countScope})
+	if err != nil {
+		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account can't be opened: %v", err)
+	}
+	q.acct = a
+	return a, nil
+}
+
+// closeAccount folds this process's share into the account and leaves it.
+func (w *Workspace) closeAccount() {
+	if q := w.quota; q != nil {
+		q.mu.Lock()
+		if q.acct != nil {
+			q.acct.Close()
+			q.acct = nil
+		}
+		q.mu.Unlock()
+	}
+}
+
+// countScope counts the scope: a walk (files and directories, and the
+// apparent size of regular files and links) and what this process holds
+// open that the walk can't see (CountHeld).
+func (w *Workspace) countScope(ctx context.Context) (policy.Usage, error) {
+	u := w.heldUsage()
 	err := w.Walk(ctx, ".", func(rel string, info Info) error {
 		u.Files++
 		if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
@@ -38,38 +119,80 @@ func (w *Workspace) loadUsage(ctx context.Context) error {
 		}
 		return nil
 	})
+	return u, err
+}
+
+// Usage returns what the scope holds as every process and node that opened
+// it counted it: counted by a walk the first time the scope's account is
+// made, and kept up to date from every change since.
+func (w *Workspace) Usage(ctx context.Context) (policy.Usage, error) {
+	a, err := w.account()
 	if err != nil {
-		return err
+		return policy.Usage{}, err
 	}
-	w.usage, w.usageKnown = u, true
-	return nil
+	return a.Usage(ctx)
+}
+
+// CountUsage counts the scope now (a walk, and what this process holds
+// open that the walk can't see), for comparing with Usage.
+func (w *Workspace) CountUsage(ctx context.Context) (policy.Usage, error) {
+	return w.countScope(ctx)
+}
+
+// Reconcile compares the account with walks of the scope and corrects it
+// when they disagree and nothing is changing (quota.Account.Reconcile);
+// each correction is logged with its size.
+func (w *Workspace) Reconcile(ctx context.Context, log *zap.Logger) (quota.Report, error) {
+	a, err := w.account()
+	if err != nil {
+		return quota.Report{}, err
+	}
+	return a.Reconcile(ctx, log)
+}
+
+// QuotaState reads the scope's account (quota.Inspect) without joining it.
+func (w *Workspace) QuotaState() (quota.State, error) {
+	sfd := int(w.state.Fd())
+	dfd, err := unix.Openat(sfd, QuotaDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return quota.State{}, nil
+	}
+	if err != nil {
+		return quota.State{}, err
+	}
+	defer unix.Close(dfd)
+	return quota.Inspect(dfd)
+}
+
+// RefreshUsage counts the scope again after a change the account did not
+// see (made outside loomfs, or a whole tree swapped in): the account is
+// corrected to a walk when no other holder is changing the scope, and
+// otherwise by the next reconcile. The capped subtrees are walked again
+// at their next check.
+func (w *Workspace) RefreshUsage() {
+	w.usageMu.Lock()
+	w.caps.known = false // the capped subtrees too (subtree.go)
+	w.usageMu.Unlock()
+	if a, err := w.account(); err == nil {
+		a.Recount(context.Background(), nil)
+	}
 }
 
 // Reserve checks that adding addBytes and addFiles stays within the scope
 // quota and counts them. A caller whose change then fails gives them back
 // with Adjust.
 func (w *Workspace) Reserve(addBytes, addFiles int64) error {
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
-	if err := w.loadUsage(context.Background()); err != nil {
+	a, err := w.account()
+	if err != nil {
 		return err
 	}
-	if err := w.pol.Limits.CheckQuota(w.usage, addBytes, addFiles); err != nil {
-		return err
-	}
-	w.usage.Bytes += addBytes
-	w.usage.Files += addFiles
-	return nil
+	return a.Reserve(addBytes, addFiles)
 }
 
 // Adjust counts a change without checking it (shrinking, or undoing a
 // Reserve).
 func (w *Workspace) Adjust(addBytes, addFiles int64) {
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
-	if !w.usageKnown {
-		return
+	if a, err := w.account(); err == nil {
+		a.Adjust(addBytes, addFiles)
 	}
-	w.usage.Bytes += addBytes
-	w.usage.Files += addFiles
 }

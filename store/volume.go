@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -55,12 +56,23 @@ type Volume struct {
 	cfg  Config
 	path string
 	root *os.File
+	late sync.WaitGroup // opens that outlived their caller's budget
 }
 
 // OpenVolume opens the configured root. The local backend creates it; the
 // shared_posix backend requires the administrator's root and marker and
-// never falls back to a local directory.
+// never falls back to a local directory. A root whose storage does not
+// answer before ctx is done is refused with timeout.
 func OpenVolume(ctx context.Context, cfg Config) (*Volume, error) {
+	var late sync.WaitGroup // nothing to close under it yet
+	v, err := within(ctx, &late, func() (*Volume, error) { return openVolume(cfg) }, func(v *Volume) { v.Close() })
+	if overBudget(err) {
+		return nil, storageTimeout("open the volume", err)
+	}
+	return v, err
+}
+
+func openVolume(cfg Config) (*Volume, error) {
 	if cfg.Backend == "" {
 		cfg.Backend = BackendLocal
 	}
@@ -120,8 +132,12 @@ func (v *Volume) Path() string { return v.path }
 // Config returns the configuration the volume was opened with.
 func (v *Volume) Config() Config { return v.cfg }
 
-// Close releases the root fd.
-func (v *Volume) Close() error { return v.root.Close() }
+// Close releases the root fd, once no open that outlived its caller's
+// budget still uses it.
+func (v *Volume) Close() error {
+	v.late.Wait()
+	return v.root.Close()
+}
 
 // recheck re-verifies a shared volume's marker before an entry point
 // touches it (SPEC §2.2).
@@ -169,12 +185,23 @@ func (v *Volume) stateDir(s Scope) (int, error) {
 	return mkdirAll(int(v.root.Fd()), LocksDir+"/"+s.Hash())
 }
 
-// Open opens scope s with policy pol, creating its directory on demand.
-// The returned Workspace pins the scope directory by fd.
+// Open opens scope s with policy pol, creating its directory on demand,
+// and the directories of the policy's layout that are missing
+// (LayoutMade). The returned Workspace pins the scope directory by fd: no
+// call on it resolves the scope's path again. A scope whose storage does
+// not answer before ctx is done is refused with timeout.
 func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Workspace, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
+	w, err := within(ctx, &v.late, func() (*Workspace, error) { return v.open(s, pol) }, func(w *Workspace) { w.Close() })
+	if overBudget(err) {
+		return nil, storageTimeout("open scope "+s.String(), err)
+	}
+	return w, err
+}
+
+func (v *Volume) open(s Scope, pol *policy.Policy) (*Workspace, error) {
 	if err := v.recheck(); err != nil {
 		return nil, err
 	}
@@ -204,12 +231,17 @@ func (v *Volume) Open(ctx context.Context, s Scope, pol *policy.Policy) (*Worksp
 		dev:     st.Dev,
 		mnt:     mnt,
 		journal: &journal{},
+		quota:   &scopeQuota{},
 	}
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {
 			w.Close()
 			return nil, err
 		}
+	}
+	if err := w.makeLayout(); err != nil {
+		w.Close()
+		return nil, err
 	}
 	return w, nil
 }
@@ -230,7 +262,7 @@ func (w *Workspace) keepReadme() error {
 	defer parent.Close()
 	// The rename replaces whatever has the name (never following it);
 	// usage is not known yet at open, so nothing to adjust.
-	if err := w.replace(parent, name, rel, want, policy.FilePerm, false); err != nil {
+	if err := w.replace(parent, name, rel, want, policy.FilePerm, false, Change{Op: OpWrite}); err != nil {
 		return fmt.Errorf("workspace README: %w", err)
 	}
 	return nil

@@ -27,13 +27,15 @@ type Workspace struct {
 	dev   uint64
 	mnt   uint64 // mount id of dir: nothing on another mount is used
 
-	usageMu    sync.Mutex
-	usage      policy.Usage
-	usageKnown bool
-	caps       capUsage // usage of each capped subtree (subtree.go)
+	quota   *scopeQuota // the scope's shared quota account (usage.go)
+	usageMu sync.Mutex
+	caps    capUsage // usage of each capped subtree (subtree.go)
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
 	calls   callLog  // call records (calls.go)
+
+	layoutMade []string       // layout directories Open made (layout.go)
+	late       sync.WaitGroup // lock waits that outlived their caller's budget (budget.go)
 }
 
 // Scope returns the workspace's scope.
@@ -48,8 +50,11 @@ func (w *Workspace) Volume() *Volume { return w.vol }
 // DirFD returns the pinned scope directory fd. Callers must not close it.
 func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 
-// Close releases the pinned fds.
+// Close releases the pinned fds, once no lock wait that outlived its
+// caller's budget still uses them.
 func (w *Workspace) Close() error {
+	w.late.Wait()
+	w.closeAccount()
 	w.closeJournal()
 	w.calls.close()
 	w.state.Close()
@@ -260,6 +265,11 @@ func hashReader(r io.Reader) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// ConflictError is the error a stale expected_sha256 for rel gets when
+// its hash is current ("" for no file), for a door that checks hashes
+// itself.
+func (w *Workspace) ConflictError(rel, current string) error { return w.conflict(rel, current) }
 
 // conflict builds the error a stale expected_sha256 gets. The current hash
 // of a file that can't be read back here (write-only) is not shown: it

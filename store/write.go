@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"os"
 	"strconv"
 
@@ -70,7 +72,11 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 		// executable stays one), within what policy.OwnerPerm allows.
 		perm = policy.OwnerPerm(info.Perm)
 	}
-	if err := w.replace(parent, name, rel, data, perm, !exists); err != nil {
+	op := OpWrite
+	if !exists {
+		op = OpCreate
+	}
+	if err := w.replace(parent, name, rel, data, perm, !exists, changeBy(ctx, op)); err != nil {
 		w.AdjustAt(rel, info.Size-int64(len(data)), -addFiles)
 		return WriteResult{}, err
 	}
@@ -80,7 +86,13 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 // replace writes data to a temporary file of mode perm in parent and
 // renames it to name. With mustCreate it refuses to replace an object that
 // appeared meanwhile (PlaceNew).
-func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool) error {
+func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool, by Change) error {
+	return w.replaceFrom(parent, name, rel, bytes.NewReader(data), perm, mustCreate, by)
+}
+
+// replaceFrom is replace with the content read from r; an error of r
+// leaves nothing behind.
+func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm uint32, mustCreate bool, by Change) error {
 	if err := w.ReadyToChange(); err != nil {
 		return err
 	}
@@ -95,7 +107,7 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uin
 			unix.Unlinkat(pfd, tmpName, 0)
 		}
 	}
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		cleanup()
 		return policy.FromErrno(err, "write", rel)
 	}
@@ -126,7 +138,7 @@ func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uin
 		return policy.FromErrno(err, "rename", rel)
 	}
 	tmp.Close()
-	w.NoteChange(rel, false)
+	w.NoteChangeBy(rel, false, by)
 	if err := syncDir(pfd); err != nil && err != unix.EINVAL {
 		return policy.FromErrno(err, "fsync dir", rel)
 	}
@@ -216,7 +228,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 			return policy.FromErrno(err, "delete", rel)
 		}
 		w.AdjustAt(rel, 0, -1)
-		w.NoteChange(rel, false)
+		w.NoteChangeBy(rel, false, changeBy(ctx, OpDelete))
 		return nil
 	}
 	if expected != nil {
@@ -244,7 +256,7 @@ func (w *Workspace) Remove(ctx context.Context, rel string, expected Preconditio
 		return policy.FromErrno(err, "delete", rel)
 	}
 	w.AdjustAt(rel, -st.Size, -1)
-	w.NoteChange(rel, false)
+	w.NoteChangeBy(rel, false, changeBy(ctx, OpDelete))
 	return nil
 }
 
@@ -306,6 +318,6 @@ func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (create
 		unix.Fchmod(fd, policy.DirPerm)
 		unix.Close(fd)
 	}
-	w.NoteChange(rel, false)
+	w.NoteChangeBy(rel, false, changeBy(ctx, OpMkdir))
 	return true, nil
 }

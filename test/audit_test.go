@@ -4,11 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // record is what the audit log holds of one event, as audit query --json
@@ -20,7 +26,7 @@ type record struct {
 	Seq    uint64 `json:"seq"`
 	CallID string `json:"call_id"`
 	Actor  struct {
-		Space, Agent, Session, Container string
+		Space, Agent, Session, Container, Operator string
 	} `json:"actor"`
 	Scope  string         `json:"scope"`
 	Source string         `json:"source"`
@@ -188,5 +194,109 @@ func TestAuditUnavailableRefuses(t *testing.T) {
 	r := c.run("", "--json", "check")
 	if r.code != 1 || !strings.Contains(string(r.stdout), "audit") {
 		t.Fatalf("check with an unwritable audit log: exit %d %s", r.code, r.stdout)
+	}
+}
+
+// TestAuditToolCallsShareFiles: many short-lived loomfs tool processes
+// (LOOMFS_AUDIT_TOOL_CALLS, default 1000), four at a time, append to their
+// node's one chain: a handful of files, every record there, the ledger
+// registering and closing each process, and the log verifies.
+func TestAuditToolCallsShareFiles(t *testing.T) {
+	calls := 1000
+	if v := os.Getenv("LOOMFS_AUDIT_TOOL_CALLS"); v != "" {
+		calls, _ = strconv.Atoi(v)
+	}
+	c := newCLI(t)
+	const scope = "sp/ag/many"
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan string, calls)
+	next := make(chan int)
+	for range 4 {
+		wg.Go(func() {
+			for i := range next {
+				name, input := "workspace_write", fmt.Sprintf(`{"path":"f%d","content":"x"}`, i)
+				if i%2 == 1 {
+					name, input = "workspace_stat", `{"path":"."}`
+				}
+				r := c.run("", "tool", name, "--scope", scope, "--input", input)
+				if r.code != 0 {
+					errs <- fmt.Sprintf("%s %d: exit %d %s %s", name, i, r.code, r.stdout, r.stderr)
+				}
+			}
+		})
+	}
+	for i := range calls {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
+	}
+	t.Logf("%d loomfs tool processes in %v", calls, time.Since(start).Round(time.Millisecond))
+
+	files, _ := os.ReadDir(filepath.Join(c.root, ".agentloom-audit"))
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name())
+	}
+	if len(files) >= 10 {
+		t.Errorf("%d tool calls left %d audit files, want fewer than 10: %v", calls, len(files), names)
+	}
+	// A write is two records (started, outcome), a stat one.
+	want := calls/2*2 + (calls - calls/2)
+	if recs := c.auditRecords(scope); len(recs) != want {
+		t.Errorf("%d records, want %d", len(recs), want)
+	}
+	v := c.run("", "--json", "audit", "verify")
+	var rep struct {
+		OK    bool `json:"ok"`
+		Nodes []struct {
+			Writers, Closed int
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(v.stdout, &rep); err != nil || v.code != 0 || !rep.OK || len(rep.Nodes) != 1 || rep.Nodes[0].Writers != calls || rep.Nodes[0].Closed != calls {
+		t.Fatalf("audit verify: exit %d %.2000s %s", v.code, v.stdout, v.stderr)
+	}
+	t.Logf("audit files: %v", names)
+}
+
+// TestAuditMountKilled: a loomfs mount killed with SIGKILL is a writer that
+// ended without closing: verify names it and exits 1, and 0 with
+// --allow-crashed; the writers after it go on in the same chain.
+func TestAuditMountKilled(t *testing.T) {
+	c := newCLI(t)
+	const scope = "sp/ag/killed"
+	c.tool(scope, "workspace_write", `{"path":"a","content":"a"}`)
+	base := t.TempDir()
+	os.Chmod(base, 0o700)
+	mnt := filepath.Join(base, "mnt")
+	os.Mkdir(mnt, 0o755)
+	mount, out := c.start("mount", "--scope", scope, mnt)
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	waitFor(t, "the mount", func() bool { return strings.Contains(out.String(), "mounted ") })
+	if err := os.WriteFile(filepath.Join(mnt, "through-mount"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.run("", "audit", "verify"); v.code != 0 || !strings.Contains(string(v.stdout), "1 running") {
+		t.Fatalf("verify while the mount runs: exit %d %s %s", v.code, v.stdout, v.stderr)
+	}
+	mount.Process.Signal(syscall.SIGKILL)
+	mount.Wait()
+	unix.Unmount(mnt, unix.MNT_DETACH)
+	c.tool(scope, "workspace_write", `{"path":"b","content":"b"}`)
+
+	v := c.run("", "audit", "verify")
+	if v.code != 1 || !strings.Contains(string(v.stdout), "writer ended without closing") || strings.Contains(string(v.stdout), "BROKEN") {
+		t.Fatalf("verify after SIGKILL: exit %d %s %s", v.code, v.stdout, v.stderr)
+	}
+	t.Logf("verify: %s", v.stdout)
+	if v := c.run("", "audit", "verify", "--allow-crashed"); v.code != 0 {
+		t.Fatalf("verify --allow-crashed: exit %d %s %s", v.code, v.stdout, v.stderr)
+	}
+	if find(c.auditRecords(scope), func(r record) bool { return r.Source == "fuse" && r.Path == "through-mount" }) == nil {
+		t.Error("the killed mount's records are gone")
 	}
 }

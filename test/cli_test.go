@@ -141,7 +141,12 @@ func TestToolsListsDefinitions(t *testing.T) {
 		InputSchema json.RawMessage `json:"input_schema"`
 	}
 	if err := json.Unmarshal(r.stdout, &defs); err != nil || len(defs) != len(tools.Names) {
-		t.Fatalf("loomfs tools: %v, %d definitions", err, len(defs))
+		t.Fatalf("loomfs tools: %v, %d definitions, want %d", err, len(defs), len(tools.Names))
+	}
+	for i, d := range defs {
+		if d.Name != tools.Names[i] || d.Description == "" || len(d.InputSchema) == 0 {
+			t.Errorf("definition %d: %s, want %s with a description and a schema", i, d.Name, tools.Names[i])
+		}
 	}
 }
 

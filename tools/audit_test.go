@@ -46,7 +46,7 @@ func TestAuditRecordsPerCall(t *testing.T) {
 		{"a read: its outcome only", Read, map[string]any{"path": "f.txt"}, []string{"ok"}},
 		{"a refused read: one record", Read, map[string]any{"path": "missing.txt"}, []string{"refused"}},
 		{"a list: one record", List, map[string]any{}, []string{"ok"}},
-		{"a refused write: started, then refused", Write, map[string]any{"path": "d/f.txt", "content": "x"}, []string{"started", "refused"}},
+		{"a refused write: started, then refused", Write, map[string]any{"path": "d/f.txt", "content": "x", "parents": false}, []string{"started", "refused"}},
 		{"a write with bad input: one record", Write, map[string]any{"path": 7}, []string{"refused"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

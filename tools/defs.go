@@ -28,13 +28,18 @@ const (
 	Mkdir   = "workspace_mkdir"
 	Delete  = "workspace_delete"
 	Command = "workspace_command"
+
+	// The agent's other tools (patch.go, image.go, changes.go).
+	ApplyPatch = "workspace_apply_patch"
+	ReadImage  = "workspace_read_image"
+	Changes    = "workspace_changes"
 )
 
 // Names lists every tool in a stable order.
-var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command}
+var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command, ApplyPatch, ReadImage, Changes}
 
 // mutating tools hold the scope lock and are never replayed blind.
-var mutating = map[string]bool{Write: true, Edit: true, Mkdir: true, Delete: true, Command: true}
+var mutating = map[string]bool{Write: true, Edit: true, Mkdir: true, Delete: true, Command: true, ApplyPatch: true}
 
 // Mutating reports whether the named tool changes the workspace.
 func Mutating(name string) bool { return mutating[name] }
@@ -112,20 +117,22 @@ func Definitions(pol *policy.Policy) []Definition {
 				"offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based; default 1."},
 				"limit":  {"type": "integer", "minimum": 1, "description": fmt.Sprintf("Most lines to return; default %d.", defaultReadLines)},
 			})},
-		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). New files are created 0600 and a replaced file keeps its mode; missing parent directories are not created (use workspace_mkdir). At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
+		{Write, fmt.Sprintf("Create or replace a file with content, atomically (readers see the old file or the new, never a mix). New files are created 0600 and a replaced file keeps its mode; missing parent directories are created (0700, each as workspace_mkdir would) unless parents is false. At most %s. Returns bytes, sha256, created. %s %s", text, paths, quota),
 			schema([]string{"path", "content"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to write."),
 				"content":         {"type": "string", "description": "The whole new content."},
 				"expected_sha256": shaProp,
+				"parents":         {"type": "boolean", "description": "Create missing parent directories (default true); false refuses with not_found instead."},
 			}))},
-		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
-			schema([]string{"path", "old_text", "new_text"}, withConfirm(pol, policy.OpWrite, map[string]prop{
+		{Edit, fmt.Sprintf("Replace exact text in a file, atomically. old_text must occur exactly once unless replace_all is true; zero matches fail with no_match, several with ambiguous_edit (give more surrounding text). Instead of old_text and new_text, edits lists several replacements applied in order to the same file, each to the text the ones before it left (old_text and new_text, if given too, first), all or none: a failing one names its index and why, and nothing is written. Returns replacements and the new sha256. Files over %s are refused. %s %s", text, paths, quota),
+			editSchema(schema([]string{"path"}, withConfirm(pol, policy.OpWrite, map[string]prop{
 				"path":            pathProp("File to edit."),
 				"old_text":        {"type": "string", "minLength": 1, "description": "Exact text to find (whitespace matters)."},
 				"new_text":        {"type": "string", "description": "Replacement text; must differ from old_text."},
 				"replace_all":     {"type": "boolean", "description": "Replace every occurrence instead of requiring exactly one."},
+				"edits":           editsProp,
 				"expected_sha256": shaProp,
-			}))},
+			})))},
 		{Mkdir, fmt.Sprintf("Create a directory (mode 0700). With parents, missing parent directories are created too and an existing directory is not an error. %s %s", paths, quota),
 			schema([]string{"path"}, map[string]prop{
 				"path":    pathProp("Directory to create."),
@@ -142,6 +149,7 @@ func Definitions(pol *policy.Policy) []Definition {
 				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
 			})},
 	}
+	defs = append(defs, otherDefinitions(pol, paths, quota)...)
 	return append(defs, processDefinitions(pol)...)
 }
 

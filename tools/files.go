@@ -197,6 +197,7 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 		Content  *string `json:"content"`
 		Expected *string `json:"expected_sha256"`
 		Confirm  string  `json:"confirm_token"`
+		Parents  *bool   `json:"parents"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
@@ -216,6 +217,14 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	if in.Expected == nil {
 		in.Expected = confirmed
 	}
+	// Missing parents are made as workspace_mkdir with parents makes them,
+	// each asked of the policy; "parents": false keeps the refusal.
+	if dir, _ := policy.Split(rel); dir != "." && (in.Parents == nil || *in.Parents) && missing(t.WS, dir) {
+		if _, err := t.WS.Mkdir(ctx, dir, true); err != nil {
+			return nil, err
+		}
+		t.changed(dir)
+	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(*in.Content), in.Expected)
 	if err != nil {
 		return nil, err
@@ -224,22 +233,41 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	return WriteResult{Path: rel, Bytes: res.Bytes, SHA256: res.SHA256, Created: res.Created}, nil
 }
 
+// missing reports whether nothing is at the cleaned path rel.
+func missing(ws *store.Workspace, rel string) bool {
+	_, err := ws.Lstat(rel)
+	return policy.CodeOf(err) == policy.NotFound
+}
+
 func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
 	var in struct {
-		Path       string  `json:"path"`
-		OldText    string  `json:"old_text"`
-		NewText    string  `json:"new_text"`
-		ReplaceAll bool    `json:"replace_all"`
-		Expected   *string `json:"expected_sha256"`
-		Confirm    string  `json:"confirm_token"`
+		Path       string     `json:"path"`
+		OldText    string     `json:"old_text"`
+		NewText    *string    `json:"new_text"`
+		ReplaceAll bool       `json:"replace_all"`
+		Edits      []EditStep `json:"edits"`
+		Expected   *string    `json:"expected_sha256"`
+		Confirm    string     `json:"confirm_token"`
 	}
 	if err := decode(input, &in); err != nil {
 		return nil, err
 	}
+	if in.Edits != nil {
+		// Multi-edit (edit.go); old_text and new_text, if given too, are
+		// its first edit.
+		steps := in.Edits
+		if in.OldText != "" || in.NewText != nil {
+			steps = append([]EditStep{{OldText: in.OldText, NewText: in.NewText, ReplaceAll: in.ReplaceAll}}, steps...)
+		}
+		return handleEdits(ctx, t, input, in.Path, steps, in.Expected, in.Confirm)
+	}
+	if in.NewText == nil {
+		return nil, policy.Errorf(policy.InvalidInput, "input field \"new_text\" is required (or give edits); see the tool's input schema")
+	}
 	if in.OldText == "" {
 		return nil, policy.Errorf(policy.InvalidInput, "old_text is empty; give the exact text to replace")
 	}
-	if in.OldText == in.NewText {
+	if in.OldText == *in.NewText {
 		return nil, policy.Errorf(policy.NoChange, "old_text and new_text are the same; the edit would change nothing")
 	}
 	pol := t.WS.Policy()
@@ -278,9 +306,9 @@ func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, er
 		return nil, e
 	}
 	if in.ReplaceAll {
-		text = strings.ReplaceAll(text, in.OldText, in.NewText)
+		text = strings.ReplaceAll(text, in.OldText, *in.NewText)
 	} else {
-		text = strings.Replace(text, in.OldText, in.NewText, 1)
+		text = strings.Replace(text, in.OldText, *in.NewText, 1)
 	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(text), &sum)
 	if err != nil {

@@ -162,7 +162,7 @@ func TestQuotasFromPolicyFile(t *testing.T) {
 	refused(write("big.txt", kib(17)), policy.TooLarge, "17 KiB", "16 KiB")
 
 	// tmp/ cap: bytes, then file count (tmp/ itself is one).
-	mustCall(t, fb.Toolbox, Mkdir, map[string]any{"path": "tmp"})
+	mustCall(t, fb.Toolbox, Mkdir, map[string]any{"path": "tmp", "parents": true}) // made at first use already
 	if err := write("tmp/a", kib(6)); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestConfirmation(t *testing.T) {
 		}
 		return string(b)
 	}
-	mustCall(t, fb.Toolbox, Mkdir, map[string]any{"path": "output"})
+	mustCall(t, fb.Toolbox, Mkdir, map[string]any{"path": "output", "parents": true}) // made at first use already
 	// Creating is not confirmed.
 	mustCall(t, fb.Toolbox, Write, map[string]any{"path": "output/report.csv", "content": "v1"})
 	mustCall(t, fb.Toolbox, Write, map[string]any{"path": "output/other.csv", "content": "other"})

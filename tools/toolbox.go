@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -152,7 +153,13 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	if mutating {
 		started := ev
 		started.Result = "started"
-		if err := t.sink().Record(ctx, started); err != nil {
+		// The audit log is on the volume, whose storage may not answer:
+		// nothing has been done yet if its budget runs out here.
+		_, err := budget.Run(ctx, func() (struct{}, error) { return struct{}{}, t.sink().Record(ctx, started) }, nil)
+		if err != nil && ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "%s was not started: the audit log's storage did not answer within the call's budget; nothing was changed, retry later", name)
+		}
+		if err != nil {
 			return nil, auditErr(err)
 		}
 	}
@@ -184,6 +191,9 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		}
 		json.Unmarshal(res, &m)
 		ev.Bytes, ev.SHA256 = m.Bytes, m.SHA256
+		if name == ApplyPatch {
+			ev.Detail = patchDetail(res)
+		}
 	}
 	// A change is made by now: a failure to record its outcome is kept in
 	// the log's status, not turned into a false refusal. A read whose only
@@ -262,7 +272,11 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		}
 		return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)
 	}
-	if Mutating(name) && !selfLocking[name] {
+	// A change takes the scope lock; so does a read that finds a change
+	// set under way or cut by a crash (store/intent.go), which it then
+	// waits out or finishes: no read sees a patch half applied. A process
+	// tool's runner takes it itself, briefly.
+	if !selfLocking[name] && (Mutating(name) || t.WS.ChangeSetPending()) {
 		wait := t.LockWait
 		if wait == 0 {
 			wait = 30 * time.Second
@@ -273,8 +287,14 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		if err != nil {
 			return nil, t.finish(recordID, name, input, nil, err)
 		}
-		defer unlock()
+		if Mutating(name) {
+			defer unlock()
+		} else {
+			unlock()
+		}
 	}
+	// The change journal's lines say the tool door and the call made them.
+	ctx = store.WithChange(ctx, store.Change{Source: store.SourceTool, Call: callID})
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
 	if err != nil {
 		return nil, t.finish(recordID, name, input, nil, err)
@@ -345,6 +365,10 @@ var handlers = map[string]handler{
 	Mkdir:   handleMkdir,
 	Delete:  handleDelete,
 	Command: handleCommand,
+
+	ApplyPatch: handleApplyPatch,
+	ReadImage:  handleReadImage,
+	Changes:    handleChanges,
 }
 
 // decode parses input strictly into v: unknown fields and wrong types are

@@ -419,7 +419,7 @@ func callBytes(t *testing.T, tb *Toolbox) int64 {
 
 // TestReadsRecordNothing: no read-only tool leaves a call record.
 func TestReadsRecordNothing(t *testing.T) {
-	tb, _ := newBox(t, nil)
+	tb, root := newBox(t, nil)
 	ctx := context.Background()
 	mustCall(t, tb, Mkdir, map[string]any{"path": "d"})
 	if _, err := tb.Call(ctx, Write, "w-1", json.RawMessage(`{"path":"d/a.txt","content":"x"}`)); err != nil {
@@ -435,10 +435,13 @@ func TestReadsRecordNothing(t *testing.T) {
 		{Glob, `{"pattern":"**/*.txt"}`},
 		{Grep, `{"pattern":"x"}`},
 		{Read, `{"path":"d/a.txt"}`},
+		{ReadImage, `{"path":"d/a.png"}`},
+		{Changes, `{"since":""}`},
 		// No process service here: refused, and still nothing recorded.
 		{ProcessRead, `{"process_id":"p-1"}`},
 		{ProcessList, `{}`},
 	}
+	writePNG(t, filepath.Join(root, "d/a.png"), 4, 4)
 	for i, r := range reads {
 		if Mutating(r.name) {
 			t.Fatalf("%s is listed as mutating", r.name)

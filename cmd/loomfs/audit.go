@@ -31,25 +31,30 @@ func auditDir(g *globals) string {
 func newAuditCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "audit",
-		Short: "Query, follow and verify the audit log",
-		Long: `Read the audit log kept under <root>/.agentloom-audit (SPEC §8).
+		Short: "Query, follow, verify and anchor the audit log; make node keys",
+		Long: `Read the audit log kept under <root>/.agentloom-audit (SPEC §8; AUDIT.md has
+the threat model and the operator's routine).
 
 Every tool call, filesystem mutation or refusal, sandbox container event and
-admin command is one JSON record. Each writer (one loomfs process on one node)
-appends to its own files, <node>-<pid>-<start>.<n>.jsonl, and every record
-carries a sequence number and the sha256 of the record before it, so
+admin command is one JSON record. All loomfs processes of one node append to
+the node's chain, <node>.<day>.<n>.jsonl, taking turns under a lock; every
+record carries a sequence number and the sha256 of the record before it, so
 "loomfs audit verify" finds edited, dropped, inserted or reordered records.
+Each node's ledger, <node>.ledger.jsonl, registers every writer and its close,
+so a writer removed whole, a cut tail or a writer that ended without closing
+is found too. With a node key (audit keygen, $AGENT_LOOM_AUDIT_KEY) writers
+sign the ledger's head; "audit anchor" exports every node's head.
 
 The directory is found from --root, or <--data>/workspaces for the local
 backend. These commands only read it.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown command %q for %q: want query, tail or verify", args[0], cmd.CommandPath())
+				return usagef("unknown command %q for %q: want query, tail, verify, anchor or keygen", args[0], cmd.CommandPath())
 			}
 			return cmd.Help()
 		},
 	}
-	cmd.AddCommand(newAuditQueryCmd(g), newAuditTailCmd(g), newAuditVerifyCmd(g))
+	cmd.AddCommand(newAuditQueryCmd(g), newAuditTailCmd(g), newAuditVerifyCmd(g), newAuditAnchorCmd(g), newAuditKeygenCmd(g))
 	return cmd
 }
 
@@ -59,7 +64,10 @@ func newAuditQueryCmd(g *globals) *cobra.Command {
 		Use:   "query [filters]",
 		Short: "Print the audit records that match filters, oldest first",
 		Long: `Print the event records that match every given filter, oldest first, merged
-across all writers and rotated files. Checkpoint records are not printed.
+across all nodes and rotated files. Checkpoint records are not printed. Only
+the files that can hold matches are read (a chain file's name carries its node
+and the day of its records), and on a scan longer than a second progress is
+printed on stderr.
 
 With --json each record is printed as one JSON object per line, with the same
 fields as on disk; otherwise as a table. Paths with spaces, quotes or control
@@ -74,7 +82,12 @@ characters are shown quoted in the table, so one row is always one record.`,
 				return err
 			}
 			p := newAuditPrinter(cmd.OutOrStdout(), g.json, true)
-			if err := audit.Query(auditDir(g), f, p.print); err != nil {
+			errw := cmd.ErrOrStderr()
+			progress := func(sp audit.ScanProgress) {
+				fmt.Fprintf(errw, "loomfs: audit query: %d of %d files, %d of %d MB, %d records read (%s)\n",
+					sp.Files, sp.TotalFiles, sp.Bytes>>20, sp.TotalBytes>>20, sp.Records, sp.Elapsed.Round(time.Second))
+			}
+			if err := audit.QueryWith(auditDir(g), f, progress, p.print); err != nil {
 				return err
 			}
 			return p.done()
@@ -126,38 +139,71 @@ on a shared root.`,
 }
 
 func newAuditVerifyCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "verify",
-		Short: "Check the hash chains of the audit log",
-		Long: `Check every writer's chain in the audit directory: sequence numbers, the hash
-each record holds of the one before, the checkpoints written at each rotation
-and at shutdown, and that no file of a rotation set is missing.
+	var keysDir, anchorFile string
+	var allowCrashed bool
+	cmd := &cobra.Command{
+		Use:   "verify [--keys DIR] [--anchor FILE] [--allow-crashed]",
+		Short: "Check the audit log's chains, ledgers, signatures and anchors",
+		Long: `Check every node's chain and ledger: sequence numbers, the hash each record
+and ledger entry holds of the one before, the checkpoint at the end of each
+rotated file, that every registered writer's records are there up to the head
+its node's ledger records, and that every record's writer is registered.
+Legacy per-process logs (written before the ledger) are checked as chains.
 
 Exits 0 with a summary such as "3 files, 12034 records, chain intact" when
-every chain is whole. Exits 1 and prints the first bad record when a record
-was edited, dropped, inserted or reordered, or a file was removed. A line cut
-short at the very end of a chain (a crash mid-write) is a warning, not a
-failure; so is a chain that is still open (its writer is running, or died).
+all is whole. Exits 1 and prints the first problem when a record or ledger
+entry was edited, dropped, inserted or reordered, a file or a whole writer was
+removed, or a chain's tail was cut. A writer that is gone without closing
+(a crash, or its last records and close were cut) is listed on its own and
+also exits 1, unless --allow-crashed says you have looked at each one. A line
+cut short at the very end of a chain (a crash mid-write) is a warning.
 
 A hash chain has no secret: whoever can rewrite the files can recompute it.
-The head hashes that --json prints, kept somewhere else, anchor the chains.`,
+--keys DIR checks every seal (signed checkpoint) against the <node>.pub files
+in DIR, so history up to each node's last seal can't be rewritten without
+its node key; without --keys the log is only chained, and verify says so.
+--anchor FILE checks that the log still extends every head in FILE (written
+by "loomfs audit anchor"), so even a replaced audit directory is caught.`,
+		Example: `  loomfs audit verify
+  loomfs audit verify --keys /etc/loomfs/audit-trust --anchor /srv/anchors/audit.jsonl
+  loomfs --json audit verify --allow-crashed | jq .ended_without_closing`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			rep, err := audit.Verify(auditDir(g))
+			var opts audit.VerifyOptions
+			if keysDir != "" {
+				keys, err := audit.LoadTrustedKeys(keysDir)
+				if err != nil {
+					return usagef("--keys %s: %v", keysDir, err)
+				}
+				opts.Keys = keys
+			}
+			if anchorFile != "" {
+				f, err := os.Open(anchorFile)
+				if err != nil {
+					return usagef("--anchor: %v", err)
+				}
+				opts.Anchors, err = audit.ReadAnchors(f)
+				f.Close()
+				if err != nil {
+					return usagef("--anchor %s: %v", anchorFile, err)
+				}
+			}
+			rep, err := audit.VerifyWith(auditDir(g), opts)
 			if err != nil {
 				return err
 			}
+			clean := rep.Clean(allowCrashed)
 			if g.json {
 				enc := json.NewEncoder(out)
 				enc.SetEscapeHTML(false)
 				if err := enc.Encode(struct {
 					OK bool `json:"ok"`
 					audit.Report
-				}{rep.OK(), rep}); err != nil {
+				}{clean, rep}); err != nil {
 					return err
 				}
-				if !rep.OK() {
+				if !clean {
 					return exitError{exitRefused}
 				}
 				return nil
@@ -174,18 +220,150 @@ The head hashes that --json prints, kept somewhere else, anchor the chains.`,
 				if n := len(rep.Problems) + rep.Omitted - 1; n > 0 {
 					fmt.Fprintf(out, "%d more problems (--json lists them)\n", n)
 				}
-				fmt.Fprintln(out, rep)
-				return exitError{exitRefused}
+			}
+			for _, c := range rep.Crashed {
+				fmt.Fprintf(out, "%s\n", auditText(c.String()))
 			}
 			fmt.Fprintln(out, rep)
+			switch {
+			case rep.Signed && rep.OK():
+				fmt.Fprintln(out, "signed: every node's seals verify against --keys")
+			case !rep.Signed:
+				fmt.Fprintln(out, "only chained, not signed: give --keys DIR to check the nodes' signatures")
+			}
+			if rep.Anchored > 0 && rep.OK() {
+				fmt.Fprintf(out, "anchored: the log extends all %d anchored heads\n", rep.Anchored)
+			}
+			if len(rep.Crashed) > 0 && rep.OK() && !allowCrashed {
+				fmt.Fprintf(out, "%d writers ended without closing: check each (a crash of that process, or its tail was cut), then --allow-crashed\n", len(rep.Crashed))
+			}
+			if !clean {
+				return exitError{exitRefused}
+			}
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&keysDir, "keys", "", "directory of trusted node public keys (<node>.pub) to check every seal against")
+	cmd.Flags().StringVar(&anchorFile, "anchor", "", "file of anchors (loomfs audit anchor) the log must still extend")
+	cmd.Flags().BoolVar(&allowCrashed, "allow-crashed", false, "exit 0 even if writers ended without closing (once you have looked at each)")
+	return cmd
+}
+
+func newAuditAnchorCmd(g *globals) *cobra.Command {
+	var to, sock string
+	cmd := &cobra.Command{
+		Use:   "anchor [--to FILE] [--syslog SOCKET]",
+		Short: "Print every node's current audit heads, to keep outside the volume",
+		Long: `Print one JSON line holding every node's current head: its ledger's last entry
+and its chain's last record (seq and hash), and its last seal, signed if the
+node has a key. Kept where nobody who can write the shared volume can reach
+(another host, a write-once bucket, a remote syslog), it lets
+"loomfs audit verify --anchor FILE" prove that the log still extends each
+head: a deleted, cut or replaced audit directory is caught.
+
+--to FILE appends the line to FILE (created 0600); --syslog SOCKET sends it
+to a syslog unix socket (e.g. /dev/log, or the one your forwarder listens on).
+The line is printed on stdout too.`,
+		Example: `  loomfs audit anchor --to /mnt/anchors/loomfs-audit.jsonl
+  loomfs audit anchor --syslog /dev/log
+  loomfs audit anchor | ssh auditor@vault 'cat >> loomfs-anchors.jsonl'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := audit.Heads(auditDir(g), time.Now())
+			if err != nil {
+				return err
+			}
+			if len(a.Heads) == 0 {
+				return fmt.Errorf("no node ledger in the audit directory: nothing to anchor")
+			}
+			line, err := json.Marshal(a)
+			if err != nil {
+				return err
+			}
+			line = append(line, '\n')
+			if to != "" {
+				if err := appendAnchor(to, line); err != nil {
+					return err
+				}
+			}
+			if sock != "" {
+				if err := audit.SendSyslog(sock, line); err != nil {
+					return err
+				}
+			}
+			_, err = cmd.OutOrStdout().Write(line)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "append the anchor to FILE")
+	cmd.Flags().StringVar(&sock, "syslog", "", "send the anchor to the syslog unix socket SOCKET")
+	return cmd
+}
+
+func appendAnchor(name string, line []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("anchor file: %w", err)
+	}
+	if _, err := f.Write(line); err != nil {
+		f.Close()
+		return fmt.Errorf("anchor file: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("anchor file: %w", err)
+	}
+	return f.Close()
+}
+
+func newAuditKeygenCmd(g *globals) *cobra.Command {
+	var dir, node string
+	cmd := &cobra.Command{
+		Use:   "keygen --dir DIR [--node NODE]",
+		Short: "Make a node's audit signing key",
+		Long: `Make an ed25519 key pair for a node's audit seals: DIR/<node>.key (0600, the
+private key: keep it on the node, outside the shared volume, readable by root
+only) and DIR/<node>.pub (the public key: copy it to the trusted key
+directory of everyone who runs "loomfs audit verify --keys"). An existing key
+is never replaced.
+
+Point the node's loomfs processes at the key with AGENT_LOOM_AUDIT_KEY=DIR/<node>.key;
+they then sign their node's ledger head at every rotation, at every close and
+every few minutes. --node defaults to the host name, the node name the audit
+log uses.`,
+		Example: `  loomfs audit keygen --dir /etc/loomfs/audit-key
+  scp /etc/loomfs/audit-key/$(hostname).pub auditor@vault:/etc/loomfs/audit-trust/`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dir == "" {
+				return usagef("--dir is required: where to write the key (outside the shared volume)")
+			}
+			if node == "" {
+				h, err := os.Hostname()
+				if err != nil {
+					return fmt.Errorf("node name: %w", err)
+				}
+				node = h
+			}
+			priv, pub, err := audit.GenerateKey(dir, node)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]string{"node": node, "private": priv, "public": pub})
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "private key %s (keep on this node; AGENT_LOOM_AUDIT_KEY=%s)\npublic key  %s (copy to every verifier's --keys directory)\n", priv, priv, pub)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "directory to write <node>.key and <node>.pub to (created 0700)")
+	cmd.Flags().StringVar(&node, "node", "", "node name (default: the host name)")
+	return cmd
 }
 
 // auditFilterFlags are the filters query and tail share.
 type auditFilterFlags struct {
-	scope, since, until, source, op, path, result string
+	scope, since, until, source, op, path, result, node string
 }
 
 func (ff *auditFilterFlags) register(cmd *cobra.Command) {
@@ -193,14 +371,15 @@ func (ff *auditFilterFlags) register(cmd *cobra.Command) {
 	f.StringVar(&ff.scope, "scope", "", "scope hash, or SPACE/AGENT/SESSION (main) or SPACE/AGENT/SESSION/RUN/INSTANCE")
 	f.StringVar(&ff.since, "since", "", "records at or after: RFC 3339 time, date (2006-01-02) or age (90s, 1h, 7d)")
 	f.StringVar(&ff.until, "until", "", "records before: RFC 3339 time, date or age")
-	f.StringVar(&ff.source, "source", "", "tool, fuse, sandbox or admin")
+	f.StringVar(&ff.source, "source", "", "tool, fuse, sandbox, admin or platform")
 	f.StringVar(&ff.op, "op", "", "operation, e.g. workspace_write, create, unlink, container_start")
 	f.StringVar(&ff.path, "path", "", "path prefix (matches the path or the new path of a rename)")
 	f.StringVar(&ff.result, "result", "", "result: ok, refused, error, started")
+	f.StringVar(&ff.node, "node", "", "records of this node only")
 }
 
 func (ff *auditFilterFlags) filter(now time.Time) (audit.Filter, error) {
-	f := audit.Filter{Scope: ff.scope, Source: audit.Source(ff.source), Op: ff.op, Path: ff.path, Result: ff.result}
+	f := audit.Filter{Scope: ff.scope, Source: audit.Source(ff.source), Op: ff.op, Path: ff.path, Result: ff.result, Node: ff.node}
 	if strings.Contains(ff.scope, "/") {
 		parts := strings.Split(ff.scope, "/")
 		if (len(parts) != 3 && len(parts) != 5) || strings.Contains("/"+ff.scope+"/", "//") {
@@ -208,9 +387,9 @@ func (ff *auditFilterFlags) filter(now time.Time) (audit.Filter, error) {
 		}
 	}
 	switch f.Source {
-	case "", audit.SourceTool, audit.SourceFUSE, audit.SourceSandbox, audit.SourceAdmin:
+	case "", audit.SourceTool, audit.SourceFUSE, audit.SourceSandbox, audit.SourceAdmin, audit.SourcePlatform:
 	default:
-		return f, usagef("--source %q: want tool, fuse, sandbox or admin", ff.source)
+		return f, usagef("--source %q: want tool, fuse, sandbox, admin or platform", ff.source)
 	}
 	var err error
 	if f.Since, err = auditParseTime("since", ff.since, now); err != nil {
@@ -332,6 +511,9 @@ func auditActor(a audit.Actor) string {
 	}
 	if a.Container != "" {
 		s += "@" + a.Container
+	}
+	if a.Operator != "" {
+		s += " by " + a.Operator
 	}
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -155,6 +156,9 @@ func TestAuditUsage(t *testing.T) {
 		{"audit", "query", "--source", "network"},
 		{"audit", "tail", "-n", "-1"},
 		{"audit", "verify", "extra"},
+		{"audit", "verify", "--keys", filepath.Join(root, "no-keys")},
+		{"audit", "verify", "--anchor", filepath.Join(root, "no-anchors")},
+		{"audit", "keygen"},
 		{"audit", "bogus"},
 	} {
 		if _, errs, code := runLoomfs(t, append([]string{"--root", root}, args...)...); code != exitUsage {
@@ -164,7 +168,7 @@ func TestAuditUsage(t *testing.T) {
 	if _, errs, code := runLoomfs(t, "--root", root, "audit", "verify"); code != 1 || !strings.Contains(errs, "audit") {
 		t.Errorf("verify without a log: exit %d, %q", code, errs)
 	}
-	for _, sub := range []string{"query", "tail", "verify"} {
+	for _, sub := range []string{"query", "tail", "verify", "anchor", "keygen"} {
 		out, _, code := runLoomfs(t, "audit", sub, "--help")
 		if code != 0 || !strings.Contains(out, "Usage:") || len(out) < 300 {
 			t.Errorf("%s --help: exit %d, %q", sub, code, out)
@@ -183,5 +187,74 @@ func TestAuditDir(t *testing.T) {
 		if got := auditDir(&tc.g); got != tc.want {
 			t.Errorf("auditDir(%+v) = %q, want %q", tc.g, got, tc.want)
 		}
+	}
+}
+
+// The operator's routine through the command line: keygen, a signed log,
+// verify with and without the trusted keys, an anchor, and the directory
+// later replaced by an older copy.
+func TestAuditKeysAndAnchors(t *testing.T) {
+	keys := t.TempDir()
+	out, errs, code := runLoomfs(t, "audit", "keygen", "--dir", filepath.Join(keys, "node"), "--node", "n1")
+	if code != 0 || !strings.Contains(out, "n1.key") || !strings.Contains(out, "n1.pub") {
+		t.Fatalf("keygen: exit %d %q %q", code, out, errs)
+	}
+	if _, errs, code := runLoomfs(t, "audit", "keygen", "--dir", filepath.Join(keys, "node"), "--node", "n1"); code != 1 || !strings.Contains(errs, "already exists") {
+		t.Errorf("keygen over a key: exit %d %q", code, errs)
+	}
+	trust := filepath.Join(keys, "trust")
+	os.Mkdir(trust, 0o700)
+	pub, _ := os.ReadFile(filepath.Join(keys, "node", "n1.pub"))
+	os.WriteFile(filepath.Join(trust, "n1.pub"), pub, 0o644)
+
+	root := t.TempDir()
+	write := func(n int) {
+		l, err := audit.Open(root, audit.Options{Node: "n1", KeyFile: filepath.Join(keys, "node", "n1.key")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			l.Record(context.Background(), audit.Event{Source: audit.SourceTool, Op: "workspace_write", Result: "ok"})
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(3)
+	out, _, code = runLoomfs(t, "--root", root, "audit", "verify")
+	if code != 0 || !strings.Contains(out, "only chained, not signed") {
+		t.Errorf("verify without keys: exit %d %q", code, out)
+	}
+	out, _, code = runLoomfs(t, "--root", root, "audit", "verify", "--keys", trust)
+	if code != 0 || !strings.Contains(out, "signed: every node's seals verify") {
+		t.Errorf("verify --keys: exit %d %q", code, out)
+	}
+
+	older := filepath.Join(t.TempDir(), "older")
+	if err := exec.Command("cp", "-a", audit.Dir(root), older).Run(); err != nil {
+		t.Fatal(err)
+	}
+	write(2)
+	anchors := filepath.Join(keys, "anchors.jsonl")
+	out, errs, code = runLoomfs(t, "--root", root, "audit", "anchor", "--to", anchors)
+	if code != 0 || !strings.Contains(out, `"heads":[{"node":"n1"`) {
+		t.Fatalf("anchor: exit %d %q %q", code, out, errs)
+	}
+	if b, _ := os.ReadFile(anchors); string(b) != out {
+		t.Errorf("anchor file %q, printed %q", b, out)
+	}
+	write(1)
+	out, _, code = runLoomfs(t, "--root", root, "audit", "verify", "--keys", trust, "--anchor", anchors)
+	if code != 0 || !strings.Contains(out, "anchored: the log extends all 1 anchored heads") {
+		t.Errorf("verify --anchor: exit %d %q", code, out)
+	}
+	os.RemoveAll(audit.Dir(root))
+	os.Rename(older, audit.Dir(root))
+	if out, _, code := runLoomfs(t, "--root", root, "audit", "verify", "--keys", trust); code != 0 {
+		t.Errorf("the older copy on its own verifies: exit %d %q", code, out)
+	}
+	out, _, code = runLoomfs(t, "--root", root, "audit", "verify", "--keys", trust, "--anchor", anchors)
+	if code != 1 || !strings.Contains(out, "anchored head no longer extended") {
+		t.Errorf("older copy against the anchor: exit %d %q", code, out)
 	}
 }

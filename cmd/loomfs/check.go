@@ -16,7 +16,7 @@ func init() { addCommand(newCheckCmd) }
 
 func newCheckCmd(g *globals) *cobra.Command {
 	var probe bool
-	var peer string
+	var peer, scope string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "check [--probe]",
@@ -59,6 +59,11 @@ which is not proof that another node's locks exclude this node's. Only a
 trial on two real nodes shows that (see DEPLOY.md). --backend local checks a
 local directory and never claims it is shared.
 
+--scope S also compares the scope's quota account (what every process and
+node that opened the scope counted) with a walk of the scope, changing
+nothing. A difference fails the check only when no process has the scope
+open: one writing now may not have told the account yet.
+
 Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 		Example: `  loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1
   loomfs check --backend shared_posix --root /mnt/agentloom-workspaces --volume-id team-v1 --probe --json
@@ -79,12 +84,23 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 			r := checkWithin(cmd.Context(), opts, timeout)
 			rt := runtimeWithin(cmd.Context(), probe, timeout)
 			r.OK = r.OK && rt.OK
+			var qr *quotaReport
+			if scope != "" && r.OK {
+				ws, done, err := g.openWorkspace(cmd.Context(), scope)
+				if err != nil {
+					return err
+				}
+				q := checkQuota(cmd.Context(), ws)
+				done()
+				qr = &q
+				r.OK = r.OK && q.OK
+			}
 			if g.json {
-				if err := printJSON(cmd, checkOutput{r, rt}); err != nil {
+				if err := printJSON(cmd, checkOutput{r, rt, qr}); err != nil {
 					return err
 				}
 			} else {
-				printCheck(cmd, r, rt)
+				printCheck(cmd, r, rt, qr)
 			}
 			if !r.OK {
 				return exitError{exitRefused}
@@ -94,6 +110,7 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 	}
 	cmd.Flags().BoolVar(&probe, "probe", false, "also do file operations, an atomic replace and a lock check in a temporary namespace, then remove it")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up when the filesystem has not answered by then")
+	cmd.Flags().StringVar(&scope, "scope", "", "also compare this scope's quota account with a walk of it (SPACE/AGENT/SESSION[/RUN/INSTANCE] or run:RUN[/INSTANCE])")
 	cmd.Flags().StringVar(&peer, "peer", "", "with --probe: the same volume at a second path (another client's mount), to probe through both")
 	return cmd
 }
@@ -127,6 +144,7 @@ func checkWithin(ctx context.Context, opts store.CheckOptions, timeout time.Dura
 type checkOutput struct {
 	*store.CheckReport
 	Sandbox sandbox.RuntimeReport `json:"sandbox_runtime"`
+	Quota   *quotaReport          `json:"quota,omitempty"`
 }
 
 // runtimeWithin checks the sandbox runtime, bounded by timeout. Without
@@ -174,7 +192,7 @@ func printRuntime(w io.Writer, rt sandbox.RuntimeReport) {
 	fmt.Fprintf(w, "  %s  %-21s %s: %s\n", mark, "sandbox_runtime", name, detail)
 }
 
-func printCheck(cmd *cobra.Command, r *store.CheckReport, rt sandbox.RuntimeReport) {
+func printCheck(cmd *cobra.Command, r *store.CheckReport, rt sandbox.RuntimeReport, qr *quotaReport) {
 	w := cmd.OutOrStdout()
 	fmt.Fprintf(w, "loomfs check: backend %s, root %s", r.Backend, r.Root)
 	if r.VolumeID != "" {
@@ -192,6 +210,9 @@ func printCheck(cmd *cobra.Command, r *store.CheckReport, rt sandbox.RuntimeRepo
 		fmt.Fprintf(w, "  %s  %-21s %s\n", mark, c.Name, c.Detail)
 	}
 	printRuntime(w, rt)
+	if qr != nil {
+		printQuota(w, *qr)
+	}
 	for _, s := range r.Warnings {
 		fmt.Fprintf(w, "  warning: %s\n", s)
 	}

@@ -27,6 +27,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		scope     string
 		opts      fusefs.Options
 		selfCheck time.Duration
+		reconcile time.Duration
 		profile   string
 		procs     int
 		follow    bool
@@ -68,7 +69,7 @@ container, whose processes resolve links against the container's view.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			return runMount(cmd.Context(), g, scope, args[0], opts, selfCheck)
+			return runMount(cmd.Context(), g, scope, args[0], opts, selfCheck, reconcile)
 		},
 	}
 	f := cmd.Flags()
@@ -83,6 +84,7 @@ container, whose processes resolve links against the container's view.`,
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for performance work)")
 	addProcsFlag(f, &procs)
+	f.DurationVar(&reconcile, "reconcile", 5*time.Minute, "compare the scope's quota account with a walk this often and correct it when nothing is changing (each correction is logged with its size); 0 turns it off")
 	f.DurationVar(&selfCheck, "self-check", 30*time.Second, "probe the mount (write, read back, delete) this often; failures are logged and shown by loomfs check; 0 turns it off")
 	return cmd
 }
@@ -137,7 +139,7 @@ func cpusAllowed() int {
 	return set.Count()
 }
 
-func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, selfCheck time.Duration) error {
+func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, selfCheck, reconcile time.Duration) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -200,6 +202,12 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 				g.log.Warn("record self-check", zap.Error(rerr))
 			}
 		})
+	}
+
+	if reconcile > 0 {
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go reconcileEvery(rctx, ws, reconcile, g.log)
 	}
 
 	ended := make(chan struct{})

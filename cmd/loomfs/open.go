@@ -30,6 +30,7 @@ func (g *globals) loadPolicy() (*policy.Policy, error) {
 // openWorkspace opens the volume and the scope named by scopeArg: either
 // SPACE/AGENT/SESSION[/RUN/INSTANCE], or run:RUN[/INSTANCE] to resume a run
 // through its recorded binding (SPEC §2.3, loom.Node.OpenWorkspace). The
+// layout directories the opening made are audited as the platform's. The
 // caller closes everything through the returned func.
 func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Workspace, func(), error) {
 	if err := checkScopeArg(scopeArg); err != nil {

@@ -197,6 +197,9 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	limit("walk_entries", fmt.Sprint(l.WalkEntries))
 	tw.Flush()
 	fmt.Fprintf(w, "\nsymlinks: %s\n", symlinksOf(pol))
+	if len(pol.Layout) > 0 {
+		fmt.Fprintf(w, "made at first use (0700): %s\n", strings.Join(pol.Layout, " "))
+	}
 }
 
 func policyJSON(pol *policy.Policy, src string) any {
@@ -217,8 +220,9 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Subtrees []subtree `json:"subtrees"`
 		Limits   any       `json:"limits"`
 		Symlinks string    `json:"symlinks"`
+		Layout   []string  `json:"layout"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Readme: policy.WorkspaceReadme(pol)}
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}

@@ -164,6 +164,9 @@ func finishScope(ctx context.Context, open func() (*store.Workspace, error), run
 			return nil, err
 		}
 	}
+	if err := recordLayout(ctx, ws); err != nil {
+		return nil, err
+	}
 	unlock, err := ws.Lock(ctx)
 	if err != nil {
 		return nil, err

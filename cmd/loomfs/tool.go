@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,8 +21,9 @@ func init() {
 
 func newToolCmd(g *globals) *cobra.Command {
 	var scope, input, callID string
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "tool NAME --scope S [--input JSON|-] [--call-id ID]",
+		Use:   "tool NAME --scope S [--input JSON|-] [--call-id ID] [--timeout D]",
 		Short: "Run one workspace tool and print its JSON result",
 		Long: `Run one workspace tool handler against a scope and print its JSON result on
 stdout. On a refusal it prints {"error":{"code":…,"message":…}} and exits 1.
@@ -31,6 +33,14 @@ stdout. On a refusal it prints {"error":{"code":…,"message":…}} and exits 1.
 recorded result; a write whose outcome was never recorded answers
 unknown_outcome instead of running again. A read is not recorded: it is
 read again.
+
+--timeout is the call's budget, from opening the volume to the answer: when
+it runs out the call answers timeout (unknown_outcome for a change that may
+yet complete), even when a system call on the volume waits in the kernel
+(a hung NFS server, a dead CephFS client's capabilities). The answer is
+printed then; the process exits once the kernel returns that system call,
+which nothing can interrupt. 0, the default, bounds only the wait for the
+scope lock (30 s), which is bounded the same way.
 
 The workspace_process_* tools reach this node's process service ("loomfs
 serve") at $AGENT_LOOM_SERVE_SOCKET (default /run/loomfs/serve.sock), so a
@@ -62,13 +72,28 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 				// The command's projection is served from this process.
 				setProcs(servingProcs(cpusAllowed()), false)
 			}
+			if timeout < 0 {
+				return usagef("--timeout %s: must be 0 (no budget) or positive", timeout)
+			}
 			ctx := cmd.Context()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
 			tb, done, err := g.openToolbox(ctx, scope)
 			if err != nil {
 				return printToolError(cmd, err)
 			}
-			defer done()
 			res, err := tb.Call(ctx, name, callID, raw)
+			// The answer goes out first: a system call that outlived its
+			// budget still uses the workspace's fds, so closing them
+			// waits until the kernel returns it (as the process's exit
+			// would anyway).
+			defer func() {
+				tb.Wait()
+				done()
+			}()
 			if err != nil {
 				return printToolError(cmd, err)
 			}
@@ -81,6 +106,7 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().StringVar(&input, "input", "{}", "tool arguments as JSON, or - to read them from stdin")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "the call's budget, e.g. 20s: answer timeout (or unknown_outcome) when it runs out, whatever the storage does; 0: only the 30 s lock wait is bounded")
 	return cmd
 }
 

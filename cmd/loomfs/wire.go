@@ -78,3 +78,7 @@ func (g *globals) auditAdmin(ctx context.Context, op string, sc store.Scope, det
 }
 
 func auditUnavailable(err error) error { return loom.AuditUnavailable(err) }
+
+// recordLayout audits, as the platform's, the layout directories opening
+// ws made (loom.RecordLayout).
+func recordLayout(ctx context.Context, ws *store.Workspace) error { return loom.RecordLayout(ctx, ws) }

@@ -1,0 +1,436 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Walk counts what the scope holds now: its files and directories, and
+// the apparent size of its regular files and links.
+type Walk func(ctx context.Context) (policy.Usage, error)
+
+// Options configure an Account.
+type Options struct {
+	Limits policy.Limits // ScopeBytes and ScopeFiles; 0 is no limit
+	Walk   Walk          // counts the scope when the ledger is new or torn
+	// Idle is how long a holder goes without a change before it folds
+	// what it spent into the ledger and returns its grant (default 1 s).
+	Idle time.Duration
+	// MaxGrant bounds one grant (default 16 MiB and 256 files).
+	MaxGrant policy.Usage
+}
+
+// Account is one holder's share of a scope's account. Its methods are
+// safe for concurrent use.
+type Account struct {
+	opts   Options
+	dir    int // the account's directory
+	ledger int // the ledger's lock file, held open
+	node   nodeID
+	name   string  // h-<id>: the record's name (its live file is name+liveSuffix)
+	tmp    string  // t-<id>: this holder's temporary name for what it replaces
+	snap   version // name.<n>: the record as last synced
+	live   int     // the live file, OFD-locked while open
+	mem    []byte  // its figures, mapped shared (or a buffer where it can't be)
+	mapped bool
+
+	mu      sync.Mutex
+	r       record // what mem holds
+	changes uint64 // changes counted, for the idle check and the reconcile
+	seen    uint64 // changes when the idle check was armed
+	timer   *time.Timer
+	closed  bool
+}
+
+// Open joins the account kept in the directory dirfd (which it does not
+// take over) as a new holder.
+func Open(dirfd int, opts Options) (*Account, error) {
+	if opts.Idle <= 0 {
+		opts.Idle = time.Second
+	}
+	if opts.MaxGrant.Bytes <= 0 {
+		opts.MaxGrant.Bytes = 16 << 20
+	}
+	if opts.MaxGrant.Files <= 0 {
+		opts.MaxGrant.Files = 256
+	}
+	dir, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open quota dir: %w", err)
+	}
+	a := &Account{opts: opts, dir: dir, ledger: -1, live: -1, node: localNode(dir)}
+	if err := a.open(); err != nil {
+		a.release()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Account) open() error {
+	var err error
+	if a.ledger, err = openLedgerLock(a.dir); err != nil {
+		return err
+	}
+	var id [8]byte
+	rand.Read(id[:])
+	a.name = recordPrefix + hex.EncodeToString(id[:])
+	a.tmp = "t-" + hex.EncodeToString(id[:])
+	a.snap = version{base: a.name}
+	// The live file is made whole and locked under a name no reaper
+	// looks at, then renamed into place: a live file seen without its
+	// lock is a dead holder's.
+	a.live, err = unix.Openat(a.dir, a.tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return fmt.Errorf("create quota record: %w", err)
+	}
+	fail := func(what string, err error) error {
+		unix.Unlinkat(a.dir, a.tmp, 0)
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(uintptr(a.live), unix.F_OFD_SETLK, &lk); err != nil {
+		return fail("lock quota record", err)
+	}
+	if err := unix.Ftruncate(a.live, recordSize); err != nil {
+		return fail("size quota record", err)
+	}
+	if mem, err := unix.Mmap(a.live, 0, recordSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+		a.mem, a.mapped = mem, true
+	} else {
+		a.mem = make([]byte, recordSize)
+	}
+	a.r.put(a.mem, a.node)
+	if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
+		return fail("write quota record", err)
+	}
+	if err := a.sync(); err != nil {
+		return fail("write quota record", err)
+	}
+	if err := unix.Renameat(a.dir, a.tmp, a.dir, a.name+liveSuffix); err != nil {
+		return fail("place quota record", err)
+	}
+	return nil
+}
+
+// sync writes the record where holders on other nodes read it: the live
+// file is current only for those sharing this node's page cache.
+func (a *Account) sync() error {
+	a.r.put(a.mem, a.node)
+	if !a.mapped {
+		if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
+			return fmt.Errorf("write quota record: %w", err)
+		}
+	}
+	if err := a.snap.publish(a.dir, a.tmp+".rec", a.mem[:recordSize]); err != nil {
+		return fmt.Errorf("write quota record: %w", err)
+	}
+	return nil
+}
+
+func (a *Account) limited() (bytes, files bool) {
+	return a.opts.Limits.ScopeBytes > 0, a.opts.Limits.ScopeFiles > 0
+}
+
+// Reserve checks that adding bytes and files (either may be negative)
+// stays within the quota as all holders see it, and counts them. A caller
+// whose change then fails gives them back with Adjust.
+func (a *Account) Reserve(bytes, files int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return errClosed
+	}
+	lb, lf := a.limited()
+	pb, pf := max(bytes, 0), max(files, 0)
+	if lb && pb > a.r.grant.Bytes || lf && pf > a.r.grant.Files {
+		if err := a.refill(pb, pf); err != nil {
+			return err
+		}
+	}
+	a.spend(bytes, files)
+	return nil
+}
+
+// Adjust counts a change without checking it (shrinking, or undoing a
+// Reserve).
+func (a *Account) Adjust(bytes, files int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.closed {
+		a.spend(bytes, files)
+	}
+}
+
+var errClosed = errors.New("quota account closed")
+
+// spend counts a change in the record: growth comes out of the grant.
+// a.mu is held.
+func (a *Account) spend(bytes, files int64) {
+	if bytes == 0 && files == 0 {
+		return
+	}
+	a.r.grant.Bytes = max(a.r.grant.Bytes-max(bytes, 0), 0)
+	a.r.grant.Files = max(a.r.grant.Files-max(files, 0), 0)
+	a.r.spent.Bytes += bytes
+	a.r.spent.Files += files
+	if a.mapped {
+		a.r.put(a.mem, a.node)
+	}
+	a.changes++
+	if a.timer == nil {
+		a.seen = a.changes
+		a.timer = time.AfterFunc(a.opts.Idle, a.idleCheck)
+	}
+}
+
+// idleCheck folds what this holder spent and returns its grant once it
+// has gone Options.Idle without a change.
+func (a *Account) idleCheck() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return
+	}
+	if a.changes != a.seen {
+		a.seen = a.changes
+		a.timer.Reset(a.opts.Idle)
+		return
+	}
+	a.timer = nil
+	// A failure leaves the record as it is: it is read, or folded by a
+	// reaper, as it stands, and the next change arms the check again.
+	_ = a.settle()
+}
+
+// locked runs fn with the ledger lock held and the ledger read (counted
+// first if it is new or torn) and dead holders folded in; fn returns
+// whether the ledger changed, and after, if not nil, runs once the ledger
+// is written. a.mu is held.
+func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) (bool, error), after func() error) error {
+	if err := lockFD(a.ledger, unix.F_WRLCK); err != nil {
+		return fmt.Errorf("lock quota ledger: %w", err)
+	}
+	defer lockFD(a.ledger, unix.F_UNLCK)
+	names, err := listDir(a.dir)
+	if err != nil {
+		return err
+	}
+	lv := versionOf(names, LedgerFile)
+	l, ok, err := readLedger(a.dir, lv)
+	if err != nil {
+		return err
+	}
+	hs, err := holders(a.dir, names, a.name, a.node)
+	if err != nil {
+		return err
+	}
+	changed, recount := false, !ok
+	var live []holder
+	for _, h := range hs {
+		if h.live {
+			live = append(live, h)
+			continue
+		}
+		// Its holder is gone: what it spent stays counted, its grant
+		// comes back. One on another node may have spent some of its
+		// grant since its last sync: the whole grant is counted as
+		// spent, and the scope counted again if nobody else is changing
+		// it.
+		l.Bytes += h.rec.spent.Bytes
+		l.Files += h.rec.spent.Files
+		if !h.local {
+			l.Bytes += h.rec.grant.Bytes
+			l.Files += h.rec.grant.Files
+			recount = true
+		}
+		h.remove(a.dir)
+		changed = true
+	}
+	if recount && (!ok || quiet(live)) {
+		if l, err = a.count(ctx, live); err != nil {
+			return err
+		}
+		changed = true
+	}
+	fnChanged, err := fn(&l, live)
+	if err != nil {
+		if changed {
+			writeLedger(a.dir, a.tmp+".ledger", &lv, l)
+		}
+		return err
+	}
+	if changed || fnChanged {
+		if err := writeLedger(a.dir, a.tmp+".ledger", &lv, l); err != nil {
+			return err
+		}
+	}
+	if after != nil {
+		return after()
+	}
+	return nil
+}
+
+// settled reports whether no live holder holds a grant or unfolded
+// changes: each has gone idle and folded what it spent into the ledger.
+func settled(live []holder) bool {
+	for _, h := range live {
+		if h.rec != (record{}) {
+			return false
+		}
+	}
+	return true
+}
+
+// quiet reports whether the live holders' figures are known exactly: none
+// on another node holds a grant or unfolded changes (what it did since its
+// last sync is unknown here). Those on this node are read live.
+func quiet(live []holder) bool {
+	for _, h := range live {
+		if !h.local && h.rec != (record{}) {
+			return false
+		}
+	}
+	return true
+}
+
+// count makes a new ledger from a walk: what the scope holds less what
+// the live holders hs (and this one) have spent and not folded in.
+func (a *Account) count(ctx context.Context, hs []holder) (ledger, error) {
+	if a.opts.Walk == nil {
+		return ledger{}, errors.New("quota ledger is missing and nothing can count the scope")
+	}
+	u, err := a.opts.Walk(ctx)
+	if err != nil {
+		return ledger{}, fmt.Errorf("count scope for quota: %w", err)
+	}
+	l := ledger{Bytes: u.Bytes - a.r.spent.Bytes, Files: u.Files - a.r.spent.Files}
+	for _, h := range hs {
+		l.Bytes -= h.rec.spent.Bytes
+		l.Files -= h.rec.spent.Files
+	}
+	return l, nil
+}
+
+// refill takes a grant of at least pb bytes and pf files, or refuses with
+// the figures. a.mu is held.
+func (a *Account) refill(pb, pf int64) error {
+	return a.locked(context.Background(), func(l *ledger, live []holder) (bool, error) {
+		taken := policy.Usage{Bytes: l.Bytes + a.r.spent.Bytes, Files: l.Files + a.r.spent.Files}
+		for _, h := range live {
+			taken.Bytes += h.rec.spent.Bytes + h.rec.grant.Bytes
+			taken.Files += h.rec.spent.Files + h.rec.grant.Files
+		}
+		if err := a.opts.Limits.CheckQuota(taken, pb, pf); err != nil {
+			return false, err
+		}
+		n := int64(len(live) + 1)
+		if lim := a.opts.Limits.ScopeBytes; lim > 0 {
+			a.r.grant.Bytes = grant(lim-taken.Bytes, pb, a.opts.MaxGrant.Bytes, n)
+		}
+		if lim := a.opts.Limits.ScopeFiles; lim > 0 {
+			a.r.grant.Files = grant(lim-taken.Files, pf, a.opts.MaxGrant.Files, n)
+		}
+		return false, a.sync()
+	}, nil)
+}
+
+// grant sizes a grant of need out of free, with some to spare: a share of
+// what is left, so that near the limit grants shrink and the last of the
+// quota goes to whoever asks for it.
+// The spare is a whole number of needs, so a holder writing in equal
+// pieces is left no remnant too small for its next piece, which other
+// holders could not use either.
+func grant(free, need, most, holders int64) int64 {
+	spare := min(max(free-need, 0)/(4*holders), most)
+	if need > 0 {
+		spare -= spare % need
+	}
+	return min(need+spare, free)
+}
+
+// settle folds what this holder spent into the ledger and returns its
+// grant. a.mu is held.
+func (a *Account) settle() error {
+	if a.r == (record{}) {
+		return nil
+	}
+	// The ledger is written before the record is cleared: a crash in
+	// between counts the spending twice (refusing early, until a
+	// reconcile) rather than not at all.
+	return a.locked(context.Background(), func(l *ledger, _ []holder) (bool, error) {
+		l.Bytes += a.r.spent.Bytes
+		l.Files += a.r.spent.Files
+		return true, nil
+	}, func() error {
+		a.r = record{}
+		return a.sync()
+	})
+}
+
+// Usage returns what the scope holds as all holders have counted it.
+func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return policy.Usage{}, errClosed
+	}
+	st, err := inspect(a.dir, a.name, a.node)
+	if err == nil && !st.Known {
+		// New or torn: count it under the lock, and look again.
+		err = a.locked(ctx, func(*ledger, []holder) (bool, error) { return false, nil }, nil)
+		if err == nil {
+			st, err = inspect(a.dir, a.name, a.node)
+		}
+	}
+	if err != nil {
+		return policy.Usage{}, err
+	}
+	u := st.Used
+	u.Bytes += a.r.spent.Bytes
+	u.Files += a.r.spent.Files
+	return u, nil
+}
+
+// Close folds what this holder spent into the ledger, returns its grant
+// and drops its record.
+func (a *Account) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil
+	}
+	a.closed = true
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
+	err := a.settle()
+	if err == nil {
+		holder{id: a.name, snap: a.snap}.remove(a.dir)
+	}
+	a.release()
+	return err
+}
+
+func (a *Account) release() {
+	if a.mapped {
+		unix.Munmap(a.mem)
+		a.mapped = false
+	}
+	if a.live >= 0 {
+		unix.Close(a.live)
+	}
+	if a.ledger >= 0 {
+		unix.Close(a.ledger)
+	}
+	unix.Close(a.dir)
+}

@@ -1,0 +1,302 @@
+package quota_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/quota"
+)
+
+// scope is a stand-in for a scope: what its walk counts.
+type scope struct{ bytes, files atomic.Int64 }
+
+func (s *scope) walk(context.Context) (policy.Usage, error) {
+	return policy.Usage{Bytes: s.bytes.Load(), Files: s.files.Load()}, nil
+}
+
+func openDir(t testing.TB, path string) int {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+func open(t *testing.T, dir int, opts quota.Options) *quota.Account {
+	t.Helper()
+	a, err := quota.Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func limits(bytes, files int64) policy.Limits {
+	return policy.Limits{ScopeBytes: bytes, ScopeFiles: files}
+}
+
+// TestHoldersShareOneQuota: holders writing at once admit no more than the
+// quota together, and the one refused is told the figures across all.
+func TestHoldersShareOneQuota(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	const quotaBytes = 1 << 20
+	var accts []*quota.Account
+	for range 3 {
+		accts = append(accts, open(t, dir, quota.Options{Limits: limits(quotaBytes, 0), Walk: sc.walk}))
+	}
+	var admitted atomic.Int64
+	var refused atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for _, a := range accts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				err := a.Reserve(4096, 0)
+				if err != nil {
+					refused.Store(&err)
+					return
+				}
+				admitted.Add(4096)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != quotaBytes {
+		t.Errorf("admitted %d bytes under a quota of %d", got, quotaBytes)
+	}
+	err := *refused.Load()
+	want := "quota exceeded: workspace total 1 MiB (used 1 MiB, write of 4 KiB refused)"
+	if policy.CodeOf(err) != policy.QuotaExceeded || err.Error() != want {
+		t.Errorf("refusal %q (%s), want %q", err, policy.CodeOf(err), want)
+	}
+	u, err := accts[0].Usage(context.Background())
+	if err != nil || u.Bytes != quotaBytes {
+		t.Errorf("Usage = %+v, %v; want %d bytes", u, err, quotaBytes)
+	}
+	// What one gives back, another may take.
+	accts[1].Adjust(-8192, 0)
+	if err := accts[2].Reserve(8192, 0); err != nil {
+		t.Errorf("after 8 KiB given back: %v", err)
+	}
+}
+
+// TestFileQuota: files are counted the same way, and shrinking always
+// passes.
+func TestFileQuota(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	sc.files.Store(3)
+	a := open(t, dir, quota.Options{Limits: limits(0, 5), Walk: sc.walk})
+	b := open(t, dir, quota.Options{Limits: limits(0, 5), Walk: sc.walk})
+	if err := a.Reserve(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Reserve(0, 2)
+	if err == nil || err.Error() != "quota exceeded: workspace file count 5 (used 4, 2 new refused)" {
+		t.Errorf("refusal %v", err)
+	}
+	if err := b.Reserve(0, -3); err != nil {
+		t.Errorf("shrinking: %v", err)
+	}
+	if err := b.Reserve(0, 2); err != nil {
+		t.Errorf("after shrinking: %v", err)
+	}
+}
+
+// TestIdleHolderReturnsGrant: a holder that goes idle folds its spending
+// into the ledger and keeps no grant, so another holder gets everything
+// left.
+func TestIdleHolderReturnsGrant(t *testing.T) {
+	path := t.TempDir()
+	dir := openDir(t, path)
+	sc := &scope{}
+	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 50 * time.Millisecond}
+	a := open(t, dir, opts)
+	if err := a.Reserve(100, 0); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := quota.Inspect(dir)
+	if st.Granted.Bytes == 0 || st.Used.Bytes != 100 {
+		t.Errorf("while active: %+v", st)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _ = quota.Inspect(dir)
+		if st.Granted.Bytes == 0 && st.Ledger.Bytes == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle holder kept its grant: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b := open(t, dir, opts)
+	if err := b.Reserve(900, 0); err != nil {
+		t.Errorf("the rest of the quota: %v", err)
+	}
+}
+
+// TestKilledHolderGrantsReturn: a process killed while holding a grant
+// leaves what it spent counted and its grant free for the others.
+func TestKilledHolderGrantsReturn(t *testing.T) {
+	path := t.TempDir()
+	dir := openDir(t, path)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHolder$")
+	cmd.Env = append(os.Environ(), "QUOTA_HELPER_DIR="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("helper said %q, %v", line, err)
+	}
+	st, _ := quota.Inspect(dir)
+	if st.Holders != 1 || st.Granted.Bytes == 0 || st.Used.Bytes != 300 {
+		t.Fatalf("helper's account: %+v", st)
+	}
+	sc := &scope{}
+	a := open(t, dir, quota.Options{Limits: limits(1000, 0), Walk: sc.walk})
+	if err := a.Reserve(701, 0); err == nil {
+		t.Errorf("admitted 701 bytes beside a live holder's grant")
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if err := a.Reserve(700, 0); err != nil {
+		t.Errorf("the killed holder's grant did not come back: %v", err)
+	}
+	if err := a.Reserve(1, 0); err == nil {
+		t.Errorf("the killed holder's 300 bytes were forgotten")
+	}
+	st, _ = quota.Inspect(dir)
+	if st.Dead != 0 || st.Used.Bytes != 1000 {
+		t.Errorf("after the reap: %+v", st)
+	}
+}
+
+// TestHelperHolder is the killed holder of TestKilledHolderGrantsReturn.
+func TestHelperHolder(t *testing.T) {
+	path := os.Getenv("QUOTA_HELPER_DIR")
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	dir := openDir(t, path)
+	sc := &scope{}
+	a, err := quota.Open(dir, quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 30 {
+		if err := a.Reserve(10, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fmt.Println("ready")
+	time.Sleep(time.Minute)
+}
+
+// reconcileIdle reconciles once the holders have gone idle.
+func reconcileIdle(t *testing.T, a *quota.Account) quota.Report {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rep, err := a.Reconcile(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Busy || time.Now().After(deadline) {
+			return rep
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReconcile: drift is corrected to the walk once every holder is
+// idle, never while one is changing the scope or the walks disagree.
+func TestReconcile(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	opts := quota.Options{Limits: limits(1000, 10), Walk: sc.walk, Idle: 20 * time.Millisecond}
+	a := open(t, dir, opts)
+	if err := a.Reserve(100, 1); err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ := a.Reconcile(context.Background(), nil); !rep.Busy {
+		t.Errorf("reconcile right after a change: %+v", rep)
+	}
+	sc.bytes.Store(40) // the scope lost 60 bytes the account did not see
+	sc.files.Store(1)
+	rep := reconcileIdle(t, a)
+	want := quota.Report{Account: policy.Usage{Bytes: 100, Files: 1}, Walk: policy.Usage{Bytes: 40, Files: 1}, Corrected: policy.Usage{Bytes: -60}}
+	if rep != want {
+		t.Errorf("Reconcile = %+v; want %+v", rep, want)
+	}
+	if u, _ := a.Usage(context.Background()); u != (policy.Usage{Bytes: 40, Files: 1}) {
+		t.Errorf("usage after reconcile %+v", u)
+	}
+
+	// Another holder changing the scope holds the correction back.
+	b := open(t, dir, quota.Options{Limits: limits(1000, 10), Walk: sc.walk, Idle: time.Hour})
+	if err := b.Reserve(10, 0); err != nil {
+		t.Fatal(err)
+	}
+	sc.bytes.Store(0)
+	if rep := reconcileIdle(t, a); !rep.Busy || rep.Corrected != (policy.Usage{}) {
+		t.Errorf("with another holder active: %+v", rep)
+	}
+
+	// Walks that disagree are a change in flight, not drift.
+	moving := &movingScope{}
+	c := open(t, openDir(t, t.TempDir()), quota.Options{Limits: limits(1000, 10), Walk: moving.walk, Idle: time.Hour})
+	if rep, err := c.Reconcile(context.Background(), nil); err != nil || !rep.Busy || rep.Corrected != (policy.Usage{}) {
+		t.Errorf("with walks that disagree: %+v, %v", rep, err)
+	}
+}
+
+// movingScope grows by a byte at every walk.
+type movingScope struct{ n atomic.Int64 }
+
+func (m *movingScope) walk(context.Context) (policy.Usage, error) {
+	return policy.Usage{Bytes: m.n.Add(1)}, nil
+}
+
+// TestTornLedgerIsCounted: a ledger that can't be read back is counted
+// again from a walk.
+func TestTornLedgerIsCounted(t *testing.T) {
+	path := t.TempDir()
+	dir := openDir(t, path)
+	sc := &scope{}
+	sc.bytes.Store(500)
+	sc.files.Store(2)
+	if err := os.WriteFile(path+"/"+quota.LedgerFile+".1", []byte(`{"bytes":12`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := open(t, dir, quota.Options{Limits: limits(1000, 0), Walk: sc.walk})
+	if u, err := a.Usage(context.Background()); err != nil || u != (policy.Usage{Bytes: 500, Files: 2}) {
+		t.Errorf("Usage = %+v, %v", u, err)
+	}
+	if err := a.Reserve(501, 0); err == nil || err.Error() != "quota exceeded: workspace total 1000 B (used 500 B, write of "+strconv.Itoa(501)+" B refused)" {
+		t.Errorf("refusal %v", err)
+	}
+}

@@ -1,0 +1,313 @@
+package quota
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// Names in the account's directory. Whatever another node must read is
+// written whole under a temporary name and renamed to a new name, its next
+// version ("ledger.7", then "ledger.8"), before the old one is removed: a
+// client of a distributed filesystem (ceph-fuse) may go on serving the old
+// bytes of a file changed in place by another client, but reads a new
+// name afresh; and renaming onto a new name, unlike renaming over an old
+// one, makes ext4 write nothing out (auto_da_alloc): 30 µs, not 1 ms.
+const (
+	LedgerFile   = "ledger"      // what all holders have folded in: ledger.<version>
+	ledgerLock   = "ledger.lock" // its lock orders every grant
+	recordPrefix = "h-"          // a holder's record: h-<id>.<version> (its last sync)
+	liveSuffix   = ".lock"       // and h-<id>.lock: locked while it lives, its live figures mapped
+)
+
+// ledger is the folded part of the account: what the scope held at the
+// last count, plus everything holders have folded in since.
+type ledger struct {
+	Bytes int64 `json:"bytes"`
+	Files int64 `json:"files"`
+}
+
+func (l ledger) usage() policy.Usage { return policy.Usage{Bytes: l.Bytes, Files: l.Files} }
+
+// listDir lists the account's directory.
+func listDir(dfd int) ([]string, error) {
+	d, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open quota dir: %w", err)
+	}
+	f := os.NewFile(uintptr(d), "quota")
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list quota dir: %w", err)
+	}
+	return names, nil
+}
+
+// version is a file written in versions: base.<n>, the highest n the
+// current one.
+type version struct {
+	base  string
+	n     int64 // 0: none yet
+	older []int64
+}
+
+// versionOf finds base's versions among names.
+func versionOf(names []string, base string) version {
+	v := version{base: base}
+	for _, name := range names {
+		s, ok := strings.CutPrefix(name, base+".")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			continue
+		}
+		if n > v.n {
+			if v.n > 0 {
+				v.older = append(v.older, v.n)
+			}
+			v.n = n
+		} else {
+			v.older = append(v.older, n)
+		}
+	}
+	return v
+}
+
+func (v version) name() string { return v.base + "." + strconv.FormatInt(v.n, 10) }
+
+// read reads up to max bytes of the current version; nil if there is none.
+func (v version) read(dfd int, max int) ([]byte, error) {
+	if v.n == 0 {
+		return nil, nil
+	}
+	return readFileAt(dfd, v.name(), max)
+}
+
+// publish writes b as the next version of v (through the temporary name
+// tmp) and removes the ones before. It is not fsynced: a node that crashes
+// loses its page cache, and the account is counted again.
+func (v *version) publish(dfd int, tmp string, b []byte) error {
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return err
+	}
+	_, err = unix.Write(fd, b)
+	unix.Close(fd)
+	next := *v
+	next.n++
+	if err == nil {
+		err = unix.Renameat(dfd, tmp, dfd, next.name())
+	}
+	if err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return err
+	}
+	v.older = append(v.older, v.n)
+	for _, n := range v.older {
+		if n > 0 {
+			unix.Unlinkat(dfd, v.base+"."+strconv.FormatInt(n, 10), 0)
+		}
+	}
+	v.n, v.older = next.n, nil
+	return nil
+}
+
+// readLedger reads the ledger's current version; ok is false when there
+// is none yet or it can't be read back, and the scope must be counted
+// again.
+func readLedger(dfd int, v version) (l ledger, ok bool, err error) {
+	b, err := v.read(dfd, 256)
+	if err != nil {
+		return l, false, fmt.Errorf("read quota ledger: %w", err)
+	}
+	if b == nil || json.Unmarshal(bytes.TrimSpace(b), &l) != nil {
+		return ledger{}, false, nil
+	}
+	return l, true, nil
+}
+
+func writeLedger(dfd int, tmp string, v *version, l ledger) error {
+	b, _ := json.Marshal(l)
+	if err := v.publish(dfd, tmp, append(b, '\n')); err != nil {
+		return fmt.Errorf("write quota ledger: %w", err)
+	}
+	return nil
+}
+
+// readFileAt reads up to max bytes of name in dfd.
+func readFileAt(dfd int, name string, max int) ([]byte, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, max)
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// A record holds, at fixed offsets, what its holder still has as a grant,
+// what it has spent (net, so a shrink is negative) and not folded into the
+// ledger yet, and where it lives (nodeID).
+const (
+	recordMagic = "loomq02\n"
+	recordSize  = 8 + 4*8 + nodeIDSize
+	nodeIDSize  = 24
+)
+
+type record struct {
+	grant, spent policy.Usage
+}
+
+func (r record) put(b []byte, node nodeID) {
+	copy(b, recordMagic)
+	binary.LittleEndian.PutUint64(b[8:], uint64(r.grant.Bytes))
+	binary.LittleEndian.PutUint64(b[16:], uint64(r.grant.Files))
+	binary.LittleEndian.PutUint64(b[24:], uint64(r.spent.Bytes))
+	binary.LittleEndian.PutUint64(b[32:], uint64(r.spent.Files))
+	copy(b[40:], node[:])
+}
+
+func parseRecord(b []byte) (record, nodeID, bool) {
+	var node nodeID
+	if len(b) < recordSize || string(b[:8]) != recordMagic {
+		return record{}, node, false
+	}
+	copy(node[:], b[40:])
+	return record{
+		grant: policy.Usage{Bytes: int64(binary.LittleEndian.Uint64(b[8:])), Files: int64(binary.LittleEndian.Uint64(b[16:]))},
+		spent: policy.Usage{Bytes: int64(binary.LittleEndian.Uint64(b[24:])), Files: int64(binary.LittleEndian.Uint64(b[32:]))},
+	}, node, true
+}
+
+// nodeID tells whether a holder shares this process's page cache of the
+// account's directory: the kernel's boot id and the directory's device.
+// A holder with the same one is read from its live figures, which its
+// mapping keeps current even after it died; any other from its last sync.
+type nodeID [nodeIDSize]byte
+
+func localNode(dfd int) nodeID {
+	var id nodeID
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		copy(id[:16], strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))
+	}
+	var st unix.Stat_t
+	if unix.Fstat(dfd, &st) == nil {
+		binary.LittleEndian.PutUint64(id[16:], st.Dev)
+	}
+	return id
+}
+
+// holder is another holder's record as read under the ledger lock.
+type holder struct {
+	id    string  // h-<id>
+	snap  version // its last sync
+	live  bool
+	local bool // on this node: rec is its live figures
+	rec   record
+}
+
+// holders reads the record of every holder listed in names but self.
+// A holder whose lock nobody holds is gone.
+func holders(dfd int, names []string, self string, node nodeID) ([]holder, error) {
+	var hs []holder
+	for _, name := range names {
+		id, ok := strings.CutSuffix(name, liveSuffix)
+		if !ok || !strings.HasPrefix(id, recordPrefix) || id == self {
+			continue
+		}
+		h, ok, err := readHolder(dfd, id, versionOf(names, id), node)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			hs = append(hs, h)
+		}
+	}
+	return hs, nil
+}
+
+// readHolder reads holder id, whose last sync is snap, and whether it is
+// alive; ok is false when it is gone already.
+func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, error) {
+	fd, err := unix.Openat(dfd, id+liveSuffix, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return holder{}, false, nil
+	}
+	if err != nil {
+		return holder{}, false, fmt.Errorf("open quota record: %w", err)
+	}
+	defer unix.Close(fd)
+	h := holder{id: id, snap: snap}
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_GETLK, &lk); err != nil {
+		return holder{}, false, fmt.Errorf("test quota record lock: %w", err)
+	}
+	h.live = lk.Type != unix.F_UNLCK
+	buf := make([]byte, recordSize)
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil {
+		return holder{}, false, fmt.Errorf("read quota record: %w", err)
+	}
+	if rec, at, ok := parseRecord(buf[:n]); ok && at == node {
+		h.rec, h.local = rec, true
+		return h, true, nil
+	}
+	b, err := snap.read(dfd, recordSize)
+	if err == unix.ENOENT {
+		// Replaced since the listing: by a holder syncing while this
+		// reader holds no lock. Gone, or counted at the next look.
+		return holder{}, false, nil
+	}
+	if err != nil {
+		return holder{}, false, fmt.Errorf("read quota record: %w", err)
+	}
+	// A record being made has no content yet: it holds nothing.
+	h.rec, _, _ = parseRecord(b)
+	return h, true, nil
+}
+
+// remove removes every file of a dead holder.
+func (h holder) remove(dfd int) {
+	h.snap.older = append(h.snap.older, h.snap.n)
+	for _, n := range h.snap.older {
+		if n > 0 {
+			unix.Unlinkat(dfd, h.id+"."+strconv.FormatInt(n, 10), 0)
+		}
+	}
+	unix.Unlinkat(dfd, h.id+liveSuffix, 0)
+}
+
+// lockFD takes (waiting) or drops an OFD write lock on all of fd.
+func lockFD(fd int, typ int16) error {
+	lk := unix.Flock_t{Type: typ}
+	for {
+		err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &lk)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// openLedgerLock opens (creating) the ledger's lock file.
+func openLedgerLock(dfd int) (int, error) {
+	fd, err := unix.Openat(dfd, ledgerLock, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	if err != nil {
+		return -1, fmt.Errorf("open quota ledger lock: %w", err)
+	}
+	return fd, nil
+}

@@ -1,0 +1,87 @@
+package store_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// TestChangeSetRecovery: the next lock take finishes a change set a crash
+// cut: a record still staging is rolled back (its temporaries removed,
+// nothing in place), a committed one rolled forward (each rename and
+// delete not yet done is done).
+func TestChangeSetRecovery(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		state  string
+		placed bool // whether the first file was in place before the crash
+		want   map[string]string
+	}{
+		{"staging is rolled back", "staging", false, map[string]string{"a": "old a", "b": "old b", "gone": "x"}},
+		{"commit is rolled forward", "commit", false, map[string]string{"a": "new a", "b": "new b"}},
+		{"commit half done is rolled forward", "commit", true, map[string]string{"a": "new a", "b": "new b"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+			ws := e.open(t, sc, nil)
+			dir := filepath.Join(e.root, sc.Dir())
+			for n, s := range map[string]string{"a": "old a", "b": "old b", "gone": "x"} {
+				os.WriteFile(filepath.Join(dir, n), []byte(s), 0o600)
+			}
+			tmpA, tmpB := policy.InternalPrefix+"tmp-aaaa", policy.InternalPrefix+"tmp-bbbb"
+			os.WriteFile(filepath.Join(dir, tmpA), []byte("new a"), 0o600)
+			os.WriteFile(filepath.Join(dir, tmpB), []byte("new b"), 0o600)
+			if c.placed {
+				os.Rename(filepath.Join(dir, tmpA), filepath.Join(dir, "a"))
+			}
+			rec := `{"state":"` + c.state + `","src":"tool","call":"p-1","entries":[` +
+				`{"path":"a","temp":"` + tmpA + `","op":"write"},{"path":"b","temp":"` + tmpB + `","op":"write"},{"path":"gone","delete":true,"op":"delete"}]}`
+			state := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.IntentFile)
+			if err := os.WriteFile(state, []byte(rec), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			unlock, err := ws.Lock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			unlock()
+			got := map[string]string{}
+			ents, _ := os.ReadDir(dir)
+			for _, en := range ents {
+				b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
+				got[en.Name()] = string(b)
+			}
+			if len(got) != len(c.want) {
+				t.Errorf("after recovery: %v, want %v", got, c.want)
+			}
+			for k, v := range c.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q (all: %v)", k, got[k], v, got)
+				}
+			}
+			if _, err := os.Stat(state); !os.IsNotExist(err) {
+				t.Errorf("the record is still there: %v", err)
+			}
+		})
+	}
+}
+
+// TestChangeSetRecordDamaged: a record that can't be read stops the lock
+// take rather than guess.
+func TestChangeSetRecordDamaged(t *testing.T) {
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws := e.open(t, sc, nil)
+	for _, rec := range []string{`{"state":`, `{"state":"commit","entries":[{"path":"../x","temp":".agentloom-tmp-1"}]}`} {
+		os.WriteFile(filepath.Join(e.root, store.LocksDir, sc.Hash(), store.IntentFile), []byte(rec), 0o600)
+		if unlock, err := ws.Lock(context.Background()); err == nil {
+			unlock()
+			t.Errorf("lock taken over the record %s", rec)
+		}
+	}
+}
