@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/retention"
 	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -294,5 +295,33 @@ func TestSnapshotRefusedDuringSession(t *testing.T) {
 	}
 	if _, err := snapshot.Create(ctx, e.ws, snapshot.Options{Label: "after"}); err != nil {
 		t.Fatalf("snapshot after the session: %v", err)
+	}
+}
+
+// later is a clock far enough ahead that every session is old.
+type later struct{}
+
+func (later) Now() time.Time { return time.Now().Add(365 * 24 * time.Hour) }
+
+// gc never removes a session whose scope has a live session sandbox; it
+// keeps it and says why.
+func TestGCKeepsLiveSession(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/gc", "")
+	e.start(map[string]any{"command": "sleep 600", "yield_ms": 100})
+	rep, err := retention.Collect(context.Background(), e.ws.Volume(), retention.Options{Clock: later{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range rep.Removed {
+		if it.Kind == retention.KindSession {
+			t.Fatalf("gc removed %s while its session sandbox ran", it.Scope)
+		}
+	}
+	kept := false
+	for _, it := range rep.Kept {
+		kept = kept || (it.Kind == retention.KindSession && strings.Contains(it.Reason, "session sandbox"))
+	}
+	if !kept {
+		t.Fatalf("gc report %+v does not keep the session for its sandbox", rep)
 	}
 }
