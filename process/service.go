@@ -304,7 +304,8 @@ func (s *Service) ended(ws *store.Workspace, id string) (Record, bool) {
 }
 
 // collect removes the records of processes that ended more than
-// KeepEnded ago, with the output this node kept of them.
+// KeepEnded ago, with the output this node kept of them, and marks ended
+// those a dead service of this node left running.
 func (s *Service) collect(ws *store.Workspace) {
 	ids, err := ws.ProcessRecordIDs()
 	if err != nil {
@@ -313,6 +314,22 @@ func (s *Service) collect(ws *store.Workspace) {
 	for _, id := range ids {
 		var rec Record
 		if ok, err := ws.ReadProcessRecord(id, &rec); err != nil || !ok {
+			continue
+		}
+		s.mu.Lock()
+		_, live := s.procs[id]
+		s.mu.Unlock()
+		if b := s.boxOf(ws.Scope()); b != nil && !live {
+			b.mu.Lock()
+			_, live = b.procs[id] // known to its sandbox before its record is written
+			b.mu.Unlock()
+		}
+		if rec.Ended == nil && rec.Node == s.Node() && !live {
+			// Left running by a service of this node that died: it ended
+			// with that service's sandbox, at an unknown time.
+			now := time.Now().UTC()
+			rec.Status, rec.Ended, rec.Reason = tools.StatusExited, &now, "the service that ran it stopped"
+			ws.WriteProcessRecord(id, rec)
 			continue
 		}
 		if rec.Ended != nil && time.Since(*rec.Ended) > s.cfg.KeepEnded {

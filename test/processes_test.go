@@ -222,3 +222,23 @@ func TestRunTTY(t *testing.T) {
 	}
 	var _ = time.Second
 }
+
+// A process left running by a service that was killed is shown ended by
+// the next service of the node, not running forever.
+func TestProcessOfDeadServiceEnds(t *testing.T) {
+	s := newServeEnv(t)
+	scope := "acme/coder/dead"
+	var out tools.ProcessOutput
+	if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": "sleep 600", "yield_ms": 100}, &out); r.code != 0 {
+		t.Fatalf("start: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", out.Container).Run() })
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	detachUnder(s.mountDir)
+	s.serve()
+	var list tools.ProcessListResult
+	if r := s.tool(tools.ProcessList, scope, map[string]any{}, &list); r.code != 0 || len(list.Processes) != 1 || list.Processes[0].Status != tools.StatusExited {
+		t.Fatalf("list after the service died: %d %s", r.code, r.stdout)
+	}
+}
