@@ -397,3 +397,53 @@ func TestWriterKilled(t *testing.T) {
 		t.Errorf("after a later writer: %v %v", rep, rep.Problems)
 	}
 }
+
+// Verify of a log being written: writers that register or close while it
+// reads are neither forged nor ended without closing.
+func TestVerifyWhileWriting(t *testing.T) {
+	root := t.TempDir()
+	writeRecords(root, "shared-node", 10)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := writeRecords(root, "shared-node", 20); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for range 100 {
+		rep, err := Verify(Dir(root))
+		if err != nil || !rep.Clean(false) {
+			close(stop)
+			<-done
+			t.Fatalf("verify while writers come and go: %v %v %v %v", rep, err, rep.Problems, rep.Crashed)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A record of a writer no ledger entry names is still forged.
+	chain, _ := filepath.Glob(filepath.Join(Dir(root), "shared-node.2*.jsonl"))
+	slices.Sort(chain)
+	last := chain[len(chain)-1]
+	lines := splitLines(t, last)
+	n := len(lines)
+	prev := sha256hex(string(lines[n-1]))
+	var seq uint64
+	json.Unmarshal(lines[n-1], &struct{ Seq *uint64 }{&seq})
+	forged := rechain(t, lines[n-1:], seq+1, prev, func(m map[string]any) { m["writer"] = 999999 })
+	os.WriteFile(last, bytes.Join(append(lines, forged...), nil), 0o600)
+	rep, _ := Verify(Dir(root))
+	if rep.OK() || !strings.Contains(firstProblem(rep), "writer 999999") {
+		t.Errorf("forged writer: %v %v", rep, rep.Problems)
+	}
+}

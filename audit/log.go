@@ -284,7 +284,7 @@ func (l *Log) unlockChain() { unlockRange(l.f, 0, 0) }
 // saves the lock, fstat and unlock of each record; other writers of the
 // node wait at most holdMax for it. A writer recording now and then
 // takes and releases the lock for each record.
-const (
+var (
 	holdGap = 500 * time.Microsecond // records this close together are a burst
 	holdMax = 5 * time.Millisecond   // the longest the lock is kept at a stretch
 )
@@ -410,8 +410,9 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 	return nil
 }
 
-// Close deregisters the writer in the ledger with its count and last
-// record, signs the heads if it has a key, and syncs and closes its files.
+// Close syncs the chain, deregisters the writer in the ledger with its
+// count and last record, signs the heads if it has a key (a seal is always
+// synced) and closes its files.
 // A Log whose chain could not be written ends without a close entry;
 // Verify reports it as a writer that ended without closing.
 func (l *Log) Close() error {
@@ -449,7 +450,7 @@ func (l *Log) closeEntry() error {
 		return fmt.Errorf("sync %s: %w", l.f.Name(), err)
 	}
 	if _, err := l.appendLedger(&LedgerEntry{Time: now, Kind: LedgerClose, Node: l.opts.Node, PID: l.pid, Writer: l.id,
-		Count: l.events, LastSeq: l.lastSeq, LastHash: l.lastHash, ChainSeq: l.seq, ChainHead: l.prev}, l.key == nil); err != nil {
+		Count: l.events, LastSeq: l.lastSeq, LastHash: l.lastHash, ChainSeq: l.seq, ChainHead: l.prev}, l.opts.Sync); err != nil {
 		return err
 	}
 	return l.seal(now, "close")

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"container/heap"
 	"context"
 	"encoding/base64"
@@ -113,6 +114,7 @@ func QueryWith(dir string, f Filter, progress func(ScanProgress), fn func(Record
 		}
 		st.p.TotalFiles += len(c.files)
 		c.stats = st
+		c.since = f.Since
 		kept = append(kept, c)
 	}
 	sortChains(kept)
@@ -135,7 +137,7 @@ type scanStats struct {
 
 func (s *scanStats) tick() {
 	s.p.Records++
-	if s.fn == nil || s.p.Records%4096 != 0 {
+	if s.fn == nil || progressEvery > 0 && s.p.Records%4096 != 0 {
 		return
 	}
 	now := time.Now()
@@ -255,6 +257,7 @@ type chainReader struct {
 	done     bool   // the chain ended with a close checkpoint
 	head     Record // next record, while merging
 	stats    *scanStats
+	since    time.Time // skip records written before, without decoding them
 }
 
 type chainFile struct {
@@ -352,6 +355,9 @@ func (c *chainReader) next(dir string) (Record, bool, error) {
 			if c.stats != nil {
 				c.stats.p.Bytes += int64(len(line))
 			}
+			if !c.since.IsZero() && writtenBefore(line, c.since) {
+				continue
+			}
 			r, perr := parseRecord(line)
 			if perr != nil {
 				continue
@@ -432,6 +438,22 @@ func (c *chainReader) close() {
 		c.f.Close()
 		c.f = nil
 	}
+}
+
+// writtenBefore reports whether line is a record stamped before t, reading
+// only the time its writer puts first. A line it can't read that way is
+// not before: parseRecord decides.
+func writtenBefore(line []byte, t time.Time) bool {
+	const key = `{"time":"`
+	if !bytes.HasPrefix(line, []byte(key)) {
+		return false
+	}
+	end := bytes.IndexByte(line[len(key):], '"')
+	if end < 0 {
+		return false
+	}
+	ts, err := time.Parse(time.RFC3339Nano, string(line[len(key):len(key)+end]))
+	return err == nil && ts.Before(t)
 }
 
 // parseRecord decodes one line, restoring paths that are not UTF-8.

@@ -217,3 +217,53 @@ func TestFollow(t *testing.T) {
 	default:
 	}
 }
+
+// A query by time reads only the files of its days, and returns exactly
+// the records a full scan would.
+func TestQuerySinceReadsItsDays(t *testing.T) {
+	root := t.TempDir()
+	t0 := time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC)
+	now := t0
+	clock := func() time.Time { return now }
+	for _, node := range []string{"a", "b"} {
+		now = t0
+		l := openLog(t, root, Options{Node: node, Clock: clock})
+		for i := range 72 { // three days, a record an hour
+			e := sampleEvent()
+			e.CallID = fmt.Sprint(node, i)
+			if err := l.Record(context.Background(), e); err != nil {
+				t.Fatal(err)
+			}
+			now = now.Add(time.Hour)
+		}
+		l.Close()
+	}
+	// A file a day and node, the chain whole across the days.
+	if rep, err := Verify(Dir(root)); err != nil || !rep.Clean(false) || rep.Files != 6 {
+		t.Fatalf("three days of two nodes: %v %v %v", rep, err, rep.Problems)
+	}
+	since := t0.Add(50*time.Hour + 30*time.Minute)
+	var want []string
+	for _, r := range queryAll(t, Dir(root), Filter{}) {
+		if !r.Time.Before(since) {
+			want = append(want, r.CallID)
+		}
+	}
+	var got []string
+	var last ScanProgress
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = 0
+	err := QueryWith(Dir(root), Filter{Since: since}, func(p ScanProgress) { last = p }, func(r Record) error {
+		got = append(got, r.CallID)
+		return nil
+	})
+	if err != nil || !slices.Equal(got, want) || len(got) != 2*21 {
+		t.Fatalf("since: %v %v, want %v", got, err, want)
+	}
+	if last.TotalFiles != 2 {
+		t.Errorf("read %d files, want the last day's file of each node", last.TotalFiles)
+	}
+	if got := queryAll(t, Dir(root), Filter{Node: "b", Until: t0.Add(2 * time.Hour)}); len(got) != 2 || got[0].CallID != "b0" {
+		t.Errorf("node and until: %v", got)
+	}
+}

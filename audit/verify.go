@@ -97,7 +97,7 @@ func (r Report) String() string {
 		running += n.Running
 	}
 	if len(r.Nodes) > 0 {
-		parts = append(parts, fmt.Sprintf("%d nodes, %d writers", len(r.Nodes), writers))
+		parts = append(parts, plural(len(r.Nodes), "node")+", "+plural(writers, "writer"))
 	}
 	if running > 0 {
 		parts = append(parts, fmt.Sprintf("%d running", running))
@@ -112,7 +112,7 @@ func (r Report) String() string {
 		}
 	}
 	if r.Legacy > 0 {
-		l := fmt.Sprintf("%d legacy writers", r.Legacy)
+		l := plural(r.Legacy, "legacy writer")
 		if open > 0 {
 			l += fmt.Sprintf(", %d still open", open)
 		}
@@ -122,6 +122,13 @@ func (r Report) String() string {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // maxProblems bounds the problems a report lists; the rest are counted.
@@ -272,6 +279,15 @@ type nodeCheck struct {
 	sum        NodeSummary
 	ledgerLen  int
 	sealsSeen  []*LedgerEntry
+	late       []lateRecord // records of writers the ledger did not hold yet
+}
+
+// lateRecord is a record of a writer that registered while Verify was
+// reading, as far as the ledger it read first can tell.
+type lateRecord struct {
+	writer uint64
+	pid    int
+	where  Problem
 }
 
 func (v *nodeCheck) run(hasLedger bool) error {
@@ -448,6 +464,14 @@ func (v *nodeCheck) crossCheck(last uint64) {
 			defer led.Close()
 		}
 	}
+	opened, closed := v.newerEntries()
+	for _, r := range v.late {
+		if pid, ok := opened[r.writer]; !ok || pid != r.pid {
+			p := r.where
+			p.Message = fmt.Sprintf("record of writer %d (pid %d), which the ledger does not register: a forged record, or the ledger was cut", r.writer, r.pid)
+			v.rep.problem(p)
+		}
+	}
 	for _, id := range slices.Sorted(func(yield func(uint64) bool) {
 		for id := range v.writers {
 			if !yield(id) {
@@ -464,6 +488,10 @@ func (v *nodeCheck) crossCheck(last uint64) {
 			}
 			continue
 		}
+		if closed[id] { // closed while Verify was reading
+			v.sum.Closed++
+			continue
+		}
 		if led != nil {
 			if held, err := lockHeld(led, writerLockBase+int64(id), 1); err == nil && held {
 				v.sum.Running++
@@ -473,6 +501,37 @@ func (v *nodeCheck) crossCheck(last uint64) {
 		v.sum.Crashed++
 		v.rep.Crashed = append(v.rep.Crashed, Problem{File: v.ledgerName, Line: w.line,
 			Message: fmt.Sprintf("writer ended without closing: writer %d (pid %d, started %s, %d events in the chain) is gone with no close entry: it crashed, or its last records and close were cut", id, w.pid, w.start, w.events)})
+	}
+}
+
+// newerEntries reads the ledger entries appended since Verify read the
+// ledger: the writers opened (with their pids) and closed meanwhile.
+func (v *nodeCheck) newerEntries() (opened map[uint64]int, closed map[uint64]bool) {
+	opened, closed = map[uint64]int{}, map[uint64]bool{}
+	f, err := os.Open(filepath.Join(v.dir, v.ledgerName))
+	if err != nil {
+		return opened, closed
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 64<<10)
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return opened, closed
+		}
+		if n <= v.ledgerLen {
+			continue
+		}
+		var e LedgerEntry
+		if json.Unmarshal(line, &e) != nil || e.Seq != uint64(n) {
+			return opened, closed
+		}
+		switch e.Kind {
+		case LedgerOpen:
+			opened[e.Seq] = e.PID
+		case LedgerClose:
+			closed[e.Writer] = true
+		}
 	}
 }
 
@@ -536,7 +595,8 @@ type chainCheck struct {
 func (k *chainCheck) files(dir string, c *chainReader) error {
 	rep := k.rep
 	want := 1
-	for i, cf := range c.files {
+	for i := 0; i < len(c.files); i++ {
+		cf := c.files[i]
 		rep.Files++
 		last := i == len(c.files)-1
 		if cf.n != want {
@@ -556,6 +616,14 @@ func (k *chainCheck) files(dir string, c *chainReader) error {
 			return err
 		}
 		rotated := k.fileRecs > 0 && k.lastRec.Kind == KindCheckpoint && k.lastRec.Reason == "rotate"
+		if last && rotated && k.node != nil {
+			// Rotated since the directory was listed: read on.
+			p := parseName(k.nextFile)
+			if fi, err := os.Lstat(filepath.Join(dir, k.nextFile)); err == nil && fi.Mode().IsRegular() && p.kind == nodeChainFile && p.w.node == c.w.node {
+				c.files = append(c.files, chainFile{name: k.nextFile, n: p.n, day: p.day})
+				continue
+			}
+		}
 		if last {
 			if rotated {
 				rep.problem(Problem{File: cf.name, Message: fmt.Sprintf("chain ends in a rotation checkpoint but file %d is missing", cf.n+1)})
@@ -593,6 +661,16 @@ func (k *chainCheck) file(dir, name string, lastFile bool) (int64, error) {
 	}
 	if fi.Mode().Perm() != 0o600 {
 		k.rep.warn(Problem{File: name, Message: fmt.Sprintf("file mode %v: should be 0600", fi.Mode().Perm())})
+	}
+	if k.node != nil && !lastFile {
+		// A rotation out of it may be under way: its writer holds the
+		// lock until the checkpoint is written, and nobody appends after.
+		if err := waitUnlocked(f); err != nil {
+			return 0, err
+		}
+		if fi, err = f.Stat(); err != nil {
+			return 0, fmt.Errorf("read audit log: %w", err)
+		}
 	}
 	k.fileRecs = 0
 	br := bufio.NewReaderSize(f, 256<<10)
@@ -764,6 +842,10 @@ func (k *chainCheck) line(name string, lineNo int, line []byte) {
 		bad(fmt.Sprintf("record of node %q pid %d in another writer's file", r.Node, r.PID))
 	case k.node != nil && fileNode(r.Node) != k.w.node:
 		bad(fmt.Sprintf("record of node %q in node %s's chain", r.Node, k.w.node))
+	case k.node != nil && w == nil && r.Writer > uint64(k.node.ledgerLen):
+		// Registered after Verify read the ledger, or forged: settled
+		// once the ledger is read again.
+		k.node.late = append(k.node.late, lateRecord{writer: r.Writer, pid: r.PID, where: Problem{File: name, Line: lineNo, Text: cut(line)}})
 	case k.node != nil && (w == nil || w.pid != r.PID):
 		bad(fmt.Sprintf("record of writer %d (pid %d), which the ledger does not register: a forged record, or the ledger was cut", r.Writer, r.PID))
 	case k.node != nil && r.Seq <= w.chainSeq:

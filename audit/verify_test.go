@@ -196,7 +196,7 @@ func TestVerifyCounts(t *testing.T) {
 	if rep.Files != len(files) || rep.Events != 60 || rep.Records != 60+len(files)-1 {
 		t.Errorf("report %s (%d events); want %d files, %d records", rep, rep.Events, len(files), 60+len(files)-1)
 	}
-	if want := fmt.Sprintf("%d files, %d records, chain intact (1 nodes, 1 writers)", len(files), 60+len(files)-1); rep.String() != want {
+	if want := fmt.Sprintf("%d files, %d records, chain intact (1 node, 1 writer)", len(files), 60+len(files)-1); rep.String() != want {
 		t.Errorf("summary %q, want %q", rep.String(), want)
 	}
 	c := rep.Chains[0]

@@ -183,6 +183,7 @@ func (n *node) describe(fd int, out *fuse.AttrOut) syscall.Errno {
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	n.fsys.fillAttr(&sx, &out.Attr)
+	n.told(&out.Attr)
 	out.SetTimeout(n.fsys.timeout)
 	return 0
 }

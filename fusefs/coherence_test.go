@@ -163,12 +163,12 @@ func TestTwoMountsLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer vol2.Close()
+	t.Cleanup(func() { vol2.Close() })
 	ws2, err := vol2.Open(ctx, testScope, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ws2.Close()
+	t.Cleanup(func() { ws2.Close() }) // after the unmount below: the mount reads its journals until then
 	mnt2 := mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
 	mustWrite(t, e.path("lock"), "")
 

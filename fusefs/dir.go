@@ -82,7 +82,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 		file.Close()
 		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
 	}
-	return &dirHandle{node: n, file: file, fd: fd, rel: rel}, 0, 0
+	return &dirHandle{node: n, file: file, fd: fd, rel: rel}, f.dirCache(), 0
 }
 
 // load reads the whole directory, keeping the entries the tools could

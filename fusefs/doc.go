@@ -73,8 +73,8 @@
 // a new file), so the kernel keeps the targets it read (FUSE
 // CACHE_SYMLINKS): following a link costs 2 µs instead of 21 µs. A link
 // replaced by another door is a new inode, seen once the entry is looked
-// up again: at once after Mounted.Invalidate, within the entry's second
-// otherwise, as for files.
+// up again: when the change journal's line for it is read (see Caching),
+// as for files.
 //
 // # Identity and caching
 //
@@ -91,14 +91,54 @@
 // error. An operation on a file unlinked while open (fchmod, futimens)
 // uses one of its opens.
 //
-// Entries and attributes are cached for one second (the libfuse default);
-// with no caching every syscall re-resolves every path component, which
-// was measured to make a warm "git status" about six times slower. Failed lookups are not
-// cached, so a file created by the tool door appears at once. Page cache
-// is dropped at every open (close-to-open consistency). Within that second
-// a stat may show the old size of a file changed through the other door;
-// a process in the same binary as the tool door calls Mounted.Invalidate
-// after each change to close that window.
+// # Caching, kept coherent by the change journals
+//
+// Every change either door makes, on any node, is noted in the scope's
+// change journals (store/journal.go) before the change returns. A mount
+// follows them (follow.go): inotify on the journal directory wakes it when
+// a writer on this node appends, and it reads them every
+// Options.JournalPoll (DefaultJournalPoll, 500 ms) in any case, since lines
+// written on another node raise no event here. For each line another
+// writer added it drops exactly what the kernel holds of that path: the
+// entry (negative or not) in its parent, the attributes and pages of the
+// object when it is the same object changed in place (a replaced one is
+// only looked up again: its old node keeps its own, unchanged, contents for
+// the readers that still have it open), the parent's attributes and
+// cached listing; a removed object is dropped with NotifyDelete, a renamed
+// or restored directory with everything the kernel knows beneath it. The
+// mount's own changes need nothing dropped: their lines, in the journal
+// files of the mount's own Workspace with the projection as their source,
+// are skipped (a tool door sharing that Workspace writes lines of source
+// "tool" there, which are not). A journal file that vanishes
+// before it was read to its end, or whose writer died without ending it,
+// makes the mount drop everything once. Mounted.Serve (a pooled
+// projection starting a command) reads the journals to their end first.
+//
+// So the kernel may keep for long (Options.CacheTimeout, DefaultCacheTimeout
+// 5 minutes) what it learned: entries and attributes, failed lookups too
+// (so a build's or git's probes for files that aren't there stay in the
+// kernel), directory listings (FOPEN_CACHE_DIR), and a file's pages from
+// one open to the next (FOPEN_KEEP_CACHE) when the file is as it was at
+// its last open (size, mtime and ctime). Bounded staleness: on one node, a
+// change is seen once the follower has read its line, a millisecond or so
+// after it (the follower makes at most one pass per 25 ms during a burst of
+// lines, so up to that); across nodes, within the poll interval plus the
+// shared filesystem's own delay (measured on CephFS in BENCHMARKS.md).
+// While a file is open for writing elsewhere its writes are not noted one
+// by one: its lines come at the open and at the release, and opens here in
+// between see its new contents only when its size or times changed.
+// Reads the kernel answers from pages it kept are not counted in the
+// release record's bytes (the record says "kept_pages").
+//
+// A change made behind loomfs's back (an administrator editing the backing
+// store directly) is in no journal: it is seen when the kernel's entry or
+// attributes expire, up to CacheTimeout later, and its pages at the next
+// open once the times show the change. Where the backing store is changed
+// that way, set "cache: strict" in the policy: entries and attributes for
+// one second (StrictCacheTimeout, the libfuse default), failed lookups not
+// cached, pages dropped at every open, no journal followed. That costs
+// warm workloads several times over (BENCHMARKS.md); with no caching at
+// all every syscall re-resolves every path component.
 //
 // Permissions are checked by the daemon, per request, with the caller's
 // uid (policy.CheckAccess), not by the kernel: default_permissions would
@@ -118,9 +158,9 @@
 // the kernel no longer checking. A FIFO is opened by the kernel itself, as a pipe of its
 // own, without asking the daemon, so a planted FIFO is refused at lookup
 // to everyone but root, and its entry is never cached. And a path walk
-// through entries the kernel cached (one second) is not asked again, so
-// within that second the sandbox user may still walk through a directory
-// it just took its own search permission from. Another user is refused
+// through entries the kernel cached is not asked again, so while they
+// last the sandbox user may still walk through a directory it just took
+// its own search permission from. Another user is refused
 // by every request that reaches the daemon (what the kernel answers from
 // its caches is not asked); the mountpoint's parent is root's and closed,
 // so only the sandbox's own bind mount leads there at all.
@@ -179,6 +219,15 @@
 // kernel releases it (after the last close of its description, shortly
 // after close(2) returned), and closing it releases nothing taken through
 // other fds. An unmount releases every lock held through the mount.
+//
+// # I/O limits
+//
+// The policy's io_bytes_per_s and io_ops_per_s hold the scope to a rate,
+// shared with the tool door of the same process (package throttle): reads
+// and writes wait for their bytes, every other request for its operation,
+// so a program over the limit is slowed down, never failed. An open file
+// that had to wait gets one "throttle" record at its release. statfs has
+// no field for a rate; the workspace README states the limits.
 //
 // # Passthrough
 //

@@ -29,6 +29,15 @@ type handle struct {
 	writable bool
 	// passthrough: the kernel reads this file from the backing fd itself.
 	passthrough bool
+	// foreign: the node's path held another file when it was opened,
+	// which this open reads (fsys.readsCurrent).
+	foreign bool
+	// keptPages: the kernel kept the file's pages from an earlier open
+	// (FOPEN_KEEP_CACHE), so reads it answers from them never come here.
+	keptPages bool
+	// throttleWaits and throttled count the waits for the scope's I/O
+	// limits and their nanoseconds (throttle.go).
+	throttleWaits, throttled atomic.Int64
 	// noflush: the kernel sends no FLUSH at close(2) (see lock.go).
 	noflush bool
 	opened  time.Time
@@ -245,6 +254,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.
 		fuseFlags |= fuse.FOPEN_DIRECT_IO
+		h.foreign = true
+	} else {
+		keep := n.keepCache(&sx, flags)
+		h.keptPages = keep != 0
+		fuseFlags |= keep
 	}
 	if flags&unix.O_TRUNC != 0 {
 		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
@@ -272,6 +286,7 @@ func (f *fsys) readsCurrent(n *node, sx *unix.Statx_t, flags uint32) bool {
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.throttle(ctx, len(dest))
 	h.node.fsys.daemonReads.Add(1)
 	n := 0
 	for n < len(dest) {
@@ -310,6 +325,7 @@ func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, 
 // the scope quota (counting the growth of the file's apparent size, so a
 // write far past the end counts in full) and makes it.
 func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) (uint32, syscall.Errno) {
+	h.throttle(ctx, size)
 	n := h.node
 	f := n.fsys
 	if err := f.writable(); err != nil {
@@ -435,8 +451,9 @@ func (h *handle) release(ctx context.Context, why string) {
 	}
 	h.close()
 	h.node.fsys.ws.NoteClose(h.change)
+	h.recordThrottle(ctx)
 	read, written := h.read.Load(), h.written.Load()
-	if !h.writable && read == 0 && !h.passthrough {
+	if !h.writable && read == 0 && !h.passthrough && !h.keptPages {
 		return
 	}
 	f := h.node.fsys
@@ -448,6 +465,10 @@ func (h *handle) release(ctx context.Context, why string) {
 	detail(&ev, "written", written)
 	if h.passthrough {
 		detail(&ev, "passthrough", true)
+	}
+	if h.keptPages {
+		// Reads the kernel answered from pages it kept are not counted.
+		detail(&ev, "kept_pages", true)
 	}
 	if why != "" {
 		detail(&ev, "ended_by", why)

@@ -15,6 +15,7 @@ import (
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/throttle"
 )
 
 // fsys is what every node of one mount shares: the workspace, its policy,
@@ -34,6 +35,13 @@ type fsys struct {
 	// timeout is how long the kernel may cache an entry or attributes;
 	// the mount leaves go-fuse no default, so each reply sets its own.
 	timeout time.Duration
+	// limit holds the scope to its policy's I/O rates; nil for none.
+	limit *throttle.Limiter
+	// call is the call served since Mounted.Serve, nil before.
+	call atomic.Pointer[servedCall]
+	// coherent: the mount follows the change journals (follow.go), so
+	// the kernel may keep failed lookups, listings and pages too.
+	coherent bool
 
 	// open holds the file handles the kernel has not released yet, so an
 	// unmount can still summarise them (the kernel sends RELEASE
@@ -88,7 +96,9 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		actor:     actor,
 		scopeHash: sc.Hash(),
 		gate:      quarantineGate{ws: ws},
-		timeout:   opts.cacheTimeout(),
+		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
+		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
+		limit:     throttle.For(sc.Hash(), throttle.RatesOf(ws.Policy().Limits)),
 	}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)
@@ -167,10 +177,11 @@ func refusal(err error) bool {
 // Audit.
 
 func (f *fsys) event(ctx context.Context, op, rel string) audit.Event {
+	traceID, callID, actor, _ := f.served()
 	e := audit.Event{
-		TraceID: f.opts.TraceID,
-		CallID:  f.opts.CallID,
-		Actor:   f.actor,
+		TraceID: traceID,
+		CallID:  callID,
+		Actor:   actor,
 		Scope:   f.scopeHash,
 		Source:  audit.SourceFUSE,
 		Op:      op,
@@ -196,9 +207,9 @@ func (f *fsys) refused(ctx context.Context, e audit.Event, err error) syscall.Er
 	// The operation is refused whether or not this record is kept.
 	_ = f.sink.Record(ctx, e)
 	errno := policy.Errno(err)
-	if f.opts.Refused != nil {
+	if _, _, _, tell := f.served(); tell != nil {
 		pe := policy.AsError(err)
-		f.opts.Refused(Refusal{Op: e.Op, Path: e.Path, Errno: errno, Code: pe.Code, Message: pe.Message})
+		tell(Refusal{Op: e.Op, Path: e.Path, Errno: errno, Code: pe.Code, Message: pe.Message})
 	}
 	return errno
 }

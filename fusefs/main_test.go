@@ -79,6 +79,7 @@ type envConfig struct {
 	opts     Options
 	scope    store.Scope
 	symlinks policy.Symlinks
+	cache    policy.Cache
 }
 
 type envOption func(*envConfig)
@@ -93,6 +94,10 @@ func withSubtrees(subs ...policy.Subtree) envOption {
 
 func withLimits(fn func(*policy.Limits)) envOption {
 	return func(c *envConfig) { c.limits = fn }
+}
+
+func withCache(c policy.Cache) envOption {
+	return func(cfg *envConfig) { cfg.cache = c }
 }
 
 func withOptions(fn func(*Options)) envOption {
@@ -135,6 +140,7 @@ func newEnv(t testing.TB, options ...envOption) *env {
 	if cfg.symlinks != "" {
 		pol.Symlinks = cfg.symlinks
 	}
+	pol.Cache = cfg.cache
 	ws, err := vol.Open(ctx, cfg.scope, pol)
 	if err != nil {
 		t.Fatal(err)

@@ -26,9 +26,10 @@ import (
 
 // Mounted is a scope served at a mountpoint by this process.
 type Mounted struct {
-	fsys   *fsys
-	server *fuse.Server
-	dir    string
+	fsys     *fsys
+	server   *fuse.Server
+	dir      string
+	follower *follower // nil under "cache: strict"
 
 	once   sync.Once
 	err    error
@@ -82,14 +83,25 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if !opts.Passthrough {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
+	var negative *time.Duration
+	if f.coherent {
+		// A failed lookup is kept as long as an entry: a create
+		// anywhere else comes with a journal line that drops it.
+		negative = &f.timeout
+	}
 	raw := fs.NewNodeFS(f.root, &fs.Options{
-		MountOptions: mo,
+		NegativeTimeout: negative,
+		MountOptions:    mo,
 		// No EntryTimeout or AttrTimeout: every reply sets its own
 		// (fsys.setEntry), since go-fuse would replace a zero one.
 		NullPermissions: true,
 		RootStableAttr:  &rootAttr,
 	})
-	server, err := fuse.NewServer(flushOwners{RawFileSystem: raw, f: f}, dir, &mo)
+	var served fuse.RawFileSystem = flushOwners{RawFileSystem: raw, f: f}
+	if f.limit != nil {
+		served = throttledOps{RawFileSystem: served, limit: f.limit}
+	}
+	server, err := fuse.NewServer(served, dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
 	}
@@ -104,7 +116,12 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	// A count of the scope (the quota's reconcile) sees what files open
 	// here hold with no name left.
 	unheld := ws.CountHeld(f.heldOpen)
-	return &Mounted{fsys: f, server: server, dir: dir, unheld: unheld}, nil
+	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld}
+	if f.coherent {
+		m.follower = newFollower(f, opts.journalPoll())
+		m.follower.start()
+	}
+	return m, nil
 }
 
 // fuseCloseOnExec marks every /dev/fuse fd of the process close-on-exec.
@@ -141,6 +158,9 @@ func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
 		defer m.unheld()
 		defer m.releaseOpen()
+		if m.follower != nil {
+			m.follower.close()
+		}
 		if err := m.server.Unmount(); err == nil {
 			return
 		}

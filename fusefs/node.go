@@ -37,6 +37,12 @@ type node struct {
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
 
+	// stamp is what the file looked like at its last open, nil until
+	// then and after the follower dropped its pages (cache.go).
+	stamp atomic.Pointer[pageStamp]
+	// attr is what the mount last told the kernel of the node's own
+	// object, for an open that reads another (cache.go).
+	attr atomic.Pointer[fuse.Attr]
 	// held is what the opens of this file keep counted in the quota
 	// (unnamed.go); guarded by mu.
 	held held
@@ -176,7 +182,9 @@ func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fus
 	f.fillAttr(sx, &out.Attr)
 	f.setEntry(sx, out)
 	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(sx))
-	in.Operations().(*node).perm.Store(uint32(sx.Mode) & 0o7777)
+	c := in.Operations().(*node)
+	c.perm.Store(uint32(sx.Mode) & 0o7777)
+	c.told(&out.Attr)
 	return in, 0
 }
 
@@ -240,6 +248,15 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if err := f.access(ctx, rel, n.object(), 0); err != nil {
 		return f.refused(ctx, f.event(ctx, "stat", rel), err)
 	}
+	if h := handleOf(fh); h != nil && h.foreign {
+		if a := n.attr.Load(); a != nil {
+			// The open reads the file that replaced the node's: the
+			// kernel's attributes stay those of the node's own.
+			out.Attr = *a
+			out.SetTimeout(f.timeout)
+			return 0
+		}
+	}
 	var sx unix.Statx_t
 	if fd := openFD(fh); fd >= 0 {
 		var err error
@@ -259,6 +276,7 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
+	n.told(&out.Attr)
 	out.SetTimeout(f.timeout)
 	return 0
 }

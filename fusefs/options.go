@@ -13,9 +13,20 @@ const (
 	DefaultGID = 1000
 )
 
-// DefaultCacheTimeout is how long the kernel may trust an entry or an
-// attribute it got from the mount (see the package doc).
-const DefaultCacheTimeout = time.Second
+// DefaultCacheTimeout is how long the kernel may trust an entry, an
+// attribute or a failed lookup it got from the mount while the change
+// journals keep it coherent (see the package doc): only a change made
+// behind loomfs's back waits that long to be seen.
+const DefaultCacheTimeout = 5 * time.Minute
+
+// StrictCacheTimeout is the entry and attribute lifetime under the policy's
+// "cache: strict", the libfuse default.
+const StrictCacheTimeout = time.Second
+
+// DefaultJournalPoll is how often a mount reads the change journals when
+// nothing woke it: the bound on how late it sees a change made on another
+// node, whose journal lines raise no inotify event here.
+const DefaultJournalPoll = 500 * time.Millisecond
 
 // Options configure a mount. The zero value mounts the scope read-write for
 // uid:gid 1000:1000, visible to the mounting user only.
@@ -52,8 +63,13 @@ type Options struct {
 	NoFollowLinks bool
 
 	// CacheTimeout is the kernel's entry and attribute cache lifetime;
-	// 0 means DefaultCacheTimeout, negative means no caching.
+	// 0 means DefaultCacheTimeout (StrictCacheTimeout under "cache:
+	// strict"), negative means no caching.
 	CacheTimeout time.Duration
+
+	// JournalPoll is how often the mount reads the change journals
+	// without an inotify event; 0 means DefaultJournalPoll.
+	JournalPoll time.Duration
 
 	// Audit receives a record of every change and every refusal; nil
 	// means audit.Discard.
@@ -85,12 +101,21 @@ func (o Options) owner() (uid, gid uint32) {
 	return uid, gid
 }
 
-func (o Options) cacheTimeout() time.Duration {
+func (o Options) cacheTimeout(strict bool) time.Duration {
 	switch {
+	case o.CacheTimeout == 0 && strict:
+		return StrictCacheTimeout
 	case o.CacheTimeout == 0:
 		return DefaultCacheTimeout
 	case o.CacheTimeout < 0:
 		return 0
 	}
 	return o.CacheTimeout
+}
+
+func (o Options) journalPoll() time.Duration {
+	if o.JournalPoll <= 0 {
+		return DefaultJournalPoll
+	}
+	return o.JournalPoll
 }

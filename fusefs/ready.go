@@ -65,6 +65,9 @@ func (n *node) lookupReady(ctx context.Context, out *fuse.EntryOut) (*fs.Inode, 
 		return nil, f.refused(ctx, f.event(ctx, "lookup", policy.ReadyFile), err)
 	}
 	if !f.ready() {
+		// Not cached as a failed lookup: the sentinel comes with the
+		// next passing probe.
+		out.SetEntryTimeout(time.Nanosecond)
 		return nil, syscall.ENOENT
 	}
 	r := &readyNode{fsys: f}

@@ -134,6 +134,14 @@ os.copy_file_range(s, d, 600<<10, 0, 600<<10)'`, want: syscall.EFBIG, audited: t
 // can be opened.
 func breakJournal(t *testing.T, e *env) {
 	p := filepath.Join(e.vol.Path(), store.LocksDir, e.ws.Scope().Hash(), store.JournalDir)
+	// The mount made the directory, to follow the journals; it must not
+	// make it again meanwhile.
+	if e.m.follower != nil {
+		e.m.follower.close()
+	}
+	if err := os.RemoveAll(p); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(p, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}

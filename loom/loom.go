@@ -250,12 +250,16 @@ func (l *lazyCommands) RunCommand(ctx context.Context, ws *store.Workspace, req 
 
 func (l *lazyCommands) close() {
 	if l.cmds != nil {
+		if err := l.cmds.Pool.Close(); err != nil {
+			l.n.cfg.Log.Warn("unmount the session's projection", zap.Error(err))
+		}
 		l.cmds.Runner.Close()
 	}
 }
 
-// newCommands builds the sandbox door: a Runner on the local engine and a
-// projection mounted per command, audited as the command's own.
+// newCommands builds the sandbox door: a Runner on the local engine and one
+// projection of the scope kept for the session's commands (sandbox.Pool),
+// each command's FUSE records carrying its own call and container.
 func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.Log) (*sandbox.Commands, error) {
 	cfg := n.cfg.Sandbox
 	actor := Actor(ws.Scope())
@@ -274,22 +278,33 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.
 		return nil, SandboxUnavailable(err)
 	}
 	n.ReportOrphans(ctx, r)
+	mount := func(ctx context.Context, ws *store.Workspace, mountpoint string, call sandbox.CallInfo) (sandbox.Projection, error) {
+		a := actor
+		a.Container = call.Container
+		m, err := fusefs.Mount(ctx, ws, mountpoint, fusefs.Options{
+			AllowOther: true,
+			Audit:      log,
+			Actor:      a,
+			CallID:     call.CallID,
+			Refused:    policyEvent(call.Refused),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return servingMount{m}, nil
+	}
 	return &sandbox.Commands{
-		Runner:   r,
-		MountDir: n.cfg.MountDir,
-		Run:      ws.Scope().Run,
-		Mount: func(ctx context.Context, ws *store.Workspace, mountpoint string, call sandbox.CallInfo) (sandbox.Projection, error) {
-			a := actor
-			a.Container = call.Container
-			return fusefs.Mount(ctx, ws, mountpoint, fusefs.Options{
-				AllowOther: true,
-				Audit:      log,
-				Actor:      a,
-				CallID:     call.CallID,
-				Refused:    policyEvent(call.Refused),
-			})
-		},
+		Runner: r,
+		Run:    ws.Scope().Run,
+		Pool:   &sandbox.Pool{Mount: mount, Dir: n.cfg.MountDir},
 	}, nil
+}
+
+// servingMount is a mount the pool keeps for one command after another.
+type servingMount struct{ *fusefs.Mounted }
+
+func (s servingMount) Serve(call sandbox.CallInfo) {
+	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container, Refused: policyEvent(call.Refused)})
 }
 
 // policyEvent hands each refusal of a command's projection to refused,

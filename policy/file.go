@@ -33,6 +33,7 @@ import (
 //	    max_files: 10000
 //	    clear_at_run_end: true
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
+//	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -41,6 +42,8 @@ import (
 //	  session_idle: 10m     # a session sandbox with no process and no call ends (SPEC §5.1)
 //	  session_lifetime: 2h  # a session sandbox ends this long after it started, whatever runs
 //	  process_output_bytes: 1 MiB  # output kept per process for workspace_process_read
+//	  io_bytes_per_s: 50 MiB  # per scope, both doors; over it I/O is delayed, never refused
+//	  io_ops_per_s: 5000      # filesystem requests and tool calls per second
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
 // grep_line, regex_timeout, grep_budget, walk_entries) and the image limits
@@ -205,8 +208,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		limitsNode *yaml.Node
 		readme     *bool
 		symlinks   Symlinks
+		cache      Cache
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks"}, func(key string, k, v *yaml.Node) error {
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache"}, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -241,6 +245,15 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			if symlinks != SymlinksEmulate && symlinks != SymlinksRefuse {
 				return p.errf(v, "symlinks %q is not one of emulate, refuse", s)
 			}
+		case "cache":
+			s, err := p.str(v, "cache")
+			if err != nil {
+				return err
+			}
+			cache = Cache(s)
+			if cache != CacheJournal && cache != CacheStrict {
+				return p.errf(v, "cache %q is not one of journal, strict", s)
+			}
 		}
 		return nil
 	})
@@ -264,6 +277,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if symlinks != "" {
 		pol.Symlinks = symlinks
+	}
+	if cache != "" {
+		pol.Cache = cache
 	}
 	return pol, nil
 }
@@ -446,7 +462,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "session_idle", "session_lifetime", "process_output_bytes"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "io_bytes_per_s", "io_ops_per_s", "session_idle", "session_lifetime", "process_output_bytes"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -483,6 +499,10 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.SessionLifetime, err = p.duration(v, key)
 		case "process_output_bytes":
 			l.ProcessOutput, err = p.size(v, key, false)
+		case "io_bytes_per_s":
+			l.IOBytesPerSec, err = p.size(v, key, true)
+		case "io_ops_per_s":
+			l.IOOpsPerSec, err = p.count(v, key, true)
 		}
 		return err
 	})

@@ -360,3 +360,49 @@ func TestSymlinksKey(t *testing.T) {
 		}
 	}
 }
+
+func TestCacheKey(t *testing.T) {
+	for _, c := range []struct {
+		file   string
+		strict bool
+		err    string
+	}{
+		{"preset: open\n", false, ""},
+		{"cache: journal\n", false, ""},
+		{"cache: strict\n", true, ""},
+		{"cache: forever\n", false, `p.yaml:1: cache "forever" is not one of journal, strict`},
+	} {
+		pol, err := policy.Parse("p.yaml", []byte(c.file))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: %v, want %s", c.file, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pol.StrictCache() != c.strict {
+			t.Errorf("%q: strict %v", c.file, pol.StrictCache())
+		}
+	}
+}
+
+func TestIOLimitKeys(t *testing.T) {
+	pol, err := policy.Parse("p.yaml", []byte("limits:\n  io_bytes_per_s: 4 MiB\n  io_ops_per_s: 200\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pol.Limits.IOBytesPerSec != 4<<20 || pol.Limits.IOOpsPerSec != 200 {
+		t.Fatalf("limits %+v", pol.Limits)
+	}
+	if r := policy.WorkspaceReadme(pol); !strings.Contains(r, "4 MiB/s read and written and 200 operations/s") {
+		t.Errorf("the README does not state the I/O limits:\n%s", r)
+	}
+	if _, err := policy.Parse("p.yaml", []byte("limits:\n  io_bytes_per_s: 0\n")); err == nil || !strings.Contains(err.Error(), "io_bytes_per_s") {
+		t.Errorf("io_bytes_per_s 0: %v", err)
+	}
+	if pol, err := policy.Parse("p.yaml", []byte("preset: open\n")); err != nil || policy.IOSummary(pol.Limits) != "" {
+		t.Errorf("no I/O limits by default: %v %q", err, policy.IOSummary(pol.Limits))
+	}
+}

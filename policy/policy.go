@@ -61,6 +61,9 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
+	// Cache says how the projection lets the kernel cache (CacheJournal,
+	// the default when empty, or CacheStrict).
+	Cache Cache
 	// Layout lists the directories a scope gets at first use (layout.go):
 	// the standard preset's, and every rule's of a policy file unless it
 	// says "create: false". Set it with SetLayout.
@@ -235,6 +238,8 @@ type Limits struct {
 	GrepBudget   time.Duration // whole-call limit of workspace_grep
 	WalkEntries  int           // entries one glob or grep visits
 
+	IOBytesPerSec int64 // bytes read and written per second, both doors; 0 is no limit
+	IOOpsPerSec   int64 // filesystem operations and tool calls per second; 0 is no limit
 	// ImageBytes caps the image workspace_read_image returns (after
 	// downscaling and encoding); ImageSource the file it reads.
 	ImageBytes  int64

@@ -156,7 +156,25 @@ func QuotaSummary(p *Policy) string {
 	}
 	s = append(s, fmt.Sprintf("The read, write and edit tools handle files up to %s.", Bytes(l.TextBytes)))
 	s = append(s, "A write over a limit is refused up front with quota_exceeded or too_large (EDQUOT or EFBIG in commands), naming the limit and the figures.")
+	if r := IOSummary(l); r != "" {
+		s = append(s, r)
+	}
 	return strings.Join(s, " ")
+}
+
+// IOSummary states the scope's I/O rate limits, or "" when it has none.
+func IOSummary(l Limits) string {
+	var r []string
+	if l.IOBytesPerSec > 0 {
+		r = append(r, Bytes(l.IOBytesPerSec)+"/s read and written")
+	}
+	if l.IOOpsPerSec > 0 {
+		r = append(r, fmt.Sprintf("%d operations/s", l.IOOpsPerSec))
+	}
+	if len(r) == 0 {
+		return ""
+	}
+	return "I/O is limited to " + strings.Join(r, " and ") + " (tools and commands together); over the limit it is slowed down, never refused."
 }
 
 // ConfirmSummary explains two-step confirmation when the policy marks any

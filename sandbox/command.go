@@ -51,6 +51,9 @@ type Commands struct {
 	MountDir string            // root-only 0700 directory for mountpoints
 	Run      string            // run id for labels and markers
 	Skills   map[string]string // skill id → host dir, mounted read-only
+	// Pool, if set, keeps the projection of each workspace mounted from
+	// one command to the next (Mount and MountDir are then the pool's).
+	Pool *Pool
 }
 
 var _ tools.CommandRunner = (*Commands)(nil)
@@ -63,28 +66,15 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err := c.Runner.CheckImage(ctx); err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "%v", err)
 	}
-	if err := os.MkdirAll(c.MountDir, 0o700); err != nil {
-		return tools.CommandResult{}, fmt.Errorf("mount dir: %w", err)
-	}
-	sweepStaleMounts(c.MountDir)
-	mp, err := os.MkdirTemp(c.MountDir, "ws-")
-	if err != nil {
-		return tools.CommandResult{}, fmt.Errorf("mountpoint: %w", err)
-	}
-	defer os.Remove(mp)
 	name := NewContainerName(ws.Scope().Hash())
 	var refused refusals
-	proj, err := c.Mount(ctx, ws, mp, CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.add})
+	call := CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.add}
+	proj, dev, lease, err := c.projection(ctx, ws, call)
 	if err != nil {
-		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(proj.Dir(), &st); err != nil {
-		proj.Unmount()
-		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "the workspace projection does not answer: %v", err)
+		return tools.CommandResult{}, err
 	}
 	hooks := &markerHooks{ws: ws}
-	held := c.release(proj, st.Dev, ws.Scope(), hooks)
+	held := c.release(proj, dev, ws.Scope(), hooks, lease)
 	defer func() { held() }()
 	if err := proj.Probe(ctx); err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "the workspace projection failed its health probe, so no container was started: %v", err)
@@ -145,6 +135,50 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		return out, err
 	}
 	return out, nil
+}
+
+// projection returns a projection of ws to run the command call over: the
+// pool's live one, or one mounted for this command alone.
+func (c *Commands) projection(ctx context.Context, ws *store.Workspace, call CallInfo) (Projection, uint64, *Lease, error) {
+	if c.Pool != nil {
+		l, err := c.Pool.Acquire(ctx, ws, call)
+		if err != nil {
+			return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
+		}
+		return l.Projection(), l.Dev(), l, nil
+	}
+	if err := os.MkdirAll(c.MountDir, 0o700); err != nil {
+		return nil, 0, nil, fmt.Errorf("mount dir: %w", err)
+	}
+	sweepStaleMounts(c.MountDir)
+	mp, err := os.MkdirTemp(c.MountDir, "ws-")
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("mountpoint: %w", err)
+	}
+	proj, err := c.Mount(ctx, ws, mp, call)
+	if err != nil {
+		os.Remove(mp)
+		return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(proj.Dir(), &st); err != nil {
+		proj.Unmount()
+		os.Remove(mp)
+		return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "the workspace projection does not answer: %v", err)
+	}
+	return removingDir{proj, mp}, st.Dev, nil, nil
+}
+
+// removingDir removes a command's own mountpoint after the unmount.
+type removingDir struct {
+	Projection
+	mp string
+}
+
+func (r removingDir) Unmount() error {
+	err := r.Projection.Unmount()
+	os.Remove(r.mp)
+	return err
 }
 
 // refusals collects the refusals of one command's projection.
@@ -219,9 +253,10 @@ const holderGrace = 2 * time.Second
 // the projection down within the cleanup timeout and returns the processes,
 // not this one, that still held it. With holders the session is aborted
 // first, so that neither they nor the unmount wait on it; a session that
-// does not end in time is aborted and detached too. Later calls return the
-// first answer.
-func (c *Commands) release(proj Projection, dev uint64, sc store.Scope, h *markerHooks) func() []store.Holder {
+// does not end in time is aborted and detached too. A pooled projection
+// (lease) nothing holds goes back to the pool instead. Later calls return
+// the first answer.
+func (c *Commands) release(proj Projection, dev uint64, sc store.Scope, h *markerHooks, lease *Lease) func() []store.Holder {
 	var once sync.Once
 	var held []store.Holder
 	return func() []store.Holder {
@@ -234,6 +269,13 @@ func (c *Commands) release(proj Projection, dev uint64, sc store.Scope, h *marke
 					break
 				}
 				time.Sleep(100 * time.Millisecond)
+			}
+			if len(held) == 0 && lease != nil {
+				lease.Release()
+				return
+			}
+			if lease != nil {
+				lease.Discard()
 			}
 			if len(held) > 0 {
 				abortConnection(dir, dev)

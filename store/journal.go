@@ -88,6 +88,7 @@ type journal struct {
 	closed bool
 	buf    []byte
 	opens  map[*Open]struct{} // noted by NoteOpen, not yet by NoteClose
+	names  map[string]bool    // every file it wrote (OwnJournal)
 }
 
 // Open is an open for writing that NoteOpen put in the change journal.
@@ -326,6 +327,10 @@ func (j *journal) open(w *Workspace) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	j.f, j.size = f, 0
+	if j.names == nil {
+		j.names = map[string]bool{}
+	}
+	j.names[name] = true
 	// The opens still going carry over, so a reader of this file alone
 	// looks at them until they end.
 	for o := range j.opens {

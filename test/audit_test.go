@@ -300,3 +300,51 @@ func TestAuditMountKilled(t *testing.T) {
 		t.Error("the killed mount's records are gone")
 	}
 }
+
+// TestNodesAuditAcrossClients: through the shared volume's two clients, a
+// writer running on node A is seen running from node B (its lock on its
+// byte of the ledger), an anchor taken on A is still extended when B
+// verifies after more writes, and a writer killed on A is seen from B as
+// ended without closing.
+func TestNodesAuditAcrossClients(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	const scope = "acme/coder/s1"
+	a.mustTool(scope, "workspace_write", `{"path":"one","content":"1"}`)
+	mnt, err := os.MkdirTemp(a.dir, "mnt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mount := a.command("mount", "--scope", scope, mnt)
+	out := &syncBuffer{}
+	mount.Stdout, mount.Stderr = out, out
+	if err := mount.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mount.Process.Kill()
+		mount.Wait()
+		unix.Unmount(mnt, unix.MNT_DETACH)
+	})
+	waitFor(t, "the mount on node A", func() bool { return strings.Contains(out.String(), "mounted ") })
+	if r := b.run("audit", "verify"); r.code != 0 || !strings.Contains(string(r.stdout), "1 running") {
+		t.Fatalf("verify on B while A's mount runs: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	anchors := filepath.Join(t.TempDir(), "anchors.jsonl")
+	if r := a.run("audit", "anchor", "--to", anchors); r.code != 0 {
+		t.Fatalf("anchor on A: exit %d %s", r.code, r.stderr)
+	}
+	b.mustTool(scope, "workspace_write", `{"path":"two","content":"2"}`)
+	if r := b.run("audit", "verify", "--anchor", anchors); r.code != 0 || !strings.Contains(string(r.stdout), "anchored: the log extends") {
+		t.Fatalf("verify --anchor on B: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	mount.Process.Signal(syscall.SIGKILL)
+	mount.Wait()
+	unix.Unmount(mnt, unix.MNT_DETACH)
+	r := b.run("audit", "verify")
+	if r.code != 1 || !strings.Contains(string(r.stdout), "writer ended without closing") {
+		t.Fatalf("verify on B after A's mount was killed: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := b.run("audit", "verify", "--allow-crashed", "--anchor", anchors); r.code != 0 {
+		t.Fatalf("verify --allow-crashed on B: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+}

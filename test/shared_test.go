@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -433,4 +434,74 @@ func TestNodesCASInProcess(t *testing.T) {
 		t.Fatalf("counter %q %v, want %d: updates were lost", data, err, 2*each)
 	}
 	t.Logf("%d increments in %v: %.0f/s", 2*each, elapsed, float64(2*each)/elapsed.Seconds())
+}
+
+// TestNodesCacheFollowsJournals: each mount keeps what the kernel learned
+// for minutes, so a change on node B reaches node A's mount only through
+// the change journals: a file A has stat'ed, listed and read (entry,
+// attributes, listing and pages cached), changed in place on B without a
+// change of size, and a name A looked up in vain, created on B. It logs
+// how long A took to see each: the cross-node bound is the follower's poll
+// interval plus the filesystem's own delay.
+func TestNodesCacheFollowsJournals(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	const scope = "acme/coder/s1"
+	ma, mb := a.mount(scope), b.mount(scope)
+	if err := os.WriteFile(filepath.Join(mb, "f"), []byte("aaaa"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	see := func(what string, check func() error) {
+		t.Helper()
+		start := time.Now()
+		for {
+			err := check()
+			if err == nil {
+				t.Logf("%s: seen on node A after %v", what, time.Since(start).Round(time.Millisecond))
+				return
+			}
+			if time.Since(start) > 30*time.Second {
+				t.Fatalf("%s: not seen on node A after 30 s: %v", what, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	content := func(want string) func() error {
+		return func() error {
+			b, err := os.ReadFile(filepath.Join(ma, "f"))
+			if err == nil && string(b) != want {
+				err = fmt.Errorf("reads %q, want %q", b, want)
+			}
+			return err
+		}
+	}
+	see("a file written on B", content("aaaa"))
+	if _, err := os.Stat(filepath.Join(ma, "later")); !os.IsNotExist(err) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	f, err := os.OpenFile(filepath.Join(mb, "f"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("bb"), 1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	see("a change in place on B, same size", content("abba"))
+	if err := os.WriteFile(filepath.Join(mb, "later"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	see("a name created on B after A found it missing", func() error {
+		_, err := os.Stat(filepath.Join(ma, "later"))
+		return err
+	})
+	if err := os.Chmod(filepath.Join(mb, "f"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	see("a chmod on B", func() error {
+		fi, err := os.Stat(filepath.Join(ma, "f"))
+		if err == nil && fi.Mode().Perm() != 0o700 {
+			err = fmt.Errorf("mode %v", fi.Mode().Perm())
+		}
+		return err
+	})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/throttle"
 )
 
 // CommandRequest is one workspace_command call handed to a CommandRunner.
@@ -168,6 +169,12 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	err := ferr
 	if err == nil {
 		res, err = t.callWithin(ctx, h, name, callID, input)
+		// The scope's I/O limits (throttle): the call's bytes are its
+		// input and its result. It answers late, never fails.
+		lim := throttle.For(ev.Scope, throttle.RatesOf(t.WS.Policy().Limits))
+		if d := lim.Wait(ctx, len(input)+len(res)); d > 0 {
+			ev.Detail = map[string]any{"throttled_ms": d.Milliseconds()}
+		}
 	}
 
 	ev.Duration = time.Since(start)

@@ -235,7 +235,7 @@ by "loomfs audit anchor"), so even a replaced audit directory is caught.`,
 				fmt.Fprintf(out, "anchored: the log extends all %d anchored heads\n", rep.Anchored)
 			}
 			if len(rep.Crashed) > 0 && rep.OK() && !allowCrashed {
-				fmt.Fprintf(out, "%d writers ended without closing: check each (a crash of that process, or its tail was cut), then --allow-crashed\n", len(rep.Crashed))
+				fmt.Fprintf(out, "writers that ended without closing: %d; check each (a crash of that process, or its tail was cut), then --allow-crashed\n", len(rep.Crashed))
 			}
 			if !clean {
 				return exitError{exitRefused}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 )
@@ -29,6 +30,9 @@ By default the check only looks: the root exists and is a directory; on the
 shared_posix backend its .agentloom-volume marker holds exactly the volume id;
 and whether this user may write there (asked of the kernel; nothing is
 written). It never creates a missing root or marker.
+
+With --policy it also says what the policy holds every scope's I/O to
+(io_bytes_per_s, io_ops_per_s) and how the projection caches (cache).
 
 It also reports the sandbox runtime commands run under: the one configured
 (AGENT_LOOM_SANDBOX_RUNTIME, or the engine's default) and whether the engine
@@ -95,12 +99,23 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 				qr = &q
 				r.OK = r.OK && q.OK
 			}
+			var io *ioReport
+			if g.policy != "" {
+				pol, err := g.loadPolicy()
+				if err != nil {
+					return err
+				}
+				io = &ioReport{BytesPerSec: pol.Limits.IOBytesPerSec, OpsPerSec: pol.Limits.IOOpsPerSec, Cache: string(cacheOf(pol))}
+			}
 			if g.json {
-				if err := printJSON(cmd, checkOutput{r, rt, qr}); err != nil {
+				if err := printJSON(cmd, checkOutput{r, rt, qr, io}); err != nil {
 					return err
 				}
 			} else {
 				printCheck(cmd, r, rt, qr)
+				if io != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "policy: %s Kernel caching: %s.\n", ioText(io), io.Cache)
+				}
 			}
 			if !r.OK {
 				return exitError{exitRefused}
@@ -145,6 +160,23 @@ type checkOutput struct {
 	*store.CheckReport
 	Sandbox sandbox.RuntimeReport `json:"sandbox_runtime"`
 	Quota   *quotaReport          `json:"quota,omitempty"`
+	IO      *ioReport             `json:"io_limits,omitempty"`
+}
+
+// ioReport is what the --policy file holds every scope's I/O to, and how
+// the projection caches (0: no limit).
+type ioReport struct {
+	BytesPerSec int64  `json:"io_bytes_per_s"`
+	OpsPerSec   int64  `json:"io_ops_per_s"`
+	Cache       string `json:"cache"`
+}
+
+func ioText(r *ioReport) string {
+	s := policy.IOSummary(policy.Limits{IOBytesPerSec: r.BytesPerSec, IOOpsPerSec: r.OpsPerSec})
+	if s == "" {
+		return "No I/O limits."
+	}
+	return s
 }
 
 // runtimeWithin checks the sandbox runtime, bounded by timeout. Without

@@ -45,6 +45,14 @@ bits it asks for, never a group, other, setuid, setgid or sticky bit. A
 stale mount left at MOUNTPOINT by a daemon that died is cleared first.
 "mounted SCOPE at DIR" is printed on stderr once the mount is ready.
 
+The kernel keeps entries, attributes, failed lookups, listings and the
+pages of unchanged files for 5 minutes: the mount follows the scope's change
+journals and drops what another door or node changed (on this node at
+once, from another node within 500 ms plus the shared filesystem's delay).
+A change made to the backing store behind loomfs's back is seen only when
+the cache expires; policy "cache: strict" caches for one second instead.
+Policy limits io_bytes_per_s and io_ops_per_s slow the mount down to them.
+
 Symbolic links made in the workspace (policy "symlinks: emulate") are shown
 as links, but not followed unless --follow-links is given: a process that
 follows a link resolves it against its own root, and on the host a link to

@@ -37,6 +37,9 @@ reads is what is enforced. Example:
     file_bytes: 1 GiB       # one file through the filesystem
     scope_bytes: 5 GiB      # or "unlimited"
     scope_files: 100000
+    io_bytes_per_s: 50 MiB  # per scope, tools and commands together: slowed, never refused
+    io_ops_per_s: 5000
+  cache: journal            # or strict: one-second kernel caching in the projection
 
 The standard preset is the seed-001 layout: src/ rw, data/ ro, output/ wo
 (deleting or overwriting there needs confirmation), logs/ rw, tmp/ rw capped
@@ -195,8 +198,10 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	limit("regex_timeout", l.RegexTimeout.String())
 	limit("grep_budget", l.GrepBudget.String())
 	limit("walk_entries", fmt.Sprint(l.WalkEntries))
+	limit("io_bytes_per_s", orUnlimited(l.IOBytesPerSec, policy.Bytes))
+	limit("io_ops_per_s", orUnlimited(l.IOOpsPerSec, count))
 	tw.Flush()
-	fmt.Fprintf(w, "\nsymlinks: %s\n", symlinksOf(pol))
+	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\n", symlinksOf(pol), cacheOf(pol))
 	if len(pol.Layout) > 0 {
 		fmt.Fprintf(w, "made at first use (0700): %s\n", strings.Join(pol.Layout, " "))
 	}
@@ -220,9 +225,10 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Subtrees []subtree `json:"subtrees"`
 		Limits   any       `json:"limits"`
 		Symlinks string    `json:"symlinks"`
+		Cache    string    `json:"cache"`
 		Layout   []string  `json:"layout"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
@@ -238,6 +244,7 @@ func policyJSON(pol *policy.Policy, src string) any {
 		"text_bytes": l.TextBytes, "file_bytes": l.FileBytes, "scope_bytes": l.ScopeBytes, "scope_files": l.ScopeFiles,
 		"list_entries": l.ListEntries, "glob_results": l.GlobResults, "grep_matches": l.GrepMatches, "grep_scan": l.GrepScan,
 		"grep_line": l.GrepLine, "regex_timeout": l.RegexTimeout.String(), "grep_budget": l.GrepBudget.String(), "walk_entries": l.WalkEntries,
+		"io_bytes_per_s": l.IOBytesPerSec, "io_ops_per_s": l.IOOpsPerSec,
 	}
 	return out
 }
@@ -248,6 +255,14 @@ func symlinksOf(pol *policy.Policy) policy.Symlinks {
 		return policy.SymlinksEmulate
 	}
 	return policy.SymlinksRefuse
+}
+
+// cacheOf is the policy's cache setting as the file would say it.
+func cacheOf(pol *policy.Policy) policy.Cache {
+	if pol.StrictCache() {
+		return policy.CacheStrict
+	}
+	return policy.CacheJournal
 }
 
 // maxArgs is cobra.MaximumNArgs reporting a usage error.

@@ -1,0 +1,339 @@
+package fusefs
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// follower keeps the kernel's caches of one mount coherent with the
+// scope's change journals (store/journal.go): every line another writer
+// (the tool door, another mount, another node) adds names a path whose
+// entry, attributes, listing and pages the kernel then drops, so the next
+// access comes to the mount. It reads through the store's own reader, woken
+// by inotify on the journal directory when a writer on this node appends
+// (the line is written before the change returns), and every poll interval
+// otherwise: another node's lines raise no event here.
+type follower struct {
+	f    *fsys
+	poll time.Duration
+
+	// mu serialises the passes (catchUp): the loop's and a caller's.
+	mu sync.Mutex
+
+	// from is how far each journal file was read.
+	from map[string]int64
+	// size is each file's size at the last pass.
+	size map[string]int64
+	// doubted holds the files whose writer died without ending them: a
+	// change it made may have no line, so everything was dropped once.
+	doubted map[string]bool
+
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+
+	// passes counts the journal reads made, drops the paths dropped;
+	// tests use them.
+	passes, drops int
+}
+
+// wakeGap is how long the follower waits after an inotify event before it
+// reads, so the lines of a burst are read in one pass: the most a change
+// made on this node waits to be seen, besides the pass itself.
+const wakeGap = time.Millisecond
+
+// passGap is the least time between two passes woken by inotify.
+const passGap = 25 * time.Millisecond
+
+func newFollower(f *fsys, poll time.Duration) *follower {
+	return &follower{
+		f:       f,
+		poll:    poll,
+		from:    map[string]int64{},
+		size:    map[string]int64{},
+		doubted: map[string]bool{},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// start reads where the journals end now (the kernel knows nothing yet)
+// and follows them from there until close.
+func (fl *follower) start() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if files, err := fl.f.ws.JournalOffsets(); err == nil {
+		for _, jf := range files {
+			fl.from[jf.Name] = jf.End
+			if !jf.Trusted() {
+				fl.doubted[jf.Name] = true
+			}
+		}
+	}
+	go fl.run(fl.watch())
+}
+
+// close stops the follower and waits for it.
+func (fl *follower) close() {
+	fl.stopOnce.Do(func() { close(fl.stop) })
+	<-fl.done
+}
+
+func (fl *follower) run(wake <-chan struct{}) {
+	defer close(fl.done)
+	t := time.NewTicker(fl.poll)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-fl.stop:
+			return
+		case <-wake:
+			// A writer appending line after line (tar -x here or in
+			// another mount) makes a pass every passGap, not one per
+			// line; a lone change is read after wakeGap.
+			time.Sleep(max(wakeGap, passGap-time.Since(last)))
+		case <-t.C:
+		}
+		last = time.Now()
+		fl.catchUp()
+	}
+}
+
+// watch returns a channel that receives when a journal file of the scope
+// was written on this node, or nil where inotify is not to be had (then
+// only the poll wakes the follower).
+func (fl *follower) watch() <-chan struct{} {
+	dir, err := fl.f.ws.OpenJournalDir()
+	if err != nil {
+		return nil
+	}
+	defer dir.Close()
+	in, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	// The directory is named by the fd this process holds, never by a
+	// host path.
+	if _, err := unix.InotifyAddWatch(in, "/proc/self/fd/"+strconv.Itoa(int(dir.Fd())), unix.IN_MODIFY|unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE|unix.IN_ONLYDIR); err != nil {
+		unix.Close(in)
+		return nil
+	}
+	// A pipe ends the reader's poll(2) when the follower stops.
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		unix.Close(in)
+		return nil
+	}
+	wake := make(chan struct{}, 1)
+	go func() {
+		<-fl.stop
+		unix.Write(p[1], []byte{0})
+	}()
+	go func() {
+		defer unix.Close(in)
+		defer unix.Close(p[0])
+		defer unix.Close(p[1])
+		buf := make([]byte, 64<<10)
+		fds := []unix.PollFd{{Fd: int32(in), Events: unix.POLLIN}, {Fd: int32(p[0]), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+				return
+			}
+			if fds[1].Revents != 0 {
+				return
+			}
+			for {
+				if _, err := unix.Read(in, buf); err != nil {
+					break
+				}
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return wake
+}
+
+// catchUp reads what the journals gained and drops what it names. Each
+// line is read once (from JournalFile.End): the lines of an open still
+// going need no second look, since its end has a line of its own.
+func (fl *follower) catchUp() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	fl.passes++
+	ws := fl.f.ws
+	// The sizes first: a pass that finds no file grown reads nothing.
+	sizes, err := ws.JournalFiles()
+	if err != nil {
+		return
+	}
+	grown := len(sizes) != len(fl.size)
+	for _, jf := range sizes {
+		if fl.size[jf.Name] != jf.Size {
+			grown = true
+		}
+	}
+	if !grown {
+		return
+	}
+	files, err := ws.ReadJournal(fl.from)
+	if errors.Is(err, store.ErrJournalGone) {
+		// A file was removed (a snapshot reader is done with it) before
+		// this mount read its last lines, which are lost to it: drop
+		// everything once and go on from what is there now.
+		fl.dropAll()
+		fl.forgetGone()
+		if files == nil {
+			return
+		}
+	} else if err != nil {
+		return
+	}
+	for _, jf := range sizes {
+		fl.size[jf.Name] = jf.Size
+	}
+	for _, jf := range files {
+		own := ws.OwnJournal(jf.Name)
+		for _, c := range jf.Changes {
+			if own && mine(c) {
+				continue
+			}
+			fl.drop(c.Path, c.Subtree)
+		}
+		fl.from[jf.Name] = jf.End
+		if !jf.Trusted() && !fl.doubted[jf.Name] {
+			fl.doubted[jf.Name] = true
+			fl.dropAll()
+		}
+	}
+}
+
+// mine reports whether a line of the mount's own Workspace is the mount's
+// change (its projection's, or its health probe's), not the tool door's
+// in the same process. A Workspace is projected by one mount at a time
+// (sandbox.Pool keeps one), so every projection line there is this one's.
+// A change the tool door makes to a file the mount holds open for writing
+// has no line of its own (the open covers it), so it is seen when the
+// name is next looked up, as a replaced file is (the open answers ESTALE).
+func mine(c store.JournalChange) bool {
+	return c.Source == store.SourceProjection || c.Source == store.SourceLoomfs
+}
+
+// forgetGone forgets the files that are no longer there.
+func (fl *follower) forgetGone() {
+	files, err := fl.f.ws.JournalFiles()
+	if err != nil {
+		return
+	}
+	present := map[string]bool{}
+	for _, jf := range files {
+		present[jf.Name] = true
+	}
+	for name := range fl.from {
+		if !present[name] {
+			delete(fl.from, name)
+			delete(fl.size, name)
+			delete(fl.doubted, name)
+		}
+	}
+}
+
+// drop makes the kernel forget what it knows of rel (and, for a subtree,
+// of everything beneath it): the entry and, negative or not, its name in
+// the parent, the attributes and pages of the object, the parent's
+// attributes and listing. A path the kernel never looked up costs a walk
+// of the mount's inode tree and nothing more.
+func (fl *follower) drop(rel string, subtree bool) {
+	fl.drops++
+	root := fl.f.root.EmbeddedInode()
+	if rel == "." {
+		dropInode(root)
+		if subtree {
+			dropBeneath(root)
+		}
+		return
+	}
+	parent := root
+	names := strings.Split(rel, "/")
+	for _, name := range names[:len(names)-1] {
+		if parent = parent.GetChild(name); parent == nil {
+			return
+		}
+	}
+	name := names[len(names)-1]
+	child := parent.GetChild(name)
+	if child == nil {
+		// Unknown to the kernel, or known as missing (a negative entry).
+		parent.NotifyEntry(name)
+		dropInode(parent)
+		return
+	}
+	sx, err := fl.stat(rel)
+	switch {
+	case err == unix.ENOENT:
+		parent.NotifyDelete(name, child)
+	case err != nil || !sameObject(child.StableAttr(), &sx):
+		// Replaced (the tool door's atomic writes) or unreadable: the name
+		// is looked up again. The old node keeps what the kernel knows of
+		// its own object, which did not change: readers that still have
+		// it open read it whole.
+		parent.NotifyEntry(name)
+	default:
+		// The same object, changed in place.
+		parent.NotifyEntry(name)
+		dropInode(child)
+		if subtree {
+			dropBeneath(child)
+		}
+	}
+	dropInode(parent)
+}
+
+// stat describes what the backing store holds at rel now.
+func (fl *follower) stat(rel string) (unix.Statx_t, error) {
+	parent, name, err := fl.f.ws.Parent(rel)
+	if err != nil {
+		if policy.CodeOf(err) == policy.NotFound {
+			return unix.Statx_t{}, unix.ENOENT
+		}
+		return unix.Statx_t{}, err
+	}
+	defer parent.Close()
+	return statAt(int(parent.Fd()), name)
+}
+
+// dropAll makes the kernel forget everything it knows of the mount.
+func (fl *follower) dropAll() {
+	root := fl.f.root.EmbeddedInode()
+	dropInode(root)
+	dropBeneath(root)
+}
+
+func dropInode(in *fs.Inode) {
+	if n, ok := in.Operations().(*node); ok {
+		n.stamp.Store(nil)
+	}
+	in.NotifyContent(0, 0)
+}
+
+func dropBeneath(dir *fs.Inode) {
+	for name, child := range dir.Children() {
+		dir.NotifyEntry(name)
+		dropInode(child)
+		if child.IsDir() {
+			dropBeneath(child)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// secondMount mounts the scope of e a second time, over a Workspace of its
+// own (as another process, or another node, would), and returns its
+// mountpoint.
+func secondMount(t *testing.T, e *env) string {
+	t.Helper()
+	ctx := context.Background()
+	vol2, err := store.OpenVolume(ctx, e.vol.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol2.Close() })
+	ws2, err := vol2.Open(ctx, testScope, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws2.Close() })
+	return mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+}
+
+// seen waits until check passes: the follower drops what a journal line
+// names shortly after the line is written. Without it the kernel would go
+// on answering from what it cached, for DefaultCacheTimeout, and check
+// would fail at the deadline.
+func seen(t *testing.T, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still not seen through the mount after 5 s: %v", what, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestInvalidation: with long kernel caching, each kind of change made by
+// another door (the tool door, or a second mount of the scope) is seen by
+// a process that had the old entry, attributes, listing or pages cached.
+func TestInvalidation(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		setup  func(t *testing.T, e *env)            // made through the mount
+		cache  func(t *testing.T, e *env) error      // what the process caches
+		change func(t *testing.T, e *env, m2 string) // made by the other door
+		check  func(e *env) error                    // what it must see then
+	}{
+		{
+			name:  "create after a failed lookup",
+			cache: func(t *testing.T, e *env) error { _, err := os.Stat(e.path("new")); return wantMissing(err) },
+			change: func(t *testing.T, e *env, _ string) {
+				if _, err := e.ws.WriteFile(ctx, "new", []byte("made by the tools"), nil); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error { return wantContent(e.path("new"), "made by the tools") },
+		},
+		{
+			name:  "create in a listed directory",
+			setup: func(t *testing.T, e *env) { mustMkdir(t, e.path("d")) },
+			cache: func(t *testing.T, e *env) error { return wantEntries(e.path("d"), 0) },
+			change: func(t *testing.T, e *env, _ string) {
+				if _, err := e.ws.WriteFile(ctx, "d/x", []byte("x"), nil); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error { return wantEntries(e.path("d"), 1) },
+		},
+		{
+			name:  "unlink",
+			setup: func(t *testing.T, e *env) { mustWrite(t, e.path("gone"), "here") },
+			cache: func(t *testing.T, e *env) error { return wantContent(e.path("gone"), "here") },
+			change: func(t *testing.T, e *env, _ string) {
+				if err := e.ws.Remove(ctx, "gone", nil); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error { _, err := os.Stat(e.path("gone")); return wantMissing(err) },
+		},
+		{
+			name: "rename of a directory",
+			setup: func(t *testing.T, e *env) {
+				mustMkdir(t, e.path("old"))
+				mustWrite(t, e.path("old/f"), "inside")
+			},
+			cache: func(t *testing.T, e *env) error {
+				if _, err := os.Stat(e.path("new/f")); wantMissing(err) != nil {
+					return err
+				}
+				return wantContent(e.path("old/f"), "inside")
+			},
+			change: func(t *testing.T, e *env, m2 string) {
+				if err := os.Rename(filepath.Join(m2, "old"), filepath.Join(m2, "new")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error {
+				if _, err := os.Stat(e.path("old/f")); wantMissing(err) != nil {
+					return fmt.Errorf("old path: %v", err)
+				}
+				return wantContent(e.path("new/f"), "inside")
+			},
+		},
+		{
+			name:  "truncate",
+			setup: func(t *testing.T, e *env) { mustWrite(t, e.path("t"), "twelve bytes") },
+			cache: func(t *testing.T, e *env) error { return wantContent(e.path("t"), "twelve bytes") },
+			change: func(t *testing.T, e *env, m2 string) {
+				if err := os.Truncate(filepath.Join(m2, "t"), 3); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error { return wantContent(e.path("t"), "twe") },
+		},
+		{
+			name:  "chmod",
+			setup: func(t *testing.T, e *env) { mustWrite(t, e.path("x"), "#!/bin/sh\n") },
+			cache: func(t *testing.T, e *env) error { return wantMode(e.path("x"), 0o600) },
+			change: func(t *testing.T, e *env, m2 string) {
+				if err := os.Chmod(filepath.Join(m2, "x"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(e *env) error { return wantMode(e.path("x"), 0o700) },
+		},
+		{
+			name:  "content change without size change",
+			setup: func(t *testing.T, e *env) { mustWrite(t, e.path("same"), "aaaa") },
+			cache: func(t *testing.T, e *env) error {
+				// Twice: the second open keeps the pages of the first.
+				if err := wantContent(e.path("same"), "aaaa"); err != nil {
+					return err
+				}
+				return wantContent(e.path("same"), "aaaa")
+			},
+			change: func(t *testing.T, e *env, m2 string) {
+				f, err := os.OpenFile(filepath.Join(m2, "same"), os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The mtime stays as it was, so only the journal tells.
+				fi, _ := f.Stat()
+				if _, err := f.WriteAt([]byte("bb"), 1); err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+				os.Chtimes(filepath.Join(m2, "same"), fi.ModTime(), fi.ModTime())
+			},
+			check: func(e *env) error { return wantContent(e.path("same"), "abba") },
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			m2 := secondMount(t, e)
+			if c.setup != nil {
+				c.setup(t, e)
+			}
+			if err := c.cache(t, e); err != nil {
+				t.Fatalf("before the change: %v", err)
+			}
+			c.change(t, e, m2)
+			seen(t, c.name, func() error { return c.check(e) })
+		})
+	}
+}
+
+// TestInvalidationStrict: under "cache: strict" the mount follows no
+// journal and keeps entries one second, as before journals were followed.
+func TestInvalidationStrict(t *testing.T) {
+	e := newEnv(t, withCache(policy.CacheStrict))
+	if e.m.follower != nil || e.m.fsys.timeout != StrictCacheTimeout || e.m.fsys.coherent {
+		t.Fatalf("strict mount: follower %v, timeout %v, coherent %v", e.m.follower != nil, e.m.fsys.timeout, e.m.fsys.coherent)
+	}
+	if _, err := e.ws.WriteFile(context.Background(), "late", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := wantContent(e.path("late"), "x"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOwnChangesNotDropped: the journal lines of the mount's own changes
+// are not handed to the kernel as invalidations; the tool door's, in the
+// same process and the same journal file, are.
+func TestOwnChangesNotDropped(t *testing.T) {
+	e := newEnv(t)
+	for i := range 20 {
+		mustWrite(t, e.path(fmt.Sprintf("f%d", i)), "x")
+	}
+	mustMkdir(t, e.path("d"))
+	if err := os.Rename(e.path("d"), e.path("d2")); err != nil {
+		t.Fatal(err)
+	}
+	waitReleased(t, e.m)
+	fl := e.m.follower
+	fl.catchUp()
+	fl.mu.Lock()
+	own := fl.drops
+	fl.mu.Unlock()
+	if own != 0 {
+		t.Fatalf("%d of the mount's own changes dropped from the kernel", own)
+	}
+	if _, err := e.ws.WriteFile(context.Background(), "f0", []byte("tools"), nil); err != nil {
+		t.Fatal(err)
+	}
+	fl.catchUp()
+	fl.mu.Lock()
+	tools := fl.drops
+	fl.mu.Unlock()
+	if tools != 1 {
+		t.Fatalf("%d paths dropped for one tool write, want 1", tools)
+	}
+}
+
+func wantContent(path, want string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if string(b) != want {
+		return fmt.Errorf("%s holds %q, want %q", filepath.Base(path), b, want)
+	}
+	return nil
+}
+
+func wantMissing(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return fmt.Errorf("want ENOENT, got %v", err)
+}
+
+func wantEntries(dir string, n int) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	if len(ents) != n {
+		return fmt.Errorf("%d entries, want %d", len(ents), n)
+	}
+	return nil
+}
+
+func wantMode(path string, mode os.FileMode) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm() != mode {
+		return fmt.Errorf("mode %v, want %v", fi.Mode().Perm(), mode)
+	}
+	return nil
+}
+
+func mustMkdir(t *testing.T, p string) {
+	t.Helper()
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,20 @@
+package policy
+
+// Cache is the policy file's "cache" setting: how long the projection lets
+// the kernel keep what it learned of the workspace.
+type Cache string
+
+const (
+	// CacheJournal (the default when empty) lets the kernel keep entries,
+	// attributes, listings and file pages for long, and drops exactly
+	// what the scope's change journals say changed.
+	CacheJournal Cache = "journal"
+	// CacheStrict keeps entries and attributes for one second, caches no
+	// failed lookup and drops a file's pages at every open: what a change
+	// made behind loomfs's back (not in the journals) needs.
+	CacheStrict Cache = "strict"
+)
+
+// StrictCache reports whether the projection caches as "cache: strict"
+// says.
+func (p *Policy) StrictCache() bool { return p.Cache == CacheStrict }

@@ -1,0 +1,231 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
+)
+
+// servedMount is a fusefs mount a Pool may keep, as cmd/loomfs wires it.
+type servedMount struct{ *fusefs.Mounted }
+
+func (s servedMount) Serve(call CallInfo) {
+	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container, Refused: func(r fusefs.Refusal) {
+		if call.Refused != nil {
+			call.Refused(tools.PolicyEvent{Op: r.Op, Path: r.Path, Code: string(r.Code), Message: r.Message})
+		}
+	}})
+}
+
+// TestPoolReusesProjection: the commands of one workspace run over one
+// projection, mounted once; each sees what the tool door wrote before it,
+// reports only its own refusals, and the projection goes at Close.
+func TestPoolReusesProjection(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	ws, err := vol.Open(ctx, store.Scope{Space: "s", Agent: "a", Session: "pool"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	mounts := 0
+	pool := &Pool{Dir: filepath.Join(base, "mnt"), Mount: func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		mounts++
+		m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+		if err != nil {
+			return nil, err
+		}
+		return servedMount{m}, nil
+	}}
+	cmds := &Commands{Runner: newTestRunner(t, Config{}), Pool: pool, Run: "r1"}
+	t.Cleanup(func() { pool.Close() })
+
+	run := func(call, command string) tools.CommandResult {
+		t.Helper()
+		res, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: call, Command: command})
+		if err != nil {
+			t.Fatalf("%s: %v", command, err)
+		}
+		return res
+	}
+	for i, content := range []string{"first", "other", "third"} {
+		// Same size each time: only the journal tells the mount.
+		if _, err := ws.WriteFile(ctx, "f", []byte(content), nil); err != nil {
+			t.Fatal(err)
+		}
+		if res := run("c"+content, "cat f"); res.Stdout != content {
+			t.Fatalf("command %d reads %q, want %q", i, res.Stdout, content)
+		}
+	}
+	refused := run("refused", "ln f g; echo made > h")
+	if len(refused.PolicyEvents.Events) == 0 {
+		t.Fatalf("ln through the projection was not reported: %+v", refused.PolicyEvents)
+	}
+	if b, _, err := ws.ReadFile(ctx, "h"); err != nil || strings.TrimSpace(string(b)) != "made" {
+		t.Fatalf("tools read what the command wrote: %q %v", b, err)
+	}
+	if res := run("after", "cat h"); len(res.PolicyEvents.Events) != 0 {
+		t.Fatalf("the next command reports the last one's refusals: %+v", res.PolicyEvents)
+	}
+	if mounts != 1 || pool.Live() != 1 {
+		t.Fatalf("%d mounts for 5 commands, %d live; want 1 and 1", mounts, pool.Live())
+	}
+	if err := pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(pool.Dir); pool.Live() != 0 || len(ents) != 0 {
+		t.Fatalf("after Close: %d live, %d mountpoints left", pool.Live(), len(ents))
+	}
+	if _, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "late", Command: "true"}); err == nil {
+		t.Fatal("a command after Close ran")
+	}
+}
+
+// fakeProjection stands for a mount in the pool's unit test.
+type fakeProjection struct {
+	dir       string
+	unmounted *int
+	served    *[]string
+}
+
+func (f fakeProjection) Dir() string                 { return f.dir }
+func (f fakeProjection) Probe(context.Context) error { return nil }
+func (f fakeProjection) Unmount() error              { *f.unmounted++; return nil }
+func (f fakeProjection) Serve(c CallInfo)            { *f.served = append(*f.served, c.CallID) }
+
+// TestPoolLifetime: a projection given back is lent again, one left idle
+// is unmounted, one discarded is not kept, and Close unmounts what is left.
+func TestPoolLifetime(t *testing.T) {
+	ctx := context.Background()
+	var mounted, unmounted int
+	var served []string
+	pool := &Pool{Dir: t.TempDir(), Idle: time.Hour, Mount: func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		mounted++
+		return fakeProjection{dir: mp, unmounted: &unmounted, served: &served}, nil
+	}}
+	ws1, ws2 := &store.Workspace{}, &store.Workspace{}
+	l, err := pool.Acquire(ctx, ws1, CallInfo{CallID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	if l, err = pool.Acquire(ctx, ws1, CallInfo{CallID: "b"}); err != nil || l.Reused() != 1 {
+		t.Fatalf("second lease: reused %d, %v", l.Reused(), err)
+	}
+	if mounted != 1 || len(served) != 1 || served[0] != "b" {
+		t.Fatalf("mounted %d, served %v; want 1 and [b]", mounted, served)
+	}
+	// Another workspace gets its own.
+	other, err := pool.Acquire(ctx, ws2, CallInfo{CallID: "c"})
+	if err != nil || mounted != 2 || pool.Live() != 2 {
+		t.Fatalf("second workspace: mounted %d, live %d, %v", mounted, pool.Live(), err)
+	}
+	// Held by a process: discarded, and the next command mounts anew.
+	l.Discard()
+	l.Unmount()
+	if pool.Live() != 1 || unmounted != 1 {
+		t.Fatalf("after Discard: live %d, unmounted %d", pool.Live(), unmounted)
+	}
+	// Idle: unmounted by the timer.
+	var idleGone atomic.Int32
+	idlePool := &Pool{Dir: t.TempDir(), Idle: time.Millisecond, Mount: func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		return countingUnmount{fakeProjection{dir: mp, unmounted: new(int), served: &[]string{}}, &idleGone}, nil
+	}}
+	il, err := idlePool.Acquire(ctx, ws1, CallInfo{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	il.Release()
+	deadline := time.Now().Add(5 * time.Second)
+	for idlePool.Live() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	for idleGone.Load() != 1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if idlePool.Live() != 0 || idleGone.Load() != 1 {
+		t.Fatalf("after the idle time: live %d, unmounted %d", idlePool.Live(), idleGone.Load())
+	}
+	other.Release()
+	l, _ = pool.Acquire(ctx, ws1, CallInfo{CallID: "d"})
+	l.Release()
+	if err := pool.Close(); err != nil || unmounted != 3 || pool.Live() != 0 {
+		t.Fatalf("Close: %v, unmounted %d, live %d", err, unmounted, pool.Live())
+	}
+	if _, err := pool.Acquire(ctx, ws1, CallInfo{}); err == nil {
+		t.Fatal("lease after Close")
+	}
+}
+
+type countingUnmount struct {
+	fakeProjection
+	n *atomic.Int32
+}
+
+func (c countingUnmount) Unmount() error { c.n.Add(1); return nil }
+
+// BenchmarkWorkspaceCommand: "true" as a workspace_command, over the
+// pool's live projection and over one mounted, probed and unmounted for
+// the command alone. bench/warm.sh sets it beside docker run --rm.
+func BenchmarkWorkspaceCommand(b *testing.B) {
+	ctx := context.Background()
+	base := b.TempDir()
+	os.Chmod(base, 0o700)
+	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer vol.Close()
+	ws, err := vol.Open(ctx, store.Scope{Space: "s", Agent: "a", Session: "bench"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ws.Close()
+	mount := func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+		if err != nil {
+			return nil, err
+		}
+		return servedMount{m}, nil
+	}
+	r, err := NewRunner(ctx, Config{Host: HostFromEnv(), Image: ImageFromEnv(), Node: testNode})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	for _, c := range []struct {
+		name string
+		cmds *Commands
+	}{
+		{"pooled", &Commands{Runner: r, Pool: &Pool{Mount: mount, Dir: filepath.Join(base, "pool")}}},
+		{"per-call", &Commands{Runner: r, Mount: mount, MountDir: filepath.Join(base, "each")}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := c.cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: fmt.Sprint(c.name, i), Command: "true"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		if c.cmds.Pool != nil {
+			c.cmds.Pool.Close()
+		}
+	}
+}
