@@ -47,16 +47,21 @@ func BenchmarkProcessStartWarm(b *testing.B) {
 	l.report(b)
 }
 
-// BenchmarkCommandOneShot: today's workspace_command true (a fresh
-// projection and container per call), through the tool door.
+// BenchmarkCommandOneShot: today's workspace_command true through the
+// tool door: a container per call, over a projection the session's pool
+// keeps mounted from one command to the next (as loom wires it).
 func BenchmarkCommandOneShot(b *testing.B) {
 	e := newEnv(b, "", testNode, "acme/coder/bench-oneshot", "")
-	e.tb.Commands = &sandbox.Commands{
-		Runner: e.svc.cfg.Runner, MountDir: e.svc.cfg.MountDir,
+	pool := &sandbox.Pool{Dir: e.svc.cfg.MountDir,
 		Mount: func(ctx context.Context, ws *store.Workspace, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
-			return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
-		},
-	}
+			m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+			if err != nil {
+				return nil, err
+			}
+			return pooled{m}, nil
+		}}
+	b.Cleanup(func() { pool.Close() })
+	e.tb.Commands = &sandbox.Commands{Runner: e.svc.cfg.Runner, Pool: pool}
 	var l latencies
 	for b.Loop() {
 		t0 := time.Now()
@@ -67,6 +72,13 @@ func BenchmarkCommandOneShot(b *testing.B) {
 		}
 	}
 	l.report(b)
+}
+
+// pooled is a mount the pool keeps for one command after another.
+type pooled struct{ *fusefs.Mounted }
+
+func (p pooled) Serve(call sandbox.CallInfo) {
+	p.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container})
 }
 
 // BenchmarkREPLRoundTrip: one workspace_process_write to a Python REPL
