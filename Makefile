@@ -15,7 +15,7 @@ build:
 	$(GO) build -o $(BIN) ./cmd/loomfs
 
 # The end-to-end tests that run containers, repeated under gVisor.
-SANDBOX_E2E ?= TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
+SANDBOX_E2E ?= TestProcessesAcrossCallers|TestServiceKilledWithLiveSession|TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
 
 ## test: vet, race-enabled tests of every package, the sandbox tests again
 ## under gVisor (runsc, registered by scripts/setup), a short fuzz of the
@@ -23,7 +23,7 @@ SANDBOX_E2E ?= TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHol
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
-	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/
+	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/ ./process/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m -run '^($(SANDBOX_E2E))$$' ./test/
 	$(MAKE) fuzz
 

@@ -8,7 +8,8 @@
 # when named, runtime (bench/runtime.sh: workspace_command under runc vs
 # runsc), firstday (bench/firstday.sh: a coding agent's first-day
 # workloads in loomfs run vs a plain bind mount) and mcp (bench/mcp.sh:
-# loomfs mcp vs the reference MCP filesystem server, needs npm).
+# loomfs mcp vs the reference MCP filesystem server, needs npm) and
+# processes (bench/processes.sh: process sessions vs one-shot commands).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -27,6 +28,9 @@ for s in "${sections[@]}"; do
 	case $s in
 	runtime)
 		bash bench/runtime.sh
+		;;
+	processes)
+		bash bench/processes.sh
 		;;
 	go)
 		echo "## Go benchmarks (store, tools)"

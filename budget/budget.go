@@ -42,6 +42,12 @@ func Run[T any](ctx context.Context, f func() (T, error), undo func(T)) (T, erro
 	case o := <-out:
 		return o.v, o.err
 	case <-ctx.Done():
+		// A result ready as the budget ends is taken, not undone.
+		select {
+		case o := <-out:
+			return o.v, o.err
+		default:
+		}
 		close(abandoned)
 		var zero T
 		return zero, fmt.Errorf("%w", context.Cause(ctx))

@@ -61,6 +61,7 @@ func validValue(t *testing.T, ts toolSchema, prop string) any {
 	case "object":
 		cands = []any{map[string]any{}}
 	}
+	cands = append(p.Enum, cands...)
 	r, err := p.Resolve(nil)
 	if err != nil {
 		t.Fatalf("%s.%s: property schema does not compile: %v", ts.name, prop, err)

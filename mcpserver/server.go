@@ -72,7 +72,7 @@ func New(tb *tools.Toolbox, opts Options) (*Server, error) {
 			InputSchema: d.InputSchema,
 			Annotations: &mcp.ToolAnnotations{
 				ReadOnlyHint:    !tools.Mutating(d.Name),
-				DestructiveHint: ptr(d.Name == tools.Write || d.Name == tools.Edit || d.Name == tools.Delete || d.Name == tools.Command || d.Name == tools.ApplyPatch),
+				DestructiveHint: ptr(d.Name == tools.Write || d.Name == tools.Edit || d.Name == tools.Delete || d.Name == tools.Command || d.Name == tools.ApplyPatch || d.Name == tools.ProcessStart || d.Name == tools.ProcessWrite || d.Name == tools.ProcessSignal),
 				OpenWorldHint:   &closed,
 			},
 		}, s.handler(d.Name, schema))

@@ -65,6 +65,12 @@ const (
 	// NotAnImage answers an image read of a file that is not a PNG,
 	// JPEG, GIF or WebP image (or is a damaged one).
 	NotAnImage Code = "not_an_image"
+	// ProcessOnOtherNode answers a call for a process that another node
+	// owns (SPEC §5.1); the message names that node.
+	ProcessOnOtherNode Code = "process_on_other_node"
+	// ProcessServiceUnavailable: no node service (loomfs serve) answers,
+	// so processes can't be started or reached.
+	ProcessServiceUnavailable Code = "process_service_unavailable"
 )
 
 // Error is the one error type every door returns. Message is written for a

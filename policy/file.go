@@ -39,6 +39,9 @@ import (
 //	  file_bytes: 1 GiB     # largest file through the filesystem
 //	  scope_bytes: 5 GiB    # or "unlimited"
 //	  scope_files: 100000
+//	  session_idle: 10m     # a session sandbox with no process and no call ends (SPEC §5.1)
+//	  session_lifetime: 2h  # a session sandbox ends this long after it started, whatever runs
+//	  process_output_bytes: 1 MiB  # output kept per process for workspace_process_read
 //	  io_bytes_per_s: 50 MiB  # per scope, both doors; over it I/O is delayed, never refused
 //	  io_ops_per_s: 5000      # filesystem requests and tool calls per second
 //
@@ -459,7 +462,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "io_bytes_per_s", "io_ops_per_s"}
+	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "io_bytes_per_s", "io_ops_per_s", "session_idle", "session_lifetime", "process_output_bytes"}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {
@@ -490,6 +493,12 @@ func (p *parser) limits(n *yaml.Node, l *Limits) error {
 			l.RegexTimeout, err = p.duration(v, key)
 		case "grep_budget":
 			l.GrepBudget, err = p.duration(v, key)
+		case "session_idle":
+			l.SessionIdle, err = p.duration(v, key)
+		case "session_lifetime":
+			l.SessionLifetime, err = p.duration(v, key)
+		case "process_output_bytes":
+			l.ProcessOutput, err = p.size(v, key, false)
 		case "io_bytes_per_s":
 			l.IOBytesPerSec, err = p.size(v, key, true)
 		case "io_ops_per_s":

@@ -244,6 +244,13 @@ type Limits struct {
 	// downscaling and encoding); ImageSource the file it reads.
 	ImageBytes  int64
 	ImageSource int64
+
+	// A scope's session sandbox (SPEC §5.1) ends after SessionIdle
+	// without a running process or a call, and after SessionLifetime in
+	// any case; each process keeps its last ProcessOutput bytes of output.
+	SessionIdle     time.Duration
+	SessionLifetime time.Duration
+	ProcessOutput   int64
 }
 
 // DefaultLimits are the limits of the open layout.
@@ -263,6 +270,10 @@ func DefaultLimits() Limits {
 		WalkEntries:  200_000,
 		ImageBytes:   4 << 20,
 		ImageSource:  64 << 20,
+
+		SessionIdle:     10 * time.Minute,
+		SessionLifetime: 2 * time.Hour,
+		ProcessOutput:   1 << 20,
 	}
 }
 

@@ -193,6 +193,15 @@ func TestKilledHolderGrantsReturn(t *testing.T) {
 	if st.Dead != 0 || st.Used.Bytes != 1000 {
 		t.Errorf("after the reap: %+v", st)
 	}
+	// Nothing of the killed holder is left: the ledger, its lock and the
+	// live holder's two files.
+	if names, _ := os.ReadDir(path); len(names) != 4 {
+		var list []string
+		for _, n := range names {
+			list = append(list, n.Name())
+		}
+		t.Errorf("account directory after the reap: %v", list)
+	}
 }
 
 // TestHelperHolder is the killed holder of TestKilledHolderGrantsReturn.

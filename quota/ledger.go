@@ -281,13 +281,18 @@ func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, er
 	return h, true, nil
 }
 
-// remove removes every file of a dead holder.
+// remove removes every file of a dead holder, the temporary ones it may
+// have left (t-<id>…) among them.
 func (h holder) remove(dfd int) {
 	h.snap.older = append(h.snap.older, h.snap.n)
 	for _, n := range h.snap.older {
 		if n > 0 {
 			unix.Unlinkat(dfd, h.id+"."+strconv.FormatInt(n, 10), 0)
 		}
+	}
+	tmp := "t-" + strings.TrimPrefix(h.id, recordPrefix)
+	for _, name := range []string{tmp, tmp + ".rec", tmp + ".ledger"} {
+		unix.Unlinkat(dfd, name, 0)
 	}
 	unix.Unlinkat(dfd, h.id+liveSuffix, 0)
 }

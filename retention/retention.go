@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -250,6 +251,9 @@ func idleReason(err error) string {
 		return "quarantined"
 	}
 	if policy.CodeOf(err) == policy.Conflict {
+		if strings.Contains(err.Error(), "session sandbox") {
+			return "a session sandbox is running (session marker present)"
+		}
 		return "a command is running (execution marker present)"
 	}
 	return err.Error()

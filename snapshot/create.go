@@ -59,6 +59,14 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 		}
 		defer unlock()
 	}
+	// A session sandbox's processes write without the scope lock: a
+	// snapshot taken under them would be of no one moment.
+	if m, err := ws.SessionMarkerOf(); err != nil || m != nil {
+		if err != nil {
+			return nil, err
+		}
+		return nil, policy.Errorf(policy.Conflict, "a session sandbox is running in scope %s (container %s, node %s); stop it first (loomfs processes stop), then take the snapshot", ws.Scope(), m.Container, m.Node)
+	}
 	repo, err := OpenRepo(ws.Volume(), ws.Scope(), true)
 	if err != nil {
 		return nil, err

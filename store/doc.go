@@ -10,6 +10,15 @@
 // it asks the policy package about every object it opens; it decides no
 // rule itself.
 //
+// # Session sandboxes
+//
+// A scope's session sandbox (SPEC §5.1) keeps its marker (SessionMarker)
+// for the container's life without holding the scope lock; its owner holds
+// the session lease (TakeSessionLease, an OFD lock like the scope lock)
+// instead. Lock quarantines the scope when it finds the marker and the
+// lease free (the worker died); CheckIdle calls the scope busy while the
+// marker stands. Process records live in ProcessesDir, one JSON file each.
+//
 // # The platform's view
 //
 // Open makes the policy's layout directories that are missing

@@ -230,7 +230,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.closed || kind == 'c' && j.openAt(rel, c.Source) {
+	if j.closed || kind == 'c' && j.coveredByOpen(rel, c) {
 		return
 	}
 	j.write(w, kind, rel, c)
@@ -242,15 +242,18 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	}
 }
 
-// openAt reports whether an open still going, made by the same door
-// (source), has its file at rel: a change to that file is covered by the
-// open until its x line, so it needs no line of its own (tar sets the
+// coveredByOpen reports whether the change c at rel is the attributes of
+// a file its own writer (the same source and call) still has open there:
+// the open's lines cover it, so it needs no line of its own (tar sets the
 // times of each file it has open: one append less per file, a round trip
-// on a shared filesystem). Another door's change gets its line: a mount
-// following the journals skips its own lines, and would miss it.
-func (j *journal) openAt(rel, source string) bool {
+// on a shared filesystem). Any other change keeps its line, so the change
+// feed still tells a delete or a rename by someone else.
+func (j *journal) coveredByOpen(rel string, c Change) bool {
+	if c.Op != OpSetattr {
+		return false
+	}
 	for o := range j.opens {
-		if o.by.Source == source && o.path() == rel {
+		if o.by.Source == c.Source && o.by.Call == c.Call && o.path() == rel {
 			return true
 		}
 	}

@@ -123,7 +123,7 @@ func TestJournalOpens(t *testing.T) {
 	path := "a"
 	open := ws.NoteOpen(func() string { return path })
 	ws.NoteChange("after", false)
-	ws.NoteChange("a", false) // the open's own file (tar setting its times): covered, no line
+	ws.NoteChangeBy("a", false, store.Change{Op: store.OpSetattr}) // its writer setting its times (tar): covered, no line
 
 	fs := read(nil)
 	held := fs[0].Size
@@ -290,5 +290,52 @@ func TestJournalDetail(t *testing.T) {
 		if f.Name == "old.1.00.log" && !slices.Equal(journalPaths(f.Changes), []store.JournalChange{{Path: "plain"}, {Path: "tree", Subtree: true}}) {
 			t.Errorf("an older writer's lines: %+v", f.Changes)
 		}
+	}
+}
+
+// TestJournalOpenCoversItsWriter: while a file is open for writing, its
+// writer's change of its attributes needs no line (the open covers it),
+// but anyone else's change, and any other kind of change, keeps its line
+// for the change feed.
+func TestJournalOpenCoversItsWriter(t *testing.T) {
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws := e.open(t, sc, nil)
+	if err := ws.ReadyToChange(); err != nil {
+		t.Fatal(err)
+	}
+	mine := store.Change{Source: store.SourceProjection, Call: "call-1"}
+	open := ws.NoteOpenBy(func() string { return "f" }, store.Change{Op: store.OpCreate, Source: mine.Source, Call: mine.Call})
+	cases := []struct {
+		name string
+		c    store.Change
+		line bool
+	}{
+		{"its writer sets its times", store.Change{Op: store.OpSetattr, Source: mine.Source, Call: mine.Call}, false},
+		{"another call sets its times", store.Change{Op: store.OpSetattr, Source: mine.Source, Call: "call-2"}, true},
+		{"a tool sets its mode", store.Change{Op: store.OpSetattr, Source: store.SourceTool}, true},
+		{"its writer deletes it", store.Change{Op: store.OpDelete, Source: mine.Source, Call: mine.Call}, true},
+	}
+	var want []store.Change
+	want = append(want, store.Change{Op: store.OpCreate, Source: mine.Source, Call: mine.Call})
+	for _, tc := range cases {
+		ws.NoteChangeBy("f", false, tc.c)
+		if tc.line {
+			want = append(want, tc.c)
+		}
+	}
+	ws.NoteClose(open)
+	want = append(want, store.Change{Op: store.OpWrite, Source: mine.Source, Call: mine.Call})
+	fs, err := ws.ReadJournal(nil)
+	if err != nil || len(fs) != 1 {
+		t.Fatalf("ReadJournal: %v %+v", err, fs)
+	}
+	var got []store.Change
+	for _, c := range fs[0].Changes {
+		c.Change.Time = 0
+		got = append(got, c.Change)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("lines %+v\nwant  %+v", got, want)
 	}
 }

@@ -84,6 +84,10 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 		unlock()
 		return nil, err
 	}
+	if err := w.quarantineStaleSession(); err != nil {
+		unlock()
+		return nil, err
+	}
 	// A change set a crash cut midway is finished before anything else
 	// (intent.go).
 	if err := w.recoverChanges(); err != nil {

@@ -46,6 +46,9 @@ type Holder struct {
 
 // SetMarker persists m atomically. The caller holds the scope lock.
 func (w *Workspace) SetMarker(m Marker) error {
+	if err := w.checkSessionNode(m.Node); err != nil {
+		return err
+	}
 	m.Scope, m.ScopeHash = w.scope.String(), w.scope.Hash()
 	return w.writeState(ExecMarker, m, true)
 }

@@ -48,6 +48,12 @@ func (w *Workspace) CheckIdle() error {
 	if m != nil {
 		return policy.Errorf(policy.Conflict, "a command is running in scope %s (container %s, node %s, since %s); retry when it has ended", w.scope, m.Container, m.Node, m.Time.UTC().Format("2006-01-02T15:04:05Z"))
 	}
+	if m, err = w.readState(SessionMarker); err != nil {
+		return err
+	}
+	if m != nil {
+		return policy.Errorf(policy.Conflict, "a session sandbox is running in scope %s (container %s, node %s, since %s); retry when it has ended (loomfs processes stop)", w.scope, m.Container, m.Node, m.Time.UTC().Format("2006-01-02T15:04:05Z"))
+	}
 	return nil
 }
 

@@ -110,7 +110,7 @@ func TestChangesFromContainer(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"mkdir src by tool", "mkdir src/pkg by tool",
+		"mkdir src/pkg by tool", // src/ is the layout's, made at open
 		"create src/pkg/a.go by tool w-1",
 		"create src/pkg/b.go by projection cmd-1", "write src/pkg/b.go by projection cmd-1",
 		"rename src/pkg -> src/lib by projection cmd-1",

@@ -149,7 +149,8 @@ func Definitions(pol *policy.Policy) []Definition {
 				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
 			})},
 	}
-	return append(defs, otherDefinitions(pol, paths, quota)...)
+	defs = append(defs, otherDefinitions(pol, paths, quota)...)
+	return append(defs, processDefinitions(pol)...)
 }
 
 // Command timeouts (SPEC §5).

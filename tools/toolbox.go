@@ -97,7 +97,10 @@ type CommandRunner interface {
 type Toolbox struct {
 	WS       *store.Workspace
 	Commands CommandRunner // nil: workspace_command answers sandbox_unavailable
-	Audit    audit.Sink    // nil: audit.Discard
+	// Processes runs the process tools (SPEC §5.1); nil: they answer
+	// process_service_unavailable.
+	Processes ProcessRunner
+	Audit     audit.Sink // nil: audit.Discard
 	// Changed is told of every path the tools changed, so an in-process
 	// FUSE projection can drop its caches.
 	Changed func(rel string)
@@ -278,8 +281,9 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 	}
 	// A change takes the scope lock; so does a read that finds a change
 	// set under way or cut by a crash (store/intent.go), which it then
-	// waits out or finishes: no read sees a patch half applied.
-	if Mutating(name) || t.WS.ChangeSetPending() {
+	// waits out or finishes: no read sees a patch half applied. A process
+	// tool's runner takes it itself, briefly.
+	if !selfLocking[name] && (Mutating(name) || t.WS.ChangeSetPending()) {
 		wait := t.LockWait
 		if wait == 0 {
 			wait = 30 * time.Second

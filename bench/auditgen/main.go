@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/agentloom/loomfs/audit"
@@ -22,6 +23,7 @@ func main() {
 	nodes := flag.Int("nodes", 4, "nodes")
 	perWriter := flag.Int("per-writer", 1000, "records per writer (process)")
 	scopes := flag.Int("scopes", 200, "scopes the records are spread over (acme/agentN/sM)")
+	keys := flag.String("keys", "", "sign: directory of node-N.key files (loomfs audit keygen --node node-N)")
 	flag.Parse()
 	if *root == "" || *records < 1 || *days < 1 || *nodes < 1 || *perWriter < 1 || *scopes < 1 {
 		fmt.Fprintln(os.Stderr, "auditgen: -root is required; counts must be positive")
@@ -42,7 +44,11 @@ func main() {
 		clock := func() time.Time { return now }
 		node := fmt.Sprintf("node-%d", n+1)
 		for written := 0; written < each; {
-			l, err := audit.Open(*root, audit.Options{Node: node, Clock: clock})
+			opts := audit.Options{Node: node, Clock: clock}
+			if *keys != "" {
+				opts.KeyFile = filepath.Join(*keys, node+".key")
+			}
+			l, err := audit.Open(*root, opts)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "auditgen:", err)
 				os.Exit(1)

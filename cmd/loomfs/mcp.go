@@ -35,7 +35,9 @@ The scope is fixed by --scope; no tool argument can change it. Refusals are
 MCP tool errors carrying the loomfs error code and message. A request's
 JSON-RPC id is its call id (mcp-<session>-<id>), so a change repeated in
 the same session gets the recorded result (a read is read again). A client's cancellation cancels
-the call, and a running command's container with it.
+the call, and a running command's container with it. The process tools
+(workspace_process_*) reach this node's "loomfs serve", so every MCP session
+of the node, and the CLI, see the same processes.
 
 --http ADDR serves on ADDR (host:port, :port or port). Without a host it
 binds 127.0.0.1, never every interface. Any address beyond loopback needs

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 
+	"github.com/agentloom/loomfs/loom"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -28,80 +29,40 @@ func (g *globals) loadPolicy() (*policy.Policy, error) {
 
 // openWorkspace opens the volume and the scope named by scopeArg: either
 // SPACE/AGENT/SESSION[/RUN/INSTANCE], or run:RUN[/INSTANCE] to resume a run
-// through its recorded binding (SPEC §2.3) — its volume, layout and scope
-// as they were when it was created, or <data>/runs/RUN for a run from
-// before bindings. The layout directories the opening made are audited as
-// the platform's. The caller closes everything through the returned func.
+// through its recorded binding (SPEC §2.3, loom.Node.OpenWorkspace). The
+// layout directories the opening made are audited as the platform's. The
+// caller closes everything through the returned func.
 func (g *globals) openWorkspace(ctx context.Context, scopeArg string) (*store.Workspace, func(), error) {
+	if err := checkScopeArg(scopeArg); err != nil {
+		return nil, nil, err
+	}
+	n, err := g.node(loom.Config{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return n.OpenWorkspace(ctx, scopeArg)
+}
+
+// checkScopeArg refuses a missing or malformed --scope as a usage error.
+func checkScopeArg(scopeArg string) error {
 	if scopeArg == "" {
-		return nil, nil, usagef("--scope is required (SPACE/AGENT/SESSION, SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE])")
+		return usagef("--scope is required (SPACE/AGENT/SESSION, SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE])")
 	}
-	pol, err := g.loadPolicy()
-	if err != nil {
-		return nil, nil, err
+	run, ok := strings.CutPrefix(scopeArg, "run:")
+	if !ok {
+		_, err := parseScopeFlag(scopeArg)
+		return err
 	}
-	var ws *store.Workspace
-	var done func()
-	if run, ok := strings.CutPrefix(scopeArg, "run:"); ok {
-		ws, done, err = g.resumeRun(ctx, run, pol)
-	} else {
-		ws, done, err = g.openScope(ctx, scopeArg, pol)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := recordLayout(ctx, ws); err != nil {
-		done()
-		return nil, nil, err
-	}
-	return ws, done, nil
-}
-
-// openScope opens SPACE/AGENT/SESSION[/RUN/INSTANCE] on the configured
-// volume.
-func (g *globals) openScope(ctx context.Context, scopeArg string, pol *policy.Policy) (*store.Workspace, func(), error) {
-	sc, err := parseScopeFlag(scopeArg)
-	if err != nil {
-		return nil, nil, err
-	}
-	vol, err := store.OpenVolume(ctx, g.storeConfig())
-	if err != nil {
-		return nil, nil, err
-	}
-	ws, err := vol.Open(ctx, sc, pol)
-	if err != nil {
-		vol.Close()
-		return nil, nil, err
-	}
-	return ws, func() { ws.Close(); vol.Close() }, nil
-}
-
-// resumeRun opens run:RUN[/INSTANCE] through the run's binding.
-func (g *globals) resumeRun(ctx context.Context, arg string, pol *policy.Policy) (*store.Workspace, func(), error) {
-	runID, instance, child := strings.Cut(arg, "/")
+	runID, instance, child := strings.Cut(run, "/")
 	if err := store.ValidateID("run", runID); err != nil {
-		return nil, nil, usageError{err}
+		return usageError{err}
 	}
 	if child {
 		if err := store.ValidateID("instance", instance); err != nil {
-			return nil, nil, usageError{err}
+			return usageError{err}
 		}
 	}
-	r, err := store.ResumeRun(ctx, g.storeConfig(), runID)
-	if err != nil {
-		return nil, nil, err
-	}
-	var ws *store.Workspace
-	if child {
-		ws, err = r.Instance(ctx, instance, pol)
-	} else {
-		ws, err = r.Main(ctx, pol)
-	}
-	if err != nil {
-		r.Close()
-		return nil, nil, err
-	}
-	return ws, func() { ws.Close(); r.Close() }, nil
+	return nil
 }
 
 // parseScopeFlag parses --scope SPACE/AGENT/SESSION[/RUN/INSTANCE]; a

@@ -21,8 +21,9 @@ const exitTimedOut = 124
 func newRunCmd(g *globals) *cobra.Command {
 	var scope, callID string
 	var timeout, procs int
+	var tty bool
 	cmd := &cobra.Command{
-		Use:   "run --scope S [--timeout SECONDS] -- CMD [ARG...]",
+		Use:   "run --scope S [--timeout SECONDS | --tty] -- CMD [ARG...]",
 		Short: "Run a command in a sandbox container over the scope's /workspace",
 		Long: `Run one command in a fresh sandbox container whose /workspace is the scope's
 policed FUSE projection: no network, read-only root filesystem, writable /tmp
@@ -41,9 +42,17 @@ path, errno, code and message), which the command itself saw only as an
 errno. A container the runtime fails to start answers
 sandbox_start_failed with the runtime's message, within the timeout plus
 the cleanup timeout; if processes other than loomfs still hold the
-projection after the container is gone, the scope is quarantined naming them.`,
+projection after the container is gone, the scope is quarantined naming them.
+
+--tty runs CMD on a terminal in the scope's session sandbox instead, through
+this node's process service ("loomfs serve"): an interactive shell with
+"loomfs run --tty --scope S -- sh". Keys go to it (the local terminal is put
+in raw mode, so Ctrl-C reaches the sandbox), its output comes back, a window
+change resizes its terminal, and loomfs exits with its exit code. It runs
+until it exits; --timeout does not apply.`,
 		Example: `  loomfs run --scope acme/coder/s1 -- python3 -c 'print(open("notes.md").read())'
-  loomfs run --scope acme/coder/s1 --timeout 5 -- sh -c 'ls -la'`,
+  loomfs run --scope acme/coder/s1 --timeout 5 -- sh -c 'ls -la'
+  loomfs run --scope acme/coder/s1 --tty -- sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usagef("run needs a command after --")
@@ -65,6 +74,18 @@ projection after the container is gone, the scope is quarantined naming them.`,
 				return printToolError(cmd, err)
 			}
 			defer s.close()
+			if tty {
+				code, err := runTTY(ctx, s.tools, shellJoin(args))
+				if err != nil {
+					pe := policy.AsError(err)
+					fmt.Fprintf(os.Stderr, "loomfs: %s: %s\n", pe.Code, pe.Message)
+					return exitError{exitRefused}
+				}
+				if code != 0 {
+					return exitError{code}
+				}
+				return nil
+			}
 			in, _ := json.Marshal(map[string]any{"command": shellJoin(args), "timeout_s": timeout})
 			res, err := s.tools.Call(ctx, tools.Command, callID, in)
 			if err != nil {
@@ -95,6 +116,7 @@ projection after the container is gone, the scope is quarantined naming them.`,
 	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().IntVar(&timeout, "timeout", 60, "seconds before the container is killed (1–120)")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	cmd.Flags().BoolVar(&tty, "tty", false, "run on a terminal in the session sandbox, interactively (needs loomfs serve)")
 	addProcsFlag(cmd.Flags(), &procs)
 	return cmd
 }

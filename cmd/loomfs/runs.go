@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/retention"
 	"github.com/agentloom/loomfs/snapshot"
@@ -108,8 +109,10 @@ func newRunsCmd(g *globals) *cobra.Command {
 		Long: `End a run (SPEC §6): in its main workspace and each --instance, empty the
 subtrees the policy marks clear_at_run_end (tmp/ in the standard preset), then
 take a snapshot labelled with the run, which gives an immutable per-run artifact
-view ("loomfs snapshot list"). Refused while a command runs or the scope is
-quarantined. Prints the snapshots as JSON.`,
+view ("loomfs snapshot list"). The scope's session sandbox, if this node's
+service ("loomfs serve") runs one, is stopped first. Refused while a command
+runs, a session sandbox runs on another node, or the scope is quarantined.
+Prints the snapshots as JSON.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runID == "" {
@@ -130,8 +133,10 @@ quarantined. Prints the snapshots as JSON.`,
 				open = append(open, func() (*store.Workspace, error) { return r.Instance(ctx, inst, pol) })
 			}
 			var out []*snapshot.Manifest
+			procs := nodeservice.NewClient(socketPath())
+			defer procs.Close()
 			for _, o := range open {
-				m, err := finishScope(ctx, o, runID)
+				m, err := finishScope(ctx, o, runID, procs)
 				if err != nil {
 					return refuse(cmd, g, err)
 				}
@@ -146,14 +151,19 @@ quarantined. Prints the snapshots as JSON.`,
 	return cmd
 }
 
-// finishScope clears one scope's temporary areas and snapshots it, under
-// one hold of the scope lock.
-func finishScope(ctx context.Context, open func() (*store.Workspace, error), runID string) (*snapshot.Manifest, error) {
+// finishScope stops the scope's session sandbox on this node, then clears
+// its temporary areas and snapshots it, under one hold of the scope lock.
+func finishScope(ctx context.Context, open func() (*store.Workspace, error), runID string, procs *nodeservice.Client) (*snapshot.Manifest, error) {
 	ws, err := open()
 	if err != nil {
 		return nil, err
 	}
 	defer ws.Close()
+	if m, _ := ws.SessionMarkerOf(); m != nil {
+		if _, err := procs.Stop(ctx, ws.Scope().String(), "runs-finish-"+runID); err != nil {
+			return nil, err
+		}
+	}
 	if err := recordLayout(ctx, ws); err != nil {
 		return nil, err
 	}

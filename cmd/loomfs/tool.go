@@ -42,6 +42,11 @@ printed then; the process exits once the kernel returns that system call,
 which nothing can interrupt. 0, the default, bounds only the wait for the
 scope lock (30 s), which is bounded the same way.
 
+The workspace_process_* tools reach this node's process service ("loomfs
+serve") at $AGENT_LOOM_SERVE_SOCKET (default /run/loomfs/serve.sock), so a
+process started by one call is read, written and signalled by later ones;
+without the service they answer process_service_unavailable.
+
 Run "loomfs tools" for every tool's name, description and input schema.`,
 		Example: `  loomfs tool workspace_write --scope acme/coder/s1 --input '{"path":"a.txt","content":"hi\n"}'
   echo '{"path":"a.txt"}' | loomfs tool workspace_read --scope acme/coder/s1 --input -`,

@@ -1,0 +1,341 @@
+package loom
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/budget"
+	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/process"
+	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/stage"
+	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
+)
+
+// Config configures a Node. Nothing is read from the environment here;
+// sandbox.ConfigFromEnv and the CLI's flags do that.
+type Config struct {
+	Store   store.Config   // the volume
+	Policy  *policy.Policy // nil means policy.Default()
+	Sandbox sandbox.Config // the engine, image, runtime and this worker's node name
+	// MountDir is the root-only directory for the projections of commands
+	// and session sandboxes; "" means sandbox.DefaultMountDir.
+	MountDir string
+	// Processes runs the process tools. nil: the Node's own
+	// process.Service (Node.Processes), so processes live as long as this
+	// program; a nodeservice.Client reaches another program's (loomfs
+	// serve) instead.
+	Processes tools.ProcessRunner
+	Log       *zap.Logger // nil: discarded
+}
+
+// Node is loomfs on one worker. It is safe for concurrent use.
+type Node struct {
+	cfg Config
+
+	once   sync.Once
+	runner *sandbox.Runner
+	svc    *process.Service
+	err    error
+}
+
+// New returns a Node over cfg. It connects to nothing until it must.
+func New(cfg Config) *Node {
+	if cfg.Policy == nil {
+		cfg.Policy = policy.Default()
+	}
+	if cfg.MountDir == "" {
+		cfg.MountDir = sandbox.DefaultMountDir
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	return &Node{cfg: cfg}
+}
+
+// Close stops the Node's own session sandboxes, if it started any, and
+// waits until their containers are confirmed gone.
+func (n *Node) Close() error {
+	if n.svc == nil {
+		return nil
+	}
+	err := n.svc.Close()
+	n.runner.Close()
+	return err
+}
+
+// OpenWorkspace opens the scope named SPACE/AGENT/SESSION[/RUN/INSTANCE],
+// or run:RUN[/INSTANCE] to resume a run through its recorded binding
+// (SPEC §2.3): its volume, layout and scope as they were when it was
+// created, or the legacy run directory for a run from before bindings.
+func (n *Node) OpenWorkspace(ctx context.Context, scope string) (*store.Workspace, func(), error) {
+	if run, ok := strings.CutPrefix(scope, "run:"); ok {
+		return n.resumeRun(ctx, run)
+	}
+	sc, err := store.ParseScope(scope)
+	if err != nil {
+		return nil, nil, err
+	}
+	vol, err := store.OpenVolume(ctx, n.cfg.Store)
+	if err != nil {
+		return nil, nil, err
+	}
+	ws, err := vol.Open(ctx, sc, n.cfg.Policy)
+	if err != nil {
+		vol.Close()
+		return nil, nil, err
+	}
+	return layoutRecorded(ctx, ws, func() { ws.Close(); vol.Close() })
+}
+
+// layoutRecorded audits the layout directories opening ws made, closing
+// it on failure.
+func layoutRecorded(ctx context.Context, ws *store.Workspace, done func()) (*store.Workspace, func(), error) {
+	if err := RecordLayout(ctx, ws); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return ws, done, nil
+}
+
+// RecordLayout audits, as the platform's, the layout directories opening
+// ws made (none once the scope has them), before any door serves it.
+func RecordLayout(ctx context.Context, ws *store.Workspace) error {
+	if len(ws.LayoutMade()) == 0 {
+		return nil
+	}
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	if err != nil {
+		return AuditUnavailable(err)
+	}
+	defer log.Close()
+	return (&stage.Platform{WS: ws, Audit: log, Actor: Actor(ws.Scope())}).RecordLayout(ctx)
+}
+
+func (n *Node) resumeRun(ctx context.Context, arg string) (*store.Workspace, func(), error) {
+	runID, instance, child := strings.Cut(arg, "/")
+	if err := store.ValidateID("run", runID); err != nil {
+		return nil, nil, err
+	}
+	if child {
+		if err := store.ValidateID("instance", instance); err != nil {
+			return nil, nil, err
+		}
+	}
+	r, err := store.ResumeRun(ctx, n.cfg.Store, runID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ws *store.Workspace
+	if child {
+		ws, err = r.Instance(ctx, instance, n.cfg.Policy)
+	} else {
+		ws, err = r.Main(ctx, n.cfg.Policy)
+	}
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return layoutRecorded(ctx, ws, func() { ws.Close(); r.Close() })
+}
+
+// Session is one scope opened for work: the workspace, its audit log, and
+// the tools over them, whose commands run in sandbox containers over
+// projections and whose processes run in the scope's session sandbox.
+type Session struct {
+	Workspace *store.Workspace
+	Audit     *audit.Log
+	Tools     *tools.Toolbox
+
+	node  *Node
+	cmds  *lazyCommands
+	close func()
+}
+
+// Open opens scope (as OpenWorkspace names it) and its audit log. The
+// engine is reached only when a command or process first runs.
+func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
+	ws, done, err := n.OpenWorkspace(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	// The audit directory is on the volume: its storage may not answer.
+	log, err := budget.Run(ctx, func() (*audit.Log, error) {
+		return audit.Open(ws.Volume().Path(), audit.Options{})
+	}, func(l *audit.Log) { l.Close() })
+	if err != nil {
+		done()
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "the audit log's storage did not answer within the call's budget; retry later")
+		}
+		return nil, AuditUnavailable(err)
+	}
+	procs := n.cfg.Processes
+	if procs == nil {
+		procs = &lazyProcesses{n}
+	}
+	s := &Session{Workspace: ws, Audit: log, node: n, cmds: &lazyCommands{n: n, log: log}}
+	s.Tools = &tools.Toolbox{
+		WS:        ws,
+		Audit:     log,
+		Commands:  s.cmds,
+		Processes: procs,
+		Actor:     Actor(ws.Scope()),
+		Log:       n.cfg.Log,
+	}
+	s.close = func() {
+		s.cmds.close()
+		if err := log.Close(); err != nil {
+			n.cfg.Log.Warn("close audit log", zap.Error(err))
+		}
+		done()
+	}
+	return s, nil
+}
+
+// Close closes the session's workspace and audit log. A program that
+// goes on after it calls Tools.Wait first, for calls that outlived their
+// caller's budget.
+func (s *Session) Close() { s.close() }
+
+// Project mounts the session's projection at mountpoint (SPEC §3): the
+// same policy as the tools, audited in the session's log.
+func (s *Session) Project(ctx context.Context, mountpoint string, opts fusefs.Options) (*fusefs.Mounted, error) {
+	if opts.Audit == nil {
+		opts.Audit = s.Audit
+	}
+	return fusefs.Mount(ctx, s.Workspace, mountpoint, opts)
+}
+
+// Actor names a scope's ids for audit records.
+func Actor(sc store.Scope) audit.Actor {
+	return audit.Actor{Space: sc.Space, Agent: sc.Agent, Session: sc.Session, Run: sc.Run, Instance: sc.Instance}
+}
+
+// AuditUnavailable is the refusal when the audit log can't be written.
+func AuditUnavailable(err error) error {
+	return &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written, so nothing is done: " + err.Error(), Err: err}
+}
+
+// SandboxUnavailable is the refusal when the engine does not answer.
+func SandboxUnavailable(err error) error {
+	return &policy.Error{Code: policy.SandboxUnavailable, Message: "no sandbox engine: " + err.Error() + " (run scripts/setup, or make sure dockerd answers on AGENT_LOOM_DOCKER_HOST)", Err: err}
+}
+
+// lazyCommands connects to the Docker engine on the first command only, so
+// file tools work on a machine without one.
+type lazyCommands struct {
+	n    *Node
+	log  *audit.Log
+	once sync.Once
+	cmds *sandbox.Commands
+	err  error
+}
+
+func (l *lazyCommands) RunCommand(ctx context.Context, ws *store.Workspace, req tools.CommandRequest) (tools.CommandResult, error) {
+	l.once.Do(func() { l.cmds, l.err = l.n.newCommands(ctx, ws, l.log) })
+	if l.err != nil {
+		return tools.CommandResult{}, l.err
+	}
+	return l.cmds.RunCommand(ctx, ws, req)
+}
+
+func (l *lazyCommands) close() {
+	if l.cmds != nil {
+		if err := l.cmds.Pool.Close(); err != nil {
+			l.n.cfg.Log.Warn("unmount the session's projection", zap.Error(err))
+		}
+		l.cmds.Runner.Close()
+	}
+}
+
+// newCommands builds the sandbox door: a Runner on the local engine and one
+// projection of the scope kept for the session's commands (sandbox.Pool),
+// each command's FUSE records carrying its own call and container.
+func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.Log) (*sandbox.Commands, error) {
+	cfg := n.cfg.Sandbox
+	actor := Actor(ws.Scope())
+	cfg.Observe = func(ctx context.Context, op string, detail map[string]any) {
+		ev := audit.Event{Actor: actor, Scope: ws.Scope().Hash(), Source: audit.SourceSandbox, Op: op, Result: "ok", Detail: detail}
+		if c, ok := detail["container"].(string); ok {
+			ev.Actor.Container = c
+		}
+		if c, ok := detail["call"].(string); ok {
+			ev.CallID = c
+		}
+		log.Record(ctx, ev)
+	}
+	r, err := sandbox.NewRunner(ctx, cfg)
+	if err != nil {
+		return nil, SandboxUnavailable(err)
+	}
+	n.ReportOrphans(ctx, r)
+	mount := func(ctx context.Context, ws *store.Workspace, mountpoint string, call sandbox.CallInfo) (sandbox.Projection, error) {
+		a := actor
+		a.Container = call.Container
+		m, err := fusefs.Mount(ctx, ws, mountpoint, fusefs.Options{
+			AllowOther: true,
+			Audit:      log,
+			Actor:      a,
+			CallID:     call.CallID,
+			Refused:    policyEvent(call.Refused),
+		})
+		if err != nil {
+			return nil, err
+		}
+		return servingMount{m}, nil
+	}
+	return &sandbox.Commands{
+		Runner: r,
+		Run:    ws.Scope().Run,
+		Pool:   &sandbox.Pool{Mount: mount, Dir: n.cfg.MountDir},
+	}, nil
+}
+
+// servingMount is a mount the pool keeps for one command after another.
+type servingMount struct{ *fusefs.Mounted }
+
+func (s servingMount) Serve(call sandbox.CallInfo) {
+	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container, Refused: policyEvent(call.Refused)})
+}
+
+// policyEvent hands each refusal of a command's projection to refused,
+// told the way a tool result tells it.
+func policyEvent(refused func(tools.PolicyEvent)) func(fusefs.Refusal) {
+	if refused == nil {
+		return nil
+	}
+	return func(r fusefs.Refusal) {
+		errno := unix.ErrnoName(r.Errno)
+		if errno == "" {
+			errno = strconv.Itoa(int(r.Errno))
+		}
+		refused(tools.PolicyEvent{Op: r.Op, Path: r.Path, Errno: errno, Code: string(r.Code), Message: r.Message})
+	}
+}
+
+// ReportOrphans logs which loomfs containers exist on the engine as this
+// program starts using it. Each command removes its container before it
+// returns, so one still there belongs to a command or session sandbox
+// running elsewhere, or to a worker that died (its scope is then
+// quarantined).
+func (n *Node) ReportOrphans(ctx context.Context, r *sandbox.Runner) {
+	list, err := r.Orphans(ctx)
+	if err != nil {
+		n.cfg.Log.Warn("list loomfs containers", zap.Error(err))
+		return
+	}
+	for _, c := range list {
+		n.cfg.Log.Warn("loomfs container found at start: running elsewhere or orphaned (see loomfs quarantine list)",
+			zap.String("container", c.Name), zap.String("state", c.State), zap.String("scope", c.Scope),
+			zap.String("node", c.Node), zap.String("call", c.Call), zap.Time("created", c.Created))
+	}
+}

@@ -1,0 +1,56 @@
+package loom_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentloom/loomfs/loom"
+	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
+)
+
+// An embedder's sessions share the Node's own process service: a process
+// started through one session is read through another, and closing the
+// Node removes its session sandbox.
+func TestNodeProcesses(t *testing.T) {
+	cfg := sandbox.ConfigFromEnv()
+	cfg.Image, cfg.Node = "loomfs-sandbox-dev:latest", "loom-test"
+	node := loom.New(loom.Config{Store: store.Config{Root: t.TempDir()}, Sandbox: cfg, MountDir: filepath.Join(t.TempDir(), "mnt")})
+	ctx := context.Background()
+	open := func() *loom.Session {
+		s, err := node.Open(ctx, "acme/coder/embed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	a, b := open(), open()
+	res, err := a.Tools.Call(ctx, tools.ProcessStart, "", json.RawMessage(`{"command":"read x; echo got:$x","yield_ms":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out tools.ProcessOutput
+	json.Unmarshal(res, &out)
+	in, _ := json.Marshal(map[string]any{"process_id": out.ProcessID, "input": "embedded\n", "yield_ms": 5000})
+	res, err = b.Tools.Call(ctx, tools.ProcessWrite, "", in)
+	if err != nil || !strings.Contains(string(res), "got:embedded") {
+		t.Fatalf("write through the second session: %s %v", res, err)
+	}
+	svc, _ := node.Processes(ctx)
+	if n := len(svc.Sandboxes()); n != 1 {
+		t.Fatalf("%d session sandboxes, want 1", n)
+	}
+	if err := node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := sandbox.NewRunner(ctx, cfg)
+	defer r.Close()
+	if ok, err := r.ContainerExists(ctx, out.Container); err != nil || ok {
+		t.Fatalf("container %s after Node.Close: exists %v, %v", out.Container, ok, err)
+	}
+}

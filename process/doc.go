@@ -1,0 +1,12 @@
+// Package process runs a scope's long-lived processes (SPEC §5.1): one
+// session sandbox per scope, a container that lives across calls over the
+// scope's FUSE projection, and processes as engine execs in it, each with
+// stdin, an optional terminal and a bounded output buffer read by cursor.
+//
+// It reuses the sandbox package's hardening and cleanup and never weakens
+// them: the session container's marker lives as long as the container and
+// goes only once its removal is confirmed, under a lease that tells a live
+// session from one whose worker died (that scope is then quarantined, as
+// for a one-shot command). It never holds the scope lock for a process's
+// life, only while it starts the sandbox or a process.
+package process

@@ -1,0 +1,398 @@
+package process
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/tools"
+)
+
+// quiet is how long output must pause before a write or read that saw new
+// output answers: long enough for a REPL's answer and prompt to come
+// together, short enough for a round trip to feel immediate.
+const quiet = 5 * time.Millisecond
+
+// Process is one exec in a session sandbox.
+type Process struct {
+	ID      string
+	Command string
+	TTY     bool
+	CallID  string
+	Started time.Time
+
+	box    *Sandbox
+	execID string
+	out    *Output
+	hj     types.HijackedResponse
+	done   chan struct{} // closed once the exit is known
+
+	inMu sync.Mutex // one writer to stdin at a time
+
+	mu       sync.Mutex
+	cols     int
+	rows     int
+	isExited bool
+	code     *int
+	endedAt  time.Time
+	sig      string
+	reason   string // why it ended, when its sandbox stopped under it
+	hostPid  int    // the exec's pid as this host sees it, for the FUSE records
+}
+
+// Record is a process's record under the scope's state directory: enough
+// for any node to say who owns it, and for late readers to see its end.
+type Record struct {
+	ID        string     `json:"process_id"`
+	Scope     string     `json:"scope"`
+	Command   string     `json:"command"`
+	TTY       bool       `json:"tty"`
+	Cols      int        `json:"cols,omitempty"`
+	Rows      int        `json:"rows,omitempty"`
+	Node      string     `json:"node"`
+	Container string     `json:"container"`
+	ExecID    string     `json:"exec_id"`
+	CallID    string     `json:"call_id"`
+	Started   time.Time  `json:"started_at"`
+	Status    string     `json:"status"`
+	ExitCode  *int       `json:"exit_code"`
+	Signal    string     `json:"signal,omitempty"`
+	Ended     *time.Time `json:"ended_at,omitempty"`
+	Cursor    int64      `json:"cursor"`
+	Reason    string     `json:"reason,omitempty"`
+}
+
+// Info is the record as a process tool shows it.
+func (r Record) Info() tools.ProcessInfo {
+	return tools.ProcessInfo{ProcessID: r.ID, Command: r.Command, TTY: r.TTY, Cols: r.Cols, Rows: r.Rows, Status: r.Status,
+		ExitCode: r.ExitCode, Signal: r.Signal, Node: r.Node, Container: r.Container, ExecID: r.ExecID, CallID: r.CallID,
+		Started: r.Started, Ended: r.Ended, Cursor: r.Cursor}
+}
+
+// endedOutput answers a read of a process whose output is no longer kept.
+func (r Record) endedOutput(since int64) tools.ProcessOutput {
+	out := tools.ProcessOutput{ProcessID: r.ID, Status: r.Status, ExitCode: r.ExitCode, TTY: r.TTY, Since: since, Cursor: r.Cursor, Container: r.Container}
+	if since < r.Cursor {
+		out.DroppedBytes = r.Cursor - since
+	} else {
+		out.Cursor = since
+	}
+	return out
+}
+
+// wrapper starts the command the way workspace_command does (sh -c, umask
+// 077) after noting its pid, which a signal is sent to. The engine starts
+// an exec as the leader of a process group of its own, so the signal goes
+// to that group and reaches the command's children too.
+func wrapper(id string) string {
+	// The directory is made here too: the first exec may run before the
+	// container's own command made it.
+	return "mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/" + id + `.pid; umask 077; exec /bin/sh -c "$1"`
+}
+
+// exec starts a process in the sandbox. The caller holds the scope lock.
+func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartRequest) (*Process, error) {
+	if !b.alive() {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "%v; start the process again", errStopped)
+	}
+	r := b.svc.cfg.Runner
+	cli := r.Engine()
+	p := &Process{ID: id, Command: req.Command, TTY: req.TTY, CallID: req.CallID, box: b,
+		out: newOutput(b.output), done: make(chan struct{})}
+	opts := container.ExecOptions{
+		User: r.User(), Tty: req.TTY, AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		WorkingDir: "/workspace",
+		Env:        []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
+		Cmd:        []string{"/bin/sh", "-c", wrapper(id), "sh", req.Command},
+	}
+	if req.TTY {
+		opts.Env = append(opts.Env, "TERM=xterm-256color")
+		opts.ConsoleSize = &[2]uint{uint(req.Rows), uint(req.Cols)}
+		p.cols, p.rows = req.Cols, req.Rows
+	}
+	octx := context.WithoutCancel(ctx)
+	created, err := cli.ContainerExecCreate(octx, b.id, opts)
+	if err != nil {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "create the process in the session sandbox: %s", policy.MaskHostPaths(err.Error()))
+	}
+	p.execID = created.ID
+	p.Started = time.Now().UTC()
+	// Known to the sandbox before it starts, so its first FUSE request is
+	// attributed to it.
+	b.mu.Lock()
+	b.procs[id] = p
+	b.lastUse = time.Now()
+	b.mu.Unlock()
+	p.hj, err = cli.ContainerExecAttach(octx, created.ID, container.ExecAttachOptions{Tty: req.TTY, ConsoleSize: opts.ConsoleSize})
+	if err != nil {
+		b.mu.Lock()
+		delete(b.procs, id)
+		b.mu.Unlock()
+		return nil, policy.Errorf(policy.SandboxUnavailable, "start the process in the session sandbox: %s", policy.MaskHostPaths(err.Error()))
+	}
+	if req.TTY {
+		// The engine may start the exec before it applies ConsoleSize:
+		// set the size again now that the terminal exists.
+		cli.ContainerExecResize(octx, created.ID, container.ResizeOptions{Height: uint(req.Rows), Width: uint(req.Cols)})
+	}
+	if err := p.save(); err != nil {
+		p.hj.Close()
+		return nil, err
+	}
+	b.record("process_start", req.CallID, 0, map[string]any{"process_id": id, "exec_id": p.execID, "command": req.Command, "tty": req.TTY})
+	b.svc.wg.Add(1)
+	go p.pump()
+	go p.hostPID() // usually known before the process's first FUSE request
+	return p, nil
+}
+
+// pump copies the process's output into its buffer until the stream ends,
+// then learns the exit code.
+func (p *Process) pump() {
+	defer p.box.svc.wg.Done()
+	if p.TTY {
+		io.Copy(p.out.writer(streamOut), p.hj.Reader)
+	} else {
+		stdcopy.StdCopy(p.out.writer(streamOut), p.out.writer(streamErr), p.hj.Reader)
+	}
+	p.hj.Close()
+	code := p.inspectExit()
+	p.mu.Lock()
+	already := p.isExited
+	if !already {
+		p.isExited, p.code, p.endedAt = true, code, time.Now().UTC()
+	}
+	p.mu.Unlock()
+	p.out.close()
+	if !already {
+		close(p.done)
+		p.save()
+		p.box.record("process_exit", p.CallID, 0, map[string]any{"process_id": p.ID, "exec_id": p.execID, "exit_code": exitText(code)})
+		p.box.touch()
+	}
+}
+
+// inspectExit asks the engine for the exit code, waiting briefly for the
+// exec to be reported ended; nil when unknown (the container went first).
+func (p *Process) inspectExit() *int {
+	cli := p.box.svc.cfg.Runner.Engine()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := cli.ContainerExecInspect(ctx, p.execID)
+		cancel()
+		if err != nil {
+			return nil
+		}
+		if !st.Running {
+			c := st.ExitCode
+			return &c
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ended marks the process ended with its sandbox.
+func (p *Process) ended(reason string) {
+	p.hj.Close()
+	select {
+	case <-p.done:
+		return
+	case <-time.After(2 * time.Second):
+	}
+	p.mu.Lock()
+	already := p.isExited
+	if !already {
+		p.isExited, p.endedAt, p.reason = true, time.Now().UTC(), reason
+	}
+	p.mu.Unlock()
+	if !already {
+		p.out.close()
+		close(p.done)
+		p.save()
+		p.box.record("process_exit", p.CallID, 0, map[string]any{"process_id": p.ID, "exec_id": p.execID, "reason": reason})
+	}
+}
+
+func (p *Process) exited() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.isExited
+}
+
+// write sends input to the process's stdin.
+func (p *Process) write(ctx context.Context, input, callID string) error {
+	if p.exited() {
+		return policy.Errorf(policy.Conflict, "process %s has exited (exit code %s); nothing reads its input", p.ID, exitText(p.exitCode()))
+	}
+	p.box.touch()
+	p.inMu.Lock()
+	defer p.inMu.Unlock()
+	if _, err := io.WriteString(p.hj.Conn, input); err != nil {
+		return policy.Errorf(policy.Conflict, "process %s no longer reads its input: %v", p.ID, err)
+	}
+	p.box.record("process_input", callID, int64(len(input)), map[string]any{"process_id": p.ID})
+	return nil
+}
+
+// resize sets the terminal size of a tty process.
+func (p *Process) resize(ctx context.Context, cols, rows int, callID string) error {
+	if !p.TTY {
+		return policy.Errorf(policy.InvalidInput, "process %s was started without tty; it has no terminal to resize", p.ID)
+	}
+	if p.exited() {
+		return policy.Errorf(policy.Conflict, "process %s has exited", p.ID)
+	}
+	p.box.touch()
+	err := p.box.svc.cfg.Runner.Engine().ContainerExecResize(ctx, p.execID, container.ResizeOptions{Height: uint(rows), Width: uint(cols)})
+	if err != nil {
+		return policy.Errorf(policy.SandboxUnavailable, "resize the terminal of process %s: %s", p.ID, policy.MaskHostPaths(err.Error()))
+	}
+	p.mu.Lock()
+	p.cols, p.rows = cols, rows
+	p.mu.Unlock()
+	p.save()
+	p.box.record("process_resize", callID, 0, map[string]any{"process_id": p.ID, "cols": cols, "rows": rows})
+	return nil
+}
+
+// signal sends sig to the process's group, or to the process alone when
+// it leads none, from inside the sandbox as the sandbox's user.
+func (p *Process) signal(ctx context.Context, sig, callID string) error {
+	if p.exited() {
+		return nil // nothing to signal; the answer says it exited
+	}
+	p.box.touch()
+	f := "/tmp/.loomfs/" + p.ID + ".pid"
+	// "kill -SIG -PID" names the group: busybox's kill takes no "--".
+	script := fmt.Sprintf(`p=$(cat %s) && { kill -%s -$p 2>/dev/null || kill -%s $p; }`, f, sig, sig)
+	r := p.box.svc.cfg.Runner
+	cli := r.Engine()
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	created, err := cli.ContainerExecCreate(octx, p.box.id, container.ExecOptions{User: r.User(), AttachStdout: true, AttachStderr: true, Cmd: []string{"/bin/sh", "-c", script}})
+	if err == nil {
+		var hj types.HijackedResponse
+		hj, err = cli.ContainerExecAttach(octx, created.ID, container.ExecAttachOptions{})
+		if err == nil {
+			var msg strings.Builder
+			stdcopy.StdCopy(&msg, &msg, hj.Reader)
+			hj.Close()
+			st, ierr := cli.ContainerExecInspect(octx, created.ID)
+			if ierr == nil && st.ExitCode != 0 && !p.exited() {
+				err = fmt.Errorf("kill exited %d: %s", st.ExitCode, strings.TrimSpace(msg.String()))
+			}
+		}
+	}
+	if err != nil {
+		return policy.Errorf(policy.SandboxUnavailable, "signal process %s: %s", p.ID, policy.MaskHostPaths(err.Error()))
+	}
+	p.mu.Lock()
+	p.sig = sig
+	p.mu.Unlock()
+	p.box.record("process_signal", callID, 0, map[string]any{"process_id": p.ID, "signal": sig})
+	return nil
+}
+
+// waitExit waits up to d for the process to exit.
+func (p *Process) waitExit(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// waitOutput waits up to d for output after since to come and pause for
+// quiet, or for the process to exit.
+func (p *Process) waitOutput(ctx context.Context, since int64, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		end, changed, closed := p.out.state()
+		if closed {
+			<-p.done
+			return
+		}
+		var pause <-chan time.Time
+		if end > since {
+			t := time.NewTimer(quiet)
+			defer t.Stop()
+			pause = t.C
+		}
+		select {
+		case <-changed:
+		case <-pause:
+			return
+		case <-p.done:
+			return
+		case <-deadline.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (p *Process) exitCode() *int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.code
+}
+
+// output is the process's state and its output after since.
+func (p *Process) output(since int64, max int) tools.ProcessOutput {
+	c := p.out.read(since, max)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := tools.ProcessOutput{ProcessID: p.ID, Status: tools.StatusRunning, TTY: p.TTY, Output: string(c.all),
+		Since: c.since, Cursor: c.cursor, DroppedBytes: c.dropped, Truncated: c.more, Container: p.box.name}
+	if !p.TTY {
+		o.Stdout, o.Stderr = string(c.stdout), string(c.stderr)
+	}
+	if p.isExited {
+		o.Status, o.ExitCode = tools.StatusExited, p.code
+	}
+	return o
+}
+
+// Info describes the process as it is now.
+func (p *Process) Info() tools.ProcessInfo { return p.rec().Info() }
+
+func (p *Process) rec() Record {
+	end, _, _ := p.out.state()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := Record{ID: p.ID, Scope: p.box.scope.String(), Command: p.Command, TTY: p.TTY, Cols: p.cols, Rows: p.rows,
+		Node: p.box.svc.Node(), Container: p.box.name, ExecID: p.execID, CallID: p.CallID, Started: p.Started,
+		Status: tools.StatusRunning, Signal: p.sig, Cursor: end, Reason: p.reason}
+	if p.isExited {
+		ended := p.endedAt
+		r.Status, r.ExitCode, r.Ended = tools.StatusExited, p.code, &ended
+	}
+	return r
+}
+
+// save writes the process's record through the sandbox's workspace.
+func (p *Process) save() error {
+	return p.box.ws.WriteProcessRecord(p.ID, p.rec())
+}

@@ -1,0 +1,35 @@
+package process
+
+import "testing"
+
+// The buffer keeps the last limit bytes, in order, both streams; a cursor
+// older than them gets what is left and the count of what was dropped.
+func TestOutputCursor(t *testing.T) {
+	o := newOutput(10)
+	o.append(streamOut, []byte("abcdef"))
+	o.append(streamErr, []byte("GHIJ"))
+	o.append(streamOut, []byte("kl")) // 12 written, "cdefGHIJkl" kept
+	for _, tc := range []struct {
+		name                string
+		since               int64
+		max                 int
+		all, stdout, stderr string
+		cursor, dropped     int64
+		more                bool
+	}{
+		{"from the start: two bytes dropped", 0, 100, "cdefGHIJkl", "cdefkl", "GHIJ", 12, 2, false},
+		{"a fresh cursor", 6, 100, "GHIJkl", "kl", "GHIJ", 12, 0, false},
+		{"bounded by max", 2, 5, "cdefG", "cdef", "G", 7, 0, true},
+		{"at the end", 12, 100, "", "", "", 12, 0, false},
+		{"past the end reads as the end", 99, 100, "", "", "", 12, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := o.read(tc.since, tc.max)
+			if string(c.all) != tc.all || string(c.stdout) != tc.stdout || string(c.stderr) != tc.stderr ||
+				c.cursor != tc.cursor || c.dropped != tc.dropped || c.more != tc.more {
+				t.Errorf("read(%d, %d) = %q %q %q cursor %d dropped %d more %v", tc.since, tc.max,
+					c.all, c.stdout, c.stderr, c.cursor, c.dropped, c.more)
+			}
+		})
+	}
+}

@@ -1,0 +1,327 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
+)
+
+// keepAlive is the session container's own command: it does nothing but
+// keep the container up for the execs.
+const keepAlive = "mkdir -p /tmp/.loomfs && while :; do sleep 3600; done"
+
+// Sandbox is a scope's session sandbox: one container over the scope's
+// projection, alive across calls, in which processes run as execs.
+type Sandbox struct {
+	svc     *Service
+	scope   store.Scope
+	ws      *store.Workspace // the sandbox's own, open for its life
+	log     audit.Sink
+	closeWS func()
+	release func() // the session lease
+	proj    sandbox.Projection
+	mp      string
+	name    string
+	id      string
+	started time.Time
+	idle    time.Duration
+	life    time.Duration
+	output  int
+
+	mu       sync.Mutex
+	procs    map[string]*Process
+	lastUse  time.Time
+	stopping bool
+	done     chan struct{} // closed once stopped
+	stopErr  error
+}
+
+// SandboxInfo describes a running session sandbox.
+type SandboxInfo struct {
+	Scope     string    `json:"scope"`
+	Container string    `json:"container"`
+	Node      string    `json:"node"`
+	Started   time.Time `json:"started_at"`
+	LastUse   time.Time `json:"last_use"`
+	Running   int       `json:"running_processes"`
+}
+
+// startSandbox starts sc's session sandbox: the lease, the projection and
+// its probe, the marker, then the container. The caller holds the scope
+// lock. Anything that fails after the marker was set and can't be undone
+// with confirmation quarantines the scope.
+func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID string) (b *Sandbox, err error) {
+	r := svc.cfg.Runner
+	if err := r.CheckImage(ctx); err != nil {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "%v", err)
+	}
+	ws, log, closeWS, err := svc.cfg.Open(ctx, sc)
+	if err != nil {
+		return nil, err
+	}
+	lim, def := ws.Policy().Limits, policy.DefaultLimits()
+	if lim.SessionIdle <= 0 {
+		lim.SessionIdle = def.SessionIdle
+	}
+	if lim.SessionLifetime <= 0 {
+		lim.SessionLifetime = def.SessionLifetime
+	}
+	if lim.ProcessOutput <= 0 {
+		lim.ProcessOutput = def.ProcessOutput
+	}
+	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()),
+		idle: lim.SessionIdle, life: lim.SessionLifetime, output: int(lim.ProcessOutput),
+		procs: map[string]*Process{}, done: make(chan struct{})}
+	undo := []func(){closeWS}
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	release, ok, err := ws.TakeSessionLease()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if m, _ := ws.SessionMarkerOf(); m != nil && m.Node != svc.Node() {
+			return nil, otherNode(m.Node, "this workspace's session sandbox")
+		}
+		return nil, policy.Errorf(policy.Conflict, "another worker holds this workspace's session sandbox; retry when it has ended")
+	}
+	b.release = release
+	undo = append(undo, release)
+
+	if err := os.MkdirAll(svc.cfg.MountDir, 0o700); err != nil {
+		return nil, fmt.Errorf("mount dir: %w", err)
+	}
+	sandbox.SweepStaleMounts(svc.cfg.MountDir)
+	b.mp, err = os.MkdirTemp(svc.cfg.MountDir, "session-")
+	if err != nil {
+		return nil, fmt.Errorf("mountpoint: %w", err)
+	}
+	undo = append(undo, func() { os.Remove(b.mp) })
+	fuseLog := audit.Sink(audit.Discard)
+	if log != nil {
+		fuseLog = attributing{log, b}
+	}
+	b.proj, err = svc.cfg.Mount(ctx, ws, fuseLog, b.mp, sandbox.CallInfo{CallID: callID, Run: sc.Run, Container: b.name})
+	if err != nil {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
+	}
+	undo = append(undo, func() { b.unmount() })
+	if err := b.proj.Probe(ctx); err != nil {
+		return nil, policy.Errorf(policy.SandboxUnavailable, "the workspace projection failed its health probe, so no container was started: %v", err)
+	}
+
+	req := sandbox.Request{
+		Command: keepAlive, Workspace: b.proj.Dir(), Skills: svc.cfg.Skills,
+		Scope: sc.String(), ScopeHash: sc.Hash(), Run: sc.Run, Call: callID, Name: b.name,
+		Marker: noMarker{},
+	}
+	if err := req.Check(); err != nil {
+		return nil, policy.Errorf(policy.InvalidInput, "%v", err)
+	}
+	b.started = time.Now()
+	m := store.Marker{Container: b.name, Node: svc.Node(), PID: pid(), Run: sc.Run, Call: callID, Time: b.started.UTC()}
+	if err := ws.SetSessionMarker(m); err != nil {
+		ws.ClearSessionMarker() // no container was asked for
+		return nil, err
+	}
+	undo = append(undo, func() { ws.ClearSessionMarker() })
+
+	cc, hc := r.ContainerConfig(req)
+	init := true
+	hc.Init = &init // reaps what the execs leave behind
+	cli := r.Engine()
+	octx := context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(octx, 30*time.Second)
+	created, err := cli.ContainerCreate(cctx, cc, hc, nil, nil, b.name)
+	cancel()
+	if err != nil {
+		// The create may have been done without an answer: remove by
+		// name, and quarantine unless that is confirmed.
+		if qerr := b.removeOrQuarantine(octx, b.name, callID, "create failed: "+err.Error()); qerr != nil {
+			undo = undo[:len(undo)-1] // the marker moved into the quarantine
+			return nil, qerr
+		}
+		return nil, policy.Errorf(policy.SandboxUnavailable, "create the session container: %v", policy.MaskHostPaths(err.Error()))
+	}
+	b.id = created.ID
+	b.record("container_create", callID, 0, map[string]any{"image": r.Image(), "session": true})
+	if err := cli.ContainerStart(octx, created.ID, container.StartOptions{}); err != nil {
+		msg := policy.MaskHostPaths(err.Error())
+		if qerr := b.removeOrQuarantine(octx, created.ID, callID, "start failed: "+msg); qerr != nil {
+			undo = undo[:len(undo)-1]
+			return nil, qerr
+		}
+		return nil, policy.Errorf(policy.SandboxStartFailed, "%v: %s", sandbox.ErrStartFailed, msg)
+	}
+	b.record("container_start", callID, 0, map[string]any{"session": true, "idle_timeout_ms": b.idle.Milliseconds(), "max_lifetime_ms": b.life.Milliseconds()})
+	b.lastUse = time.Now()
+	svc.wg.Add(1)
+	go b.watch()
+	return b, nil
+}
+
+// noMarker satisfies sandbox.Request's check: the session's marker is set
+// by startSandbox itself, for the container's life.
+type noMarker struct{}
+
+func (noMarker) Set(context.Context, sandbox.Marker) error { return nil }
+func (noMarker) Clear(context.Context) error               { return nil }
+
+// removeOrQuarantine removes ref with confirmation; if that fails the
+// scope is quarantined with the session marker.
+func (b *Sandbox) removeOrQuarantine(ctx context.Context, ref, callID, why string) error {
+	r := b.svc.cfg.Runner
+	cctx, cancel := context.WithTimeout(ctx, r.CleanupTimeout())
+	defer cancel()
+	err := r.RemoveConfirmed(cctx, ref)
+	if err == nil {
+		b.record("container_removed", callID, 0, map[string]any{"session": true})
+		return nil
+	}
+	b.record("container_remove_unconfirmed", callID, 0, map[string]any{"session": true, "error": err.Error()})
+	reason := fmt.Sprintf("session container %s: %s; its removal was not confirmed: %v", b.name, why, err)
+	m := store.Marker{Container: b.name, Node: b.svc.Node(), PID: pid(), Run: b.scope.Run, Call: callID, Time: b.started.UTC()}
+	if qerr := b.ws.QuarantineSession(m, reason); qerr != nil {
+		return fmt.Errorf("%s; and quarantining failed: %w", reason, qerr)
+	}
+	return policy.Errorf(policy.Quarantined, "the session container's removal could not be confirmed, so the workspace is quarantined until an administrator clears it")
+}
+
+func (b *Sandbox) alive() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.stopping
+}
+
+// touch counts a call as use, for the idle timeout.
+func (b *Sandbox) touch() {
+	b.mu.Lock()
+	b.lastUse = time.Now()
+	b.mu.Unlock()
+}
+
+// watch stops the sandbox once it has been idle (no running process, no
+// call) for the policy's session_idle, or alive for its session_lifetime.
+func (b *Sandbox) watch() {
+	defer b.svc.wg.Done()
+	tick := min(time.Second, b.idle/4)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+		}
+		b.mu.Lock()
+		running := 0
+		for _, p := range b.procs {
+			if !p.exited() {
+				running++
+			}
+		}
+		if running > 0 {
+			b.lastUse = time.Now()
+		}
+		idle := time.Since(b.lastUse)
+		b.mu.Unlock()
+		switch {
+		case time.Since(b.started) >= b.life:
+			b.Stop(context.Background(), "max_lifetime", "")
+		case idle >= b.idle:
+			b.Stop(context.Background(), "idle_timeout", "")
+		}
+	}
+}
+
+// Stop ends the sandbox: its container is removed with confirmation (its
+// processes end with it), then the marker is cleared, the projection
+// unmounted and the lease released. Unconfirmed removal quarantines the
+// scope. Stopping twice waits for the first.
+func (b *Sandbox) Stop(ctx context.Context, reason, callID string) error {
+	b.mu.Lock()
+	if b.stopping {
+		b.mu.Unlock()
+		<-b.done
+		return b.stopErr
+	}
+	b.stopping = true
+	b.mu.Unlock()
+	defer close(b.done)
+	defer b.svc.forget(b)
+
+	octx := context.WithoutCancel(ctx)
+	b.record("container_kill", callID, 0, map[string]any{"session": true, "reason": reason})
+	err := b.removeOrQuarantine(octx, b.id, callID, reason)
+	b.mu.Lock()
+	procs := make([]*Process, 0, len(b.procs))
+	for _, p := range b.procs {
+		procs = append(procs, p)
+	}
+	b.mu.Unlock()
+	for _, p := range procs {
+		p.ended(reason)
+	}
+	if err == nil {
+		if cerr := b.ws.ClearSessionMarker(); cerr != nil {
+			err = cerr
+		}
+	}
+	b.unmount()
+	os.Remove(b.mp)
+	b.release()
+	b.closeWS()
+	b.stopErr = err
+	if err != nil {
+		b.svc.cfg.Log.Warn("session sandbox stop", zap.String("container", b.name), zap.Error(err))
+	}
+	return err
+}
+
+// unmount takes the projection down, detaching it if its session hangs.
+func (b *Sandbox) unmount() {
+	if b.proj == nil {
+		return
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.proj.Unmount() }()
+	select {
+	case <-done:
+	case <-time.After(b.svc.cfg.Runner.CleanupTimeout()):
+		unix.Unmount(b.proj.Dir(), unix.MNT_DETACH)
+		b.record("projection_detached", "", 0, map[string]any{"session": true})
+	}
+}
+
+// Info describes the sandbox.
+func (b *Sandbox) Info() SandboxInfo {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	running := 0
+	for _, p := range b.procs {
+		if !p.exited() {
+			running++
+		}
+	}
+	return SandboxInfo{Scope: b.scope.String(), Container: b.name, Node: b.svc.Node(), Started: b.started, LastUse: b.lastUse, Running: running}
+}
+
+// errStopped answers a call on a sandbox that is going away.
+var errStopped = errors.New("the session sandbox has stopped")
