@@ -15,6 +15,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"go.uber.org/zap"
 	"go.uber.org/zap/buffer"
 	"go.uber.org/zap/zapcore"
@@ -103,9 +105,9 @@ var _ Sink = (*Log)(nil)
 // an unusable key is reported here.
 func Open(root string, opts Options) (*Log, error) {
 	if opts.Node == "" {
-		h, err := os.Hostname()
+		h, err := nodeid.Name()
 		if err != nil {
-			return nil, fmt.Errorf("%w: node name: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		opts.Node = h
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
@@ -111,8 +113,8 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.User = fmt.Sprintf("%d:%d", uid, gid)
 	if c.Node == "" {
-		if c.Node, err = os.Hostname(); err != nil {
-			return c, fmt.Errorf("sandbox: node name: %w", err)
+		if c.Node, err = nodeid.Name(); err != nil {
+			return c, fmt.Errorf("sandbox: %w", err)
 		}
 	}
 	for _, f := range []struct {

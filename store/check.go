@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -98,7 +100,7 @@ func (r *CheckReport) add(name string, ok bool, format string, args ...any) bool
 // OK says whether every check passed.
 func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 	r := &CheckReport{OK: true, Backend: opts.Backend, VolumeID: opts.VolumeID, Probe: opts.Probe, SingleNode: true, Meaning: CheckMeaning()}
-	r.Node, _ = os.Hostname()
+	r.Node, _ = nodeid.Name()
 	if r.Backend == "" {
 		r.Backend = BackendLocal
 	}

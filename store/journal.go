@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
@@ -310,7 +312,7 @@ func (j *journal) open(w *Workspace) error {
 		return err
 	}
 	defer unix.Close(dfd)
-	node, _ := os.Hostname()
+	node, _ := nodeid.Name()
 	var r [6]byte
 	rand.Read(r[:])
 	name := fmt.Sprintf("%s.%d.%s%s", safeNode(node), os.Getpid(), hex.EncodeToString(r[:]), journalSuffix)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
@@ -155,7 +157,7 @@ type SelfCheck struct {
 
 // RecordSelfCheck keeps the outcome of a self-check (err nil: passed).
 func (w *Workspace) RecordSelfCheck(err error) error {
-	node, _ := os.Hostname()
+	node, _ := nodeid.Name()
 	sc := SelfCheck{Scope: w.scope.String(), Node: node, PID: os.Getpid(), Time: time.Now().UTC(), OK: err == nil}
 	if err != nil {
 		sc.Error = err.Error()

@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/store"
@@ -87,6 +89,11 @@ type node struct {
 	root     string
 	volumeID string
 	dir      string
+	// name is the node's name ($AGENT_LOOM_NODE) for the processes run
+	// on it; "" leaves it to the hostname. The two nodes of
+	// sharedVolume have their own, as real nodes would: each has its
+	// own audit chain and ledger, and owns its processes.
+	name string
 }
 
 // dfsRootsEnv names two mount paths of one real distributed filesystem,
@@ -120,7 +127,7 @@ func sharedVolume(t *testing.T) (src string, a, b *node) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		return &node{t: t, root: root, volumeID: nodeVolume, dir: dir}
+		return &node{t: t, root: root, volumeID: nodeVolume, dir: dir, name: name}
 	}
 	marker := func(root string) {
 		if err := os.MkdirAll(root, 0o700); err != nil {
@@ -178,6 +185,9 @@ func (n *node) command(args ...string) *exec.Cmd {
 	cmd := exec.Command(loomfsBin, append([]string{"--backend", "shared_posix", "--root", n.root, "--volume-id", n.volumeID,
 		"--data", filepath.Join(n.dir, "data")}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	if n.name != "" {
+		cmd.Env = append(cmd.Env, nodeid.Env+"="+n.name)
+	}
 	cmd.Dir = n.dir
 	return cmd
 }

@@ -16,6 +16,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"github.com/spf13/cobra"
 
 	"github.com/agentloom/loomfs/audit"
@@ -339,9 +341,9 @@ log uses.`,
 				return usagef("--dir is required: where to write the key (outside the shared volume)")
 			}
 			if node == "" {
-				h, err := os.Hostname()
+				h, err := nodeid.Name()
 				if err != nil {
-					return fmt.Errorf("node name: %w", err)
+					return err
 				}
 				node = h
 			}

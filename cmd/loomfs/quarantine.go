@@ -3,9 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
+
+	"github.com/agentloom/loomfs/nodeid"
 
 	"github.com/spf13/cobra"
 
@@ -165,7 +166,7 @@ func holdersGone(vol *store.Volume, sc store.Scope) error {
 	if err != nil || m == nil || len(m.Holders) == 0 {
 		return err
 	}
-	host, _ := os.Hostname()
+	host, _ := nodeid.Name()
 	if m.Node != host {
 		return fmt.Errorf("the quarantine record names processes on node %s that held the projection; run the clear there, where they can be checked; nothing cleared", m.Node)
 	}

@@ -7,6 +7,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/agentloom/loomfs/nodeid"
+
 	"github.com/spf13/cobra"
 
 	"github.com/agentloom/loomfs/loom"
@@ -73,7 +75,7 @@ this one answer process_on_other_node naming it.`,
 		},
 	}
 	cmd.Flags().StringVar(&socket, "socket", socketPath(), "unix socket to listen on ($AGENT_LOOM_SERVE_SOCKET)")
-	cmd.Flags().StringVar(&node, "node", envOr("AGENT_LOOM_NODE", ""), "this worker's name in markers and records; default the hostname ($AGENT_LOOM_NODE)")
+	cmd.Flags().StringVar(&node, "node", envOr(nodeid.Env, ""), "this worker's name in markers and records; default the hostname ($AGENT_LOOM_NODE)")
 	cmd.Flags().StringVar(&mountDir, "mount-dir", sandbox.DefaultMountDir, "root-only directory (0700) for the session sandboxes' projections")
 	addProcsFlag(cmd.Flags(), &procs)
 	return cmd
