@@ -55,6 +55,11 @@ this one answer process_on_other_node naming it.`,
 			setProcs(procs, cmd.Flags().Changed("procs"))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if node != "" {
+				// The audit chain, the journals and the markers of this
+				// process name the node as its records do.
+				os.Setenv(nodeid.Env, node)
+			}
 			svc, closeSvc, err := g.newProcessService(ctx, node, mountDir)
 			if err != nil {
 				return printToolError(cmd, err)
