@@ -3,7 +3,8 @@
 # 1,000,000) over DAYS days (30) from NODES nodes (4) with the real writer;
 # then ROUNDS rounds of "loomfs audit verify" and of
 # "loomfs audit query --scope S --since 1h", wall and CPU seconds each; then
-# the append benchmarks of the audit package. BENCHMARKS.md records the
+# the same for a signed month (verify --keys); the append benchmarks of the
+# audit package. BENCHMARKS.md records the
 # figures with this command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +24,16 @@ for _ in $(seq "$ROUNDS"); do
 	/usr/bin/time -f "query --scope acme/agent3/s3 --since 1h: %e s wall, %U s user, %S s sys" \
 		"$work/loomfs" --root "$work/vol" audit query --scope acme/agent3/s3 --since 1h >/dev/null
 done
+# The same month signed (SIGNED=0 skips it): a key per node, every seal
+# checked by verify --keys.
+if [ "${SIGNED:-1}" = 1 ]; then
+	mkdir -m 0700 "$work/keys"
+	for n in $(seq "${NODES:-4}"); do
+		"$work/loomfs" audit keygen --dir "$work/keys" --node "node-$n" >/dev/null
+	done
+	"$work/auditgen" -root "$work/svol" -records "${RECORDS:-1000000}" -days "${DAYS:-30}" -nodes "${NODES:-4}" -keys "$work/keys"
+	for _ in $(seq "$ROUNDS"); do
+		/usr/bin/time -f "verify --keys: %e s wall, %U s user, %S s sys" "$work/loomfs" --root "$work/svol" audit verify --keys "$work/keys" >/dev/null
+	done
+fi
 go test -run '^$' -bench 'BenchmarkRecord' -benchtime 20000x -count "$ROUNDS" ./audit/
