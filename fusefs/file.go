@@ -378,7 +378,7 @@ func (f *fsys) grow(rel string, end, grow int64) error {
 	if err := f.pol.Limits.CheckFileSize(rel, end); err != nil {
 		return err
 	}
-	return f.ws.ReserveAt(rel, grow, 0)
+	return f.reserve(rel, grow, 0)
 }
 
 // resize sets the size of the file open as fd to size by apply, checking

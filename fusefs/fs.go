@@ -359,6 +359,19 @@ func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
 	return nil
 }
 
+// reserve checks and counts a change at rel of addBytes and addFiles
+// against the scope quota and the caps of its subtrees. The health probe's
+// file is counted but never refused: it is loomfs's own, a few bytes gone
+// at once, and a workspace the agent filled must still pass its probe, so
+// that a command can run to free space.
+func (f *fsys) reserve(rel string, addBytes, addFiles int64) error {
+	if p := f.probing.Load(); p != nil && *p == rel {
+		f.ws.AdjustAt(rel, addBytes, addFiles)
+		return nil
+	}
+	return f.ws.ReserveAt(rel, addBytes, addFiles)
+}
+
 // by says a change at rel is this projection's, made for its command's
 // call, or loomfs's own (the health probe's file).
 func (f *fsys) by(op, rel string) store.Change {

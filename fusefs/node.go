@@ -354,7 +354,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	}
 	defer parent.Close()
 	size := int64(len(target))
-	if err := f.ws.ReserveAt(rel, size, 1); err != nil {
+	if err := f.reserve(rel, size, 1); err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -450,7 +450,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.ws.ReserveAt(rel, 0, 1); err != nil {
+	if err := f.reserve(rel, 0, 1); err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -543,7 +543,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.ws.ReserveAt(rel, 0, 1); err != nil {
+	if err := f.reserve(rel, 0, 1); err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {

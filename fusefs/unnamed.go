@@ -167,7 +167,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.ws.ReserveAt(rel, 0, 1); err != nil {
+	if err := f.reserve(rel, 0, 1); err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {

@@ -2,7 +2,8 @@ package test
 
 // One quota per scope across processes and nodes (issue 23): two
 // `loomfs mount`s of one scope, on two nodes (two CephFS clients with
-// LOOMFS_DFS_ROOTS), and the tool door write at once under one quota.
+// LOOMFS_DFS_ROOTS), the tool door and a command's projection write at once
+// under one quota.
 
 import (
 	"encoding/json"
@@ -103,8 +104,8 @@ func quotaCheck(t *testing.T, n *node, pol string) map[string]any {
 	return out.Quota
 }
 
-// TestQuotaAcrossMountsAndTools: two mounts on two nodes and the tool door
-// fill one scope at once; together they never hold more than the quota,
+// TestQuotaAcrossMountsAndTools: two mounts on two nodes, the tool door
+// and a command in a container fill one scope at once; together they never hold more than the quota,
 // and whoever is refused is told the figures across all of them.
 func TestQuotaAcrossMountsAndTools(t *testing.T) {
 	src, a, b := sharedVolume(t)
@@ -138,12 +139,40 @@ func TestQuotaAcrossMountsAndTools(t *testing.T) {
 			}
 		}
 	}()
+	// And a command on node B, in a container over its own projection
+	// (another process of node B), appending until it is refused.
+	var cmdOut result
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cmd := b.command("--policy", pol, "tool", "workspace_command", "--scope", quotaScope, "--input",
+			`{"command":"i=0; while head -c 65536 /dev/zero >> cmd-fill; do i=$((i+1)); done; echo refused after $i","timeout_s":120}`)
+		cmd.Env = append(cmd.Env, "AGENT_LOOM_SANDBOX_RUNTIME="+os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME"))
+		cmdOut = runCmd(t, cmd)
+	}()
 	wg.Wait()
 
 	for i, err := range errs {
 		if !errors.Is(err, syscall.EDQUOT) {
 			t.Errorf("mount %d stopped with %v, want EDQUOT", i, err)
 		}
+	}
+	// The command's program was refused with EDQUOT, and the result
+	// says so with the figures.
+	var res struct {
+		Stdout string `json:"stdout"`
+		Events struct {
+			Events []struct{ Errno, Code, Message string } `json:"events"`
+		} `json:"policy_events"`
+	}
+	refused := false
+	if err := json.Unmarshal(cmdOut.stdout, &res); err == nil {
+		for _, e := range res.Events.Events {
+			refused = refused || e.Errno == "EDQUOT" && e.Code == "quota_exceeded" && strings.Contains(e.Message, "(used ")
+		}
+	}
+	if cmdOut.code != 0 || !strings.Contains(res.Stdout, "refused after") || !refused {
+		t.Errorf("the command: exit %d, %s %s", cmdOut.code, cmdOut.stdout, cmdOut.stderr)
 	}
 	if !strings.HasPrefix(toolRefusal, "quota_exceeded: quota exceeded: workspace total 8 MiB (used ") {
 		t.Errorf("the tool door stopped with %q", toolRefusal)
