@@ -117,6 +117,16 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		fd = h.fd
 	} else if unlinked >= 0 {
 		fd = unlinked
+	} else if ofd, done, ok := n.ownOpen(setSize); ok {
+		// The file is open in this mount (tar, cp -p and install set the
+		// times and mode of the file they are writing, by futimens and
+		// fchmod, which come without the open): change it through that
+		// open, which pins the node's own object and was checked when it
+		// was opened, as ftruncate is. That saves resolving the path again,
+		// an O_PATH open and a statx: three round trips to a shared
+		// filesystem's server per file.
+		defer done()
+		fd = ofd
 	} else if !setSize && pathChanges() {
 		pfd, sx, err := f.ws.OpenPath(op, rel)
 		if err != nil {
@@ -173,6 +183,16 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 	}
 	return n.describe(fd, out)
+}
+
+// ownOpen returns, for a change of mode or times (not size: truncate(2)
+// by name asks for write permission on the object), the fd of an open of
+// the node's own file in this mount, kept open until done is called.
+func (n *node) ownOpen(setSize bool) (fd int, done func(), ok bool) {
+	if setSize || n.StableAttr().Mode != unix.S_IFREG {
+		return -1, nil, false
+	}
+	return n.openFD()
 }
 
 // describe answers with the attributes of the node's file, open as fd.

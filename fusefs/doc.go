@@ -89,7 +89,10 @@
 // read depends on what the kernel still knows of the old node): a reader
 // racing a stream of replaces gets the old file or the new one, never an
 // error. An operation on a file unlinked while open (fchmod, futimens)
-// uses one of its opens.
+// uses one of its opens; so does a change of mode or times of a file open
+// in this mount (tar, cp -p and install set them on the file they are
+// writing), whatever its path holds now: the request does not tell
+// futimens from utimes by name, and the open pins the node's own object.
 //
 // # Caching, kept coherent by the change journals
 //

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -40,6 +41,9 @@ type handle struct {
 	throttleWaits, throttled atomic.Int64
 	// noflush: the kernel sends no FLUSH at close(2) (see lock.go).
 	noflush bool
+	// fdMu keeps fd open while a request on the node, not on this open,
+	// uses it (node.openFD); close takes it to close the fd.
+	fdMu    sync.RWMutex
 	opened  time.Time
 	read    atomic.Int64
 	written atomic.Int64
@@ -91,8 +95,9 @@ func handleOf(fh fs.FileHandle) *handle {
 }
 
 // newHandle wraps an opened backing file, fd (held by file unless that is
-// nil), and returns the FOPEN flags to answer with.
-func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created bool) (*handle, uint32) {
+// nil), and returns the FOPEN flags to answer with. foreign: fd is not the
+// node's own file (fsys.readsCurrent).
+func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created, foreign bool) (*handle, uint32) {
 	h := &handle{
 		node:     n,
 		file:     file,
@@ -100,6 +105,7 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created
 		rel:      rel,
 		flags:    flags,
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
+		foreign:  foreign,
 		opened:   time.Now(),
 	}
 	if h.writable {
@@ -111,7 +117,7 @@ func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created
 		}
 		h.change = n.fsys.ws.NoteOpenBy(h.path, by)
 	}
-	n.opened()
+	n.opened(h)
 	n.fsys.open.Store(h, struct{}{})
 	// The kernel need not send FLUSH at each close(2) (writes are noted
 	// from the open to the release), and it would cost a round trip per
@@ -147,7 +153,9 @@ func (h *handle) fileHandle() fs.FileHandle {
 // for the unmount's summary either.
 func (h *handle) close() {
 	h.node.fsys.open.Delete(h)
-	h.node.closing(h.fd)
+	h.node.closing(h)
+	h.fdMu.Lock()
+	defer h.fdMu.Unlock()
 	if h.file != nil {
 		h.file.Close()
 	} else {
@@ -249,12 +257,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags, false)
+	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags, false, !current)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.
 		fuseFlags |= fuse.FOPEN_DIRECT_IO
-		h.foreign = true
 	} else {
 		keep := n.keepCache(&sx, flags)
 		h.keptPages = keep != 0

@@ -488,7 +488,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags, true)
+	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags, true, false)
 	noted = h.writable
 	return child, h, fuseFlags, 0
 }

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -23,6 +24,10 @@ import (
 // the reconcile reads unnamed and elsewhere without it (heldOpen).
 type held struct {
 	opens int // handles open on the node's file in this mount
+	// own is those of them that hold the node's own file (not another
+	// that replaced it: handle.foreign), for a request on the node that
+	// can be served through one of them (node.openFD).
+	own []*handle
 	// unnamed is set when the file lost its last name through this mount
 	// while open (unlink, rename over it) or was made by O_TMPFILE: it
 	// stays counted, at the path it had, until the last release.
@@ -35,18 +40,43 @@ type held struct {
 }
 
 // opened counts an open of the node's file.
-func (n *node) opened() {
+func (n *node) opened(o *handle) {
 	n.mu.Lock()
 	n.held.opens++
+	if !o.foreign {
+		n.held.own = append(n.held.own, o)
+	}
 	n.mu.Unlock()
 }
 
-// closing is told that an open of the node's file, fd, is about to be
+// openFD returns the fd of an open of the node's own file in this mount,
+// kept open until done is called, or false when there is none.
+func (n *node) openFD() (fd int, done func(), ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.held.own) == 0 {
+		return -1, nil, false
+	}
+	o := n.held.own[0]
+	// Taken before mu is let go: close drops o from own under mu before
+	// it waits for fdMu to close the fd.
+	o.fdMu.RLock()
+	return o.fd, o.fdMu.RUnlock, true
+}
+
+// closing is told that an open of the node's file, o, is about to be
 // closed; at the last one a file with no name gives back what it held.
-func (n *node) closing(fd int) {
+func (n *node) closing(o *handle) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	h := &n.held
+	for i, x := range h.own {
+		if x == o {
+			h.own = slices.Delete(h.own, i, i+1)
+			break
+		}
+	}
+	fd := o.fd
 	if h.opens--; h.opens > 0 || !h.unnamed.Load() && h.elsewhere.Load() == 0 {
 		return
 	}
@@ -193,7 +223,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(&sx))
 	c := in.Operations().(*node)
 	c.perm.Store(uint32(sx.Mode) & 0o7777)
-	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true)
+	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true, false)
 	c.mu.Lock()
 	c.held.unnamed.Store(true)
 	c.held.rel = rel
