@@ -53,6 +53,11 @@ import (
 // The writes of an open are not noted one by one (a line per write(2)
 // would cost a system call each), nor when the file is closed: the
 // mount's daemon hears of a close only after close(2) has returned. So
+// the x line of an open is no change's line, and it waits, up to
+// journalLinger, to go out with the next line in one write(2) (tar -x
+// makes one append per file instead of two, each a round trip on a
+// shared filesystem); a reader in the writer's own process gets it at
+// once. So
 // a reader must look at the path of every open still going each time it
 // reads, and the offset a reader keeps in a live file stops at the first
 // o line not yet matched by an x (JournalFile.Size). The lines are
@@ -82,6 +87,12 @@ const (
 	journalEnd    = "end\n"
 )
 
+// journalLinger is the longest an x line waits for another line to go
+// out with: well under the follower's pass gap on one node (25 ms) and
+// its poll between nodes (500 ms), so a reader in another process sees
+// the end of an open hardly later than before.
+const journalLinger = 10 * time.Millisecond
+
 // journal is one process's change journal for one scope.
 type journal struct {
 	mu     sync.Mutex
@@ -91,6 +102,12 @@ type journal struct {
 	buf    []byte
 	opens  map[*Open]struct{} // noted by NoteOpen, not yet by NoteClose
 	names  map[string]bool    // every file it wrote (OwnJournal)
+
+	// ends holds the x lines of opens that ended, for f, not yet
+	// written: they go out before the next line, in the same write(2),
+	// or when linger fires.
+	ends   []byte
+	linger *time.Timer
 }
 
 // Open is an open for writing that NoteOpen put in the change journal.
@@ -221,7 +238,54 @@ func (w *Workspace) NoteClose(o *Open) {
 		return
 	}
 	delete(j.opens, o)
-	j.write(w, 'x', o.path(), o.by)
+	if j.f == nil {
+		j.write(w, 'x', o.path(), o.by)
+		return
+	}
+	if len(j.ends) == 0 {
+		if j.linger == nil {
+			j.linger = time.AfterFunc(journalLinger, j.flushEnds)
+		} else {
+			j.linger.Reset(journalLinger)
+		}
+	}
+	j.ends = appendLine(j.ends, 'x', o.path(), o.by)
+}
+
+// flushEnds writes the x lines waiting, if any.
+func (j *journal) flushEnds() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.writeEnds()
+}
+
+// writeEnds writes the x lines waiting to the file they are for; j.mu is
+// held.
+func (j *journal) writeEnds() {
+	if len(j.ends) == 0 || j.f == nil || j.closed {
+		return
+	}
+	j.writeRaw(j.ends)
+}
+
+// flushJournal writes the x lines waiting, so a reader in this process
+// finds every line this Workspace noted, and returns the name and size of
+// the file it writes now ("" for none): a reader needs neither to ask
+// whether its writer is alive nor, for its size, to open it (each a round
+// trip on a shared filesystem, and a mount following the journals asks
+// every pass).
+func (w *Workspace) flushJournal() (current string, size int64) {
+	j := w.journal
+	if j == nil {
+		return "", 0
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.writeEnds()
+	if j.f == nil || j.closed {
+		return "", 0
+	}
+	return j.f.Name(), j.size
 }
 
 // note writes a line of kind for rel and, for an o line, remembers open.
@@ -270,6 +334,8 @@ func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 			return
 		}
 	} else if j.size >= journalRotate {
+		// The x lines waiting end opens of this file.
+		j.writeEnds()
 		old := j.f
 		if err := j.open(w); err == nil {
 			j.end(old)
@@ -280,19 +346,30 @@ func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 	j.append(kind, rel, c)
 }
 
-// append writes one line to the current file. A failed write abandons the
-// file, unlocked and unfinished: readers take it as the trace of a writer
-// that may have missed a line.
+// append writes one line to the current file, after the x lines waiting.
 func (j *journal) append(kind byte, rel string, c Change) bool {
-	b := append(j.buf[:0], kind, ' ')
+	j.buf = appendLine(append(j.buf[:0], j.ends...), kind, rel, c)
+	return j.writeRaw(j.buf)
+}
+
+// appendLine appends the line of kind for rel to b.
+func appendLine(b []byte, kind byte, rel string, c Change) []byte {
+	b = append(b, kind, ' ')
 	b = AppendPathLine(b, rel)
 	c.Time = time.Now().UnixMilli()
 	if meta, err := json.Marshal(c); err == nil {
 		b = append(b, '\t')
 		b = append(b, meta...)
 	}
-	b = append(b, '\n')
-	j.buf = b
+	return append(b, '\n')
+}
+
+// writeRaw writes whole lines b, which hold the x lines waiting, to the
+// current file. A failed write abandons the file, unlocked and
+// unfinished: readers take it as the trace of a writer that may have
+// missed a line. Either way the x lines are gone: they were for that file.
+func (j *journal) writeRaw(b []byte) bool {
+	j.ends = j.ends[:0]
 	n, err := unix.Write(int(j.f.Fd()), b)
 	if err != nil || n != len(b) {
 		j.f.Close()
@@ -350,6 +427,10 @@ func (j *journal) open(w *Workspace) error {
 
 // finish ends the current file.
 func (j *journal) finish() {
+	j.writeEnds()
+	if j.linger != nil {
+		j.linger.Stop()
+	}
 	if j.f != nil {
 		j.end(j.f)
 		j.f = nil
@@ -475,6 +556,7 @@ func (w *Workspace) JournalOffsets() ([]JournalFile, error) {
 }
 
 func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.Time) ([]JournalFile, error) {
+	current, _ := w.flushJournal()
 	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
@@ -491,7 +573,7 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.
 		if _, named := from[name]; !named {
 			skipBefore = done
 		}
-		jf, err := readJournalFile(dfd, name, from[name], changes, skipBefore)
+		jf, err := readJournalFile(dfd, name, from[name], changes, skipBefore, name == current)
 		if err != nil {
 			return nil, err
 		}
@@ -614,21 +696,29 @@ func (w *Workspace) journalDir() (dfd int, names []string, err error) {
 	return dfd, names, nil
 }
 
+// journalNames lists the journal files in dfd, a directory fd opened for
+// this listing (journalDir): read from dfd itself, not from a second open
+// of it, which would cost an open and a release on a shared filesystem.
 func journalNames(dfd int) ([]string, error) {
-	dup, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("journal dir: %w", err)
-	}
-	d := os.NewFile(uintptr(dup), JournalDir)
-	defer d.Close()
-	all, err := d.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("journal dir: %w", err)
-	}
-	names := all[:0]
-	for _, n := range all {
-		if strings.HasSuffix(n, journalSuffix) && !strings.HasPrefix(n, ".") {
-			names = append(names, n)
+	var names []string
+	buf := make([]byte, 8<<10)
+	for {
+		n, err := unix.ReadDirent(dfd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("journal dir: %w", err)
+		}
+		if n <= 0 {
+			break
+		}
+		var all []string
+		_, _, all = unix.ParseDirent(buf[:n], -1, all)
+		for _, name := range all {
+			if strings.HasSuffix(name, journalSuffix) && !strings.HasPrefix(name, ".") {
+				names = append(names, name)
+			}
 		}
 	}
 	sort.Strings(names)
@@ -636,9 +726,10 @@ func journalNames(dfd int) ([]string, error) {
 }
 
 // readJournalFile reads name past offset. Whether its writer is alive is
-// asked before reading, so a writer that ends it meanwhile is seen as
-// alive (and its end line, if read, as ended): never the reverse.
-func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time) (JournalFile, error) {
+// asked before reading (unless live says this process writes it), so a
+// writer that ends it meanwhile is seen as alive (and its end line, if
+// read, as ended): never the reverse.
+func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time, live bool) (JournalFile, error) {
 	jf := JournalFile{Name: name, Size: offset, End: offset}
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
@@ -651,8 +742,10 @@ func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefor
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	if jf.Live, err = lockHeld(fd); err != nil {
-		return jf, fmt.Errorf("journal %s lock: %w", name, err)
+	if jf.Live = live; !live {
+		if jf.Live, err = lockHeld(fd); err != nil {
+			return jf, fmt.Errorf("journal %s lock: %w", name, err)
+		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -750,6 +843,7 @@ func (v *Volume) RemoveJournal(s Scope, name string) error {
 // JournalFiles describes every journal file of the scope as it is now:
 // its size and whether a writer holds it, without reading it.
 func (w *Workspace) JournalFiles() ([]JournalFile, error) {
+	current, size := w.flushJournal()
 	dfd, names, err := w.journalDir()
 	if err != nil {
 		return nil, err
@@ -757,6 +851,10 @@ func (w *Workspace) JournalFiles() ([]JournalFile, error) {
 	defer unix.Close(dfd)
 	var out []JournalFile
 	for _, name := range names {
+		if name == current {
+			out = append(out, JournalFile{Name: name, Live: true, Size: size})
+			continue
+		}
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue
