@@ -93,7 +93,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		// Nothing to change (the owner shown, ctime, kill-suid): describe
 		// the file.
 		if unlinked >= 0 {
-			return n.describe(unlinked, out)
+			return n.describe(unlinked, false, out)
 		}
 		return n.Getattr(ctx, fh, out)
 	}
@@ -182,7 +182,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 			return f.failed(ctx, ev, err)
 		}
 	}
-	return n.describe(fd, out)
+	return n.describe(fd, true, out)
 }
 
 // ownOpen returns, for a change of mode or times (not size: truncate(2)
@@ -195,9 +195,16 @@ func (n *node) ownOpen(setSize bool) (fd int, done func(), ok bool) {
 	return n.openFD()
 }
 
-// describe answers with the attributes of the node's file, open as fd.
-func (n *node) describe(fd int, out *fuse.AttrOut) syscall.Errno {
-	sx, err := statAt(fd, "")
+// describe answers with the attributes of the node's file, open as fd;
+// changed says they were just changed through fd (fsys.statChanged).
+func (n *node) describe(fd int, changed bool, out *fuse.AttrOut) syscall.Errno {
+	var sx unix.Statx_t
+	var err error
+	if changed {
+		sx, err = n.fsys.statChanged(fd)
+	} else {
+		sx, err = statAt(fd, "")
+	}
 	if err != nil {
 		return policy.Errno(err)
 	}

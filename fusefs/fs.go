@@ -42,6 +42,9 @@ type fsys struct {
 	// coherent: the mount follows the change journals (follow.go), so
 	// the kernel may keep failed lookups, listings and pages too.
 	coherent bool
+	// changedStat is the statx flag that describes an object just
+	// created or changed through an fd (statChanged).
+	changedStat int
 
 	// open holds the file handles the kernel has not released yet, so an
 	// unmount can still summarise them (the kernel sends RELEASE
@@ -99,6 +102,12 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
 		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
 		limit:     throttle.For(sc.Hash(), throttle.RatesOf(ws.Policy().Limits)),
+
+		changedStat: unix.AT_STATX_SYNC_AS_STAT,
+	}
+	if root.Mask&unix.STATX_BTIME == 0 {
+		// See statChanged.
+		f.changedStat = unix.AT_STATX_DONT_SYNC
 	}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)
@@ -258,6 +267,22 @@ func statAt(dirfd int, name string) (unix.Statx_t, error) {
 		flags |= unix.AT_EMPTY_PATH
 	}
 	err := unix.Statx(dirfd, name, flags, statxMask, &sx)
+	return sx, err
+}
+
+// statChanged describes the object open as fd just after it was created
+// or changed through fd (a create, a mkdir, a chmod, a truncate, times
+// set). On a scope whose filesystem reports no birth time (a FUSE client
+// such as ceph-fuse, which asks its server at every stat), the kernel's
+// copy of the attributes is taken: the reply to the change just refreshed
+// it, so asking the server again (a round trip, two per created file)
+// learns nothing. Where birth times are reported (local filesystems, which
+// answer stat at once anyway) it asks as statAt does, since a copy taken
+// from a reply without a birth time would give the node another
+// generation than its next lookup does.
+func (f *fsys) statChanged(fd int) (unix.Statx_t, error) {
+	var sx unix.Statx_t
+	err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|f.changedStat, statxMask, &sx)
 	return sx, err
 }
 

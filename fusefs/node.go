@@ -478,7 +478,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 			f.ws.NoteChangeBy(rel, false, f.by(store.OpCreate, rel))
 		}
 	}()
-	sx, err := setPerm(fd, perm)
+	sx, err := f.setPerm(fd, perm)
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, 0, f.failed(ctx, ev, err)
@@ -496,15 +496,15 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 // setPerm gives the object just created as fd the permissions perm, which
 // the umask may have narrowed or a setgid parent widened, and describes
 // it. The mode is looked at first: it is almost always right already.
-func setPerm(fd int, perm uint32) (unix.Statx_t, error) {
-	sx, err := statAt(fd, "")
+func (f *fsys) setPerm(fd int, perm uint32) (unix.Statx_t, error) {
+	sx, err := f.statChanged(fd)
 	if err != nil || uint32(sx.Mode)&0o7777 == perm {
 		return sx, err
 	}
 	if err := unix.Fchmod(fd, perm); err != nil {
 		return sx, err
 	}
-	return statAt(fd, "")
+	return f.statChanged(fd)
 }
 
 // openExisting opens the entry base of parent that a create found already
@@ -561,7 +561,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer unix.Close(fd)
-	sx, err := setPerm(fd, perm)
+	sx, err := f.setPerm(fd, perm)
 	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir, rel))
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)

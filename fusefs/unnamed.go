@@ -212,7 +212,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 		f.ws.AdjustAt(rel, 0, -1)
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
-	sx, err := setPerm(fd, perm)
+	sx, err := f.setPerm(fd, perm)
 	if err != nil {
 		unix.Close(fd)
 		f.ws.AdjustAt(rel, 0, -1)
