@@ -165,7 +165,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 	}
 
 	if setSize {
-		if e := n.truncate(ctx, ev, fd, rel, int64(size)); e != 0 {
+		if e := n.truncate(ctx, ev, fd, h, rel, int64(size)); e != 0 {
 			return e
 		}
 	} else if e := f.begin(ctx, ev); e != 0 {
@@ -268,12 +268,12 @@ func (f *fsys) openFailed(ctx context.Context, ev audit.Event, err error) syscal
 // truncate sets the size of the file open as fd: growth is checked against
 // the per-file limit and reserved in the scope quota before the change is
 // recorded and made.
-func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, rel string, size int64) syscall.Errno {
+func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, via *handle, rel string, size int64) syscall.Errno {
 	f := n.fsys
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, err := n.sizeNow(fd, via)
+	if err != nil {
 		return policy.Errno(err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {

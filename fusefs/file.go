@@ -340,8 +340,8 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var st unix.Stat_t
-	if err := unix.Fstat(h.fd, &st); err != nil {
+	st, err := n.sizeNow(h.fd, h)
+	if err != nil {
 		return 0, policy.Errno(err)
 	}
 	end := off + int64(size)
@@ -357,7 +357,6 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 		}
 	}
 	var written int
-	var err error
 	if len(data) == 1 {
 		written, err = unix.Pwrite(h.fd, data[0], off)
 	} else {
@@ -388,6 +387,25 @@ func (f *fsys) grow(rel string, end, grow int64) error {
 	return f.reserve(rel, grow, 0)
 }
 
+// sizeNow describes, for a change of its size through via (nil for none),
+// the node's file open as fd: its size, type and links. n.mu is held. The
+// first change through the open of the create that made the file here
+// takes size 0 without asking (the fstat is a round trip per file on a
+// shared filesystem, and tar writes each file once): another writer
+// getting to a file that new in between could only make the growth
+// counted larger than it is, never smaller, until the quota's reconcile.
+func (n *node) sizeNow(fd int, via *handle) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	fresh := via != nil && n.fresh == via
+	n.fresh = nil
+	if fresh {
+		st.Mode, st.Nlink = unix.S_IFREG, 1
+		return st, nil
+	}
+	err := unix.Fstat(fd, &st)
+	return st, err
+}
+
 // resize sets the size of the file open as fd to size by apply, checking
 // and counting growth first and counting shrinkage after. The caller has
 // admitted the change.
@@ -395,8 +413,8 @@ func (n *node) resize(fd int, rel string, size int64, apply func() error) error 
 	f := n.fsys
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	st, err := n.sizeNow(fd, nil)
+	if err != nil {
 		return policy.FromErrno(err, "truncate", rel)
 	}
 	delta := size - st.Size
@@ -510,8 +528,8 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var st unix.Stat_t
-	if err := unix.Fstat(h.fd, &st); err != nil {
+	st, err := n.sizeNow(h.fd, h)
+	if err != nil {
 		return policy.Errno(err)
 	}
 	if mode&unix.FALLOC_FL_KEEP_SIZE != 0 {
@@ -527,7 +545,7 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 			return f.refused(ctx, ev, err)
 		}
 	}
-	err := unix.Fallocate(h.fd, mode, start, end-start)
+	err = unix.Fallocate(h.fd, mode, start, end-start)
 	if err != nil {
 		if grow > 0 {
 			f.ws.AdjustAt(ev.Path, -grow, 0)
@@ -556,11 +574,12 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	}
 	on.mu.Lock()
 	defer on.mu.Unlock()
-	var src, cur unix.Stat_t
+	var src unix.Stat_t
 	if err := unix.Fstat(in.fd, &src); err != nil {
 		return 0, policy.Errno(err)
 	}
-	if err := unix.Fstat(dst.fd, &cur); err != nil {
+	cur, err := on.sizeNow(dst.fd, dst)
+	if err != nil {
 		return 0, policy.Errno(err)
 	}
 	// What will really be copied: the source may end before length.

@@ -46,6 +46,10 @@ type node struct {
 	// held is what the opens of this file keep counted in the quota
 	// (unnamed.go); guarded by mu.
 	held held
+	// fresh is the open of the create that just made the file here,
+	// empty, until the first change of its size or its release (sizeNow);
+	// guarded by mu.
+	fresh *handle
 }
 
 var (
@@ -488,7 +492,11 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		unix.Close(fd)
 		return nil, nil, 0, e
 	}
-	h, fuseFlags := newHandle(child.Operations().(*node), fd, nil, rel, flags, true, false)
+	c := child.Operations().(*node)
+	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true, false)
+	c.mu.Lock()
+	c.fresh = h
+	c.mu.Unlock()
 	noted = h.writable
 	return child, h, fuseFlags, 0
 }

@@ -76,6 +76,9 @@ func (n *node) closing(o *handle) {
 			break
 		}
 	}
+	if n.fresh == o {
+		n.fresh = nil
+	}
 	fd := o.fd
 	if h.opens--; h.opens > 0 || !h.unnamed.Load() && h.elsewhere.Load() == 0 {
 		return
