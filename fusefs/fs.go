@@ -101,7 +101,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		gate:      quarantineGate{ws: ws},
 		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
 		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
-		limit:     throttle.For(sc.Hash(), throttle.RatesOf(ws.Policy().Limits)),
+		limit:     ws.Limiter(),
 
 		changedStat: unix.AT_STATX_SYNC_AS_STAT,
 	}
