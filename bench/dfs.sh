@@ -7,7 +7,8 @@
 # Usage, as root:
 #   bash scripts/cephfs up
 #   LOOMFS_DFS_ROOTS=$(bash scripts/cephfs roots) bash bench/dfs.sh
-# ONLY=untar runs the untar rows only.
+# ONLY=untar runs the untar rows only; bench/untar.sh measures them alone,
+# with more rounds, a baseline build side by side and system call counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${LOOMFS_DFS_ROOTS:-}" ] || { echo "dfs.sh: set LOOMFS_DFS_ROOTS=A,B (scripts/cephfs roots)" >&2; exit 2; }

@@ -88,18 +88,28 @@ for root in "${roots[@]}"; do
 	fstype=$(findmnt -no FSTYPE -T "$root")
 	echo "### $root ($fstype), $files files, $ROUNDS rounds"
 	declare -A T=() C=()
+	layers=(direct "${bins[@]}")
 	for r in $(seq 1 "$ROUNDS"); do
-		mkdir -p "$base/direct-$r"
-		s=$(now); untar "$base/direct-$r"; T[direct]+="$(since "$s") "
-		rm -rf "${base:?}/direct-$r"
-		for b in "${bins[@]}"; do
-			mount_scope "$b" "$base" "bench/$b/r$r" "$mnt"
-			c0=$(cpu "$daemon")
-			s=$(now); untar "$mnt"; T[$b]+="$(since "$s") "
-			C[$b]+="$(awk -v a="$c0" -v b="$(cpu "$daemon")" 'BEGIN {printf "%.3f", b - a}') "
-			unmount_scope
+		# Each round in another order, and every tree kept to the end: a
+		# removal, or the writeback of the tree before, slows whatever runs
+		# next on the same disk.
+		line=""
+		for i in "${!layers[@]}"; do
+			l=${layers[$(((i + r) % ${#layers[@]}))]}
+			sync
+			if [ "$l" = direct ]; then
+				mkdir -p "$base/direct-$r"
+				s=$(now); untar "$base/direct-$r"; T[direct]+="$(since "$s") "
+			else
+				mount_scope "$l" "$base" "bench/$l/r$r" "$mnt"
+				c0=$(cpu "$daemon")
+				s=$(now); untar "$mnt"; T[$l]+="$(since "$s") "
+				C[$l]+="$(awk -v a="$c0" -v b="$(cpu "$daemon")" 'BEGIN {printf "%.3f", b - a}') "
+				unmount_scope
+			fi
+			line+="$l $(echo ${T[$l]} | awk '{print $NF}') "
 		done
-		echo "  round $r: direct ${T[direct]##* } $(for b in "${bins[@]}"; do printf '%s %s ' "$b" "$(echo ${T[$b]} | awk '{print $NF}')"; done)" >&2
+		echo "  round $r: $line" >&2
 	done
 	d=$(median ${T[direct]})
 	echo "tar -x directly: median $d s (${T[direct]% })"
