@@ -128,8 +128,9 @@
 // lines, so up to that); across nodes, within the poll interval plus the
 // shared filesystem's own delay (measured on CephFS in BENCHMARKS.md).
 // While a file is open for writing elsewhere its writes are not noted one
-// by one: its lines come at the open and at the release, and opens here in
-// between see its new contents only when its size or times changed.
+// by one: its lines come at the open and at the release (up to 10 ms
+// after it), and opens here in between see its new contents only when its
+// size or times changed.
 // Reads the kernel answers from pages it kept are not counted in the
 // release record's bytes (the record says "kept_pages").
 //
@@ -188,8 +189,10 @@
 // each time until the release: RELEASE comes after close(2) has returned,
 // and nothing is sent at close(2) itself (FOPEN_NOFLUSH: a FLUSH would be
 // one more round trip per file; only files that have held POSIX locks are
-// sent one, see Locks). A change is refused (EIO,
-// volume_unavailable) when the journal can't be opened to take its line.
+// sent one, see Locks). The release's line waits up to 10 ms to go out
+// with the next line (tar -x: one append per file, not two). A change is
+// refused (EIO, volume_unavailable) when the journal can't be opened to
+// take its line.
 // Each line also says what the change was and that this projection made
 // it for its command's call id (store.Change, source projection), for the
 // change feed; the health probe's file is noted as loomfs's own.
