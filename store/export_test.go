@@ -2,6 +2,7 @@ package store
 
 import (
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,6 +22,14 @@ func RotateJournalAt(t testing.TB, size int64) {
 	old := journalRotate
 	journalRotate = size
 	t.Cleanup(func() { journalRotate = old })
+}
+
+// LingerJournalEnds makes the x lines of the calling test wait up to d
+// for the next line.
+func LingerJournalEnds(t testing.TB, d time.Duration) {
+	old := journalLinger
+	journalLinger = d
+	t.Cleanup(func() { journalLinger = old })
 }
 
 // SyncDir is syncDir, for tests.

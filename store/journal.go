@@ -90,8 +90,8 @@ const (
 // journalLinger is the longest an x line waits for another line to go
 // out with: well under the follower's pass gap on one node (25 ms) and
 // its poll between nodes (500 ms), so a reader in another process sees
-// the end of an open hardly later than before.
-const journalLinger = 10 * time.Millisecond
+// the end of an open hardly later than before. A variable for tests.
+var journalLinger = 10 * time.Millisecond
 
 // journal is one process's change journal for one scope.
 type journal struct {
@@ -329,18 +329,21 @@ func (j *journal) coveredByOpen(rel string, c Change) bool {
 // write appends one line, starting a new file first if there is none (a
 // failed write abandoned the last) or the current one is full.
 func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
+	if j.f != nil && j.size >= journalRotate {
+		// The x lines waiting end opens of this file; a failure to write
+		// them abandons it.
+		if j.writeEnds(); j.f != nil {
+			old := j.f
+			if err := j.open(w); err == nil {
+				j.end(old)
+			} else {
+				j.f = old
+			}
+		}
+	}
 	if j.f == nil {
 		if err := j.open(w); err != nil {
 			return
-		}
-	} else if j.size >= journalRotate {
-		// The x lines waiting end opens of this file.
-		j.writeEnds()
-		old := j.f
-		if err := j.open(w); err == nil {
-			j.end(old)
-		} else {
-			j.f = old
 		}
 	}
 	j.append(kind, rel, c)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -337,5 +338,74 @@ func TestJournalOpenCoversItsWriter(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("lines %+v\nwant  %+v", got, want)
+	}
+}
+
+// TestJournalEndWaitsForNextLine: the x line of an open that ended is no
+// change's line, so it goes out with the next line, in one write, or on
+// its own a little later; a reader in the same process finds it at once,
+// and JournalFiles gives the size of this process's file as it is on
+// disk without opening it.
+func TestJournalEndWaitsForNextLine(t *testing.T) {
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws := e.open(t, sc, nil)
+	if err := ws.ReadyToChange(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.JournalDir)
+	onDisk := func() string {
+		t.Helper()
+		files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+		if err != nil || len(files) != 1 {
+			t.Fatalf("journal files %v: %v", files, err)
+		}
+		b, err := os.ReadFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kinds []string
+		for _, l := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if l != "" {
+				kinds = append(kinds, strings.SplitN(l, "\t", 2)[0])
+			}
+		}
+		return strings.Join(kinds, ",")
+	}
+	store.LingerJournalEnds(t, time.Hour)
+	a := ws.NoteOpen(func() string { return "a" })
+	ws.NoteClose(a)
+	if got := onDisk(); got != "o a" {
+		t.Fatalf("after the close: %q, want the x line held back", got)
+	}
+	ws.NoteChange("b", false)
+	if got := onDisk(); got != "o a,x a,c b" {
+		t.Fatalf("after the next change: %q, want the x line first", got)
+	}
+
+	c := ws.NoteOpen(func() string { return "c" })
+	ws.NoteClose(c)
+	fs, err := ws.ReadJournal(nil)
+	if err != nil || len(fs) != 1 || len(fs[0].Changes) != 5 || fs[0].Changes[4].Kind != 'x' {
+		t.Fatalf("a reader in this process: %+v %v, want the x line of c read", fs, err)
+	}
+	files, err := ws.JournalFiles()
+	if err != nil || len(files) != 1 || !files[0].Live {
+		t.Fatalf("JournalFiles: %+v %v", files, err)
+	}
+	st, err := os.Stat(filepath.Join(dir, files[0].Name))
+	if err != nil || st.Size() != files[0].Size {
+		t.Fatalf("JournalFiles says %d bytes, the file has %v (%v)", files[0].Size, st.Size(), err)
+	}
+
+	store.LingerJournalEnds(t, time.Millisecond)
+	d := ws.NoteOpen(func() string { return "d" })
+	ws.NoteClose(d)
+	deadline := time.Now().Add(5 * time.Second)
+	for onDisk() != "o a,x a,c b,o c,x c,o d,x d" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lone x line was never written: %q", onDisk())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
