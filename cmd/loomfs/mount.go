@@ -46,6 +46,10 @@ The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
 bits it asks for, never a group, other, setuid, setgid or sticky bit. A
 stale mount left at MOUNTPOINT by a daemon that died is cleared first.
 "mounted SCOPE at DIR" is printed on stderr once the mount is ready.
+After SIGINT or SIGTERM it exits within --stop-timeout: a mount still busy
+then, or a workspace still closing (on a shared volume the quota share is
+folded into a ledger every node uses), is detached or left as a crash
+leaves it, for the next user of the scope; a second signal cuts it short.
 
 The kernel keeps entries, attributes, failed lookups, listings and the
 pages of unchanged files for 5 minutes: the mount follows the scope's change
