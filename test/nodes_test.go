@@ -693,7 +693,10 @@ func TestNodesMountStopIsBounded(t *testing.T) {
 
 			start := time.Now()
 			stopMount(t, cmd, mb)
-			took := time.Since(start)
+			// 2 s, and a request in the filesystem's client at the time.
+			if took := time.Since(start); took > 8*time.Second {
+				t.Errorf("loomfs mount --stop-timeout 2s exited %v after SIGTERM", took.Round(time.Millisecond))
+			}
 			if code := cmd.ProcessState.ExitCode(); code != 0 {
 				t.Errorf("loomfs mount exited %d after SIGTERM:\n%s", code, out)
 			}
@@ -704,7 +707,6 @@ func TestNodesMountStopIsBounded(t *testing.T) {
 			if tc.holdLedger && !strings.Contains(out.String(), "left open, as after a crash") {
 				t.Errorf("the mount did not say it left the workspace open:\n%s", out)
 			}
-			t.Logf("stopped %v after SIGTERM:\n%s", took.Round(time.Millisecond), out)
 			release()
 			if err := os.WriteFile(filepath.Join(ma, "after"), []byte("A goes on"), 0o600); err != nil {
 				t.Errorf("write through node A's mount after B's stop: %v", err)
