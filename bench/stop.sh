@@ -73,7 +73,7 @@ measure() {
 		local writers=()
 		if [ "$busy" = busy ]; then
 			for m in "$ma" "$mb"; do
-				(while :; do head -c 4096 /dev/zero >"$m/w$RANDOM" 2>/dev/null || exit 0; done) &
+				(while :; do head -c 4096 /dev/zero >"$m/w$RANDOM" || exit 0; done) 2>/dev/null &
 				writers+=("$!")
 			done
 			sleep 1
