@@ -169,6 +169,9 @@
 //
 // A change is recorded before it is made, so nothing happens unrecorded:
 // if the sink fails, the change is refused with EIO (audit_unavailable).
+// A queued sink (an audit.Log with Options.Queue, as loomfs mount opens
+// it) fails once a write of queued records has failed: the changes whose
+// records were queued then go ahead, and it refuses from the next one.
 // Should the store then fail it, a second record with result "error"
 // follows. Refusals are recorded as "refused" with their code. Writes are
 // admitted by recording the open for writing; reads and writes are

@@ -165,8 +165,10 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	}
 	defer closeWS()
 
-	// Nothing is served unaudited.
-	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// Nothing is served unaudited. A mount is a long-lived writer on the
+	// requests' path: its records are queued and written by the log's own
+	// goroutine (audit.Options.Queue); Close, at unmount, writes them all.
+	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{Queue: audit.DefaultQueue})
 	if err != nil {
 		return fail("open the audit log: %v", err)
 	}
