@@ -22,8 +22,9 @@
 // and copies the event, stamps it with the time of the call and puts it
 // in a bounded queue; one goroutine of the Log encodes, chains and
 // appends everything queued in one write(2) under one hold of the chain
-// lock, and lets the lock go when the queue is empty, so the node's other
-// writers wait at most one such write. Records keep the order of the
+// lock. It lets the lock go half a millisecond after the queue ran empty,
+// and at least every 5 ms under load, so the node's other writers wait
+// no longer than that. Records keep the order of the
 // Record calls and their time stamps, and none is dropped: Record waits
 // while the queue is full, for as long as the writer's writes take (only
 // storage that does not answer makes that long); a failed write keeps its

@@ -76,8 +76,8 @@ type Options struct {
 //
 // A synchronous Log appends on the goroutine of Record; a queued one
 // (Options.Queue) on its writer goroutine, which appends everything
-// queued in one lock hold and one write(2) and lets the lock go when the
-// queue is empty.
+// queued in one lock hold and one write(2), and lets the lock go soon
+// after the queue ran empty.
 type Log struct {
 	dir   string
 	node  string // as in file names
@@ -790,7 +790,8 @@ func (a *actorFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 }
 
 func encodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
-	enc.AppendString(t.UTC().Format(time.RFC3339Nano))
+	var b [len(time.RFC3339Nano) + 8]byte
+	enc.AppendByteString(t.UTC().AppendFormat(b[:0], time.RFC3339Nano))
 }
 
 // create makes a new chain file (mode 0600, O_EXCL) and syncs the

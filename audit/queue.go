@@ -10,13 +10,15 @@ import (
 
 // A queued Log's writer retries a failed write after retryMin, doubling
 // up to retryMax; once Close is called it gives up after closeRetry.
-// Holding the chain lock, it lets it go after holdMax even if records
-// keep coming, and waits holdYield before taking it again, so the node's
-// other writers get their turn.
+// It keeps the chain lock for holdGap after its queue ran empty, so the
+// next record of a burst needs no lock, fstat and unlock; it lets the lock
+// go after holdMax even if records keep coming, and waits holdYield before
+// taking it again, so the node's other writers get their turn.
 var (
 	retryMin   = 10 * time.Millisecond
 	retryMax   = time.Second
 	closeRetry = 5 * time.Second
+	holdGap    = 500 * time.Microsecond
 	holdMax    = 5 * time.Millisecond
 	holdYield  = time.Millisecond
 )
@@ -24,9 +26,9 @@ var (
 // queue holds a queued Log's records from Record to their write.
 type queue struct {
 	mu      sync.Mutex
-	ready   sync.Cond // records arrived, or Close began
-	room    sync.Cond // records were written, or a write failed
-	recs    []queued  // accepted, not yet written, oldest first
+	ready   chan struct{} // records arrived, or Close began
+	room    sync.Cond     // records were written, or a write failed
+	recs    []queued      // accepted, not yet written, oldest first
 	max     int
 	err     error  // the last write's failure; nil once a write succeeded
 	failed  uint64 // writes that failed
@@ -46,9 +48,17 @@ type queued struct {
 }
 
 func newQueue(max int) *queue {
-	q := &queue{max: max, done: make(chan struct{})}
-	q.ready.L, q.room.L = &q.mu, &q.mu
+	q := &queue{max: max, ready: make(chan struct{}, 1), done: make(chan struct{})}
+	q.room.L = &q.mu
 	return q
+}
+
+// wake tells the writer goroutine there is work, without waiting.
+func (q *queue) wake() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
 }
 
 // enqueue stamps e and queues it for the writer goroutine. It waits while
@@ -77,7 +87,7 @@ func (l *Log) enqueue(e Event) error {
 	}
 	q.recs = append(q.recs, queued{t: l.opts.Clock().UTC(), e: e})
 	if len(q.recs) == 1 {
-		q.ready.Signal()
+		q.wake()
 	}
 	return nil
 }
@@ -120,28 +130,43 @@ func (l *Log) run() {
 	held := false
 	var heldAt time.Time
 	retry := retryMin
+	idle := time.NewTimer(holdGap)
+	idle.Stop()
+	let := func() {
+		l.mu.Lock()
+		l.unlockChain()
+		l.mu.Unlock()
+		held = false
+	}
 	for {
 		q.mu.Lock()
-		if len(q.recs) == 0 && held {
-			q.mu.Unlock()
-			l.mu.Lock()
-			l.unlockChain()
-			l.mu.Unlock()
-			held = false
+		empty, closing := len(q.recs) == 0, q.closing
+		q.mu.Unlock()
+		switch {
+		case empty && closing:
+			if held {
+				let()
+			}
+			return
+		case empty && held:
+			idle.Reset(holdGap)
+			select {
+			case <-q.ready:
+				idle.Stop()
+			case <-idle.C:
+				let()
+			}
+			continue
+		case empty:
+			<-q.ready
 			continue
 		}
-		for len(q.recs) == 0 && !q.closing {
-			q.ready.Wait()
-		}
-		if len(q.recs) == 0 {
-			q.mu.Unlock()
-			return // closing, and everything is written
-		}
+		q.mu.Lock()
 		batch := q.recs // Record appends after it, never into it
 		if q.err != nil {
 			batch = batch[:1] // after a failure, one at a time: what fits is written
 		}
-		closing, closeAt := q.closing, q.closeAt
+		closeAt := q.closeAt
 		q.mu.Unlock()
 
 		l.mu.Lock()
@@ -203,7 +228,7 @@ func (l *Log) drain() error {
 	q.mu.Lock()
 	if !q.closing {
 		q.closing, q.closeAt = true, time.Now()
-		q.ready.Signal()
+		q.wake()
 		q.room.Broadcast()
 	}
 	q.mu.Unlock()
