@@ -516,10 +516,10 @@ func TestDiscard(t *testing.T) {
 }
 
 // BenchmarkRecord: the cost of a record to its caller. A synchronous Log
-// (serial, detail, sync, writers, parallel) takes the chain lock, writes
-// and lets go in each Record; a queued one (queued…) returns once the
-// record is queued, and its writer goroutine writes the rest: the total
-// CPU of a run (time, user + sys) counts both.
+// (serial, detail, sync, writers, unheld, parallel) writes in Record,
+// keeping the chain lock through a burst (unheld: not); a queued one
+// (queued…) returns once the record is queued, and its writer goroutine
+// writes the rest: the total CPU of a run (time, user + sys) counts both.
 func BenchmarkRecord(b *testing.B) {
 	release := Event{Source: SourceFUSE, Op: "release", Path: "src/pkg/file.go", Result: "ok",
 		Detail: map[string]any{"read": int64(0), "written": int64(4096), "passthrough": true}}
@@ -564,6 +564,20 @@ func BenchmarkRecord(b *testing.B) {
 				}
 			}
 		})
+	})
+	// A synchronous writer recording now and then takes and releases the
+	// lock for each record: measured with bursts not detected.
+	b.Run("unheld", func(b *testing.B) {
+		defer func(g time.Duration) { holdGap = g }(holdGap)
+		holdGap = 0
+		l := openLog(b, b.TempDir(), Options{Node: "bench"})
+		e := sampleEvent()
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := l.Record(context.Background(), e); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 	for _, bc := range []struct {
 		name string

@@ -13,7 +13,9 @@ import (
 // It keeps the chain lock for holdGap after its queue ran empty, so the
 // next record of a burst needs no lock, fstat and unlock; it lets the lock
 // go after holdMax even if records keep coming, and waits holdYield before
-// taking it again, so the node's other writers get their turn.
+// taking it again, so the node's other writers get their turn. A
+// synchronous Log holds the lock through a burst by the same holdGap and
+// holdMax.
 var (
 	retryMin   = 10 * time.Millisecond
 	retryMax   = time.Second
