@@ -172,7 +172,12 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	if err != nil {
 		return fail("open the audit log: %v", err)
 	}
-	defer auditLog.Close()
+	defer func() {
+		// Records it could not write are lost with the process: say so.
+		if err := auditLog.Close(); err != nil {
+			g.log.Error("close the audit log", zap.Error(err))
+		}
+	}()
 	opts.Audit = auditLog
 
 	if recovered, err := fusefs.RecoverStale(mountpoint); err != nil {
