@@ -32,7 +32,7 @@ func (s servedMount) Serve(call sandbox.CallInfo) {
 
 // commandEnvs returns two toolboxes over one scope: workspace_command in
 // a fresh container per command, and in the scope's session sandbox.
-func commandEnvs(t *testing.T, scope string) (fresh, session *env) {
+func commandEnvs(t testing.TB, scope string) (fresh, session *env) {
 	t.Helper()
 	root := t.TempDir()
 	fresh = newEnv(t, root, testNode, scope, "")
