@@ -94,8 +94,9 @@ func TestSessionCommandsAnswerAsFresh(t *testing.T) {
 		{"stderr over the cap is truncated", map[string]any{"command": flood + " >&2"}, false},
 		{"umask 077 and the working directory", map[string]any{"command": "umask; pwd; id -u"}, false},
 		{"environment", map[string]any{"command": "echo $HOME $TMPDIR $PYTHONDONTWRITEBYTECODE"}, false},
-		{"timeout kills the command", map[string]any{"command": "echo before; sleep 30", "timeout_s": 1}, true},
-		{"timeout kills its children", map[string]any{"command": "sleep 30 & sleep 30", "timeout_s": 1}, true},
+		{"timeout kills the command", map[string]any{"command": "echo before; sleep 30", "timeout_s": 3}, true},
+		{"timeout kills its children", map[string]any{"command": "sleep 30 & sleep 30", "timeout_s": 3}, true},
+		{"timeout kills a child in a session of its own", map[string]any{"command": "setsid sleep 30 & sleep 30", "timeout_s": 3}, true},
 		{"a refusal is a policy event", map[string]any{"command": "touch .agentloom-x; echo $?"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,6 +163,7 @@ func TestSessionCommandLeavesNothing(t *testing.T) {
 		{"background job with its output elsewhere", "nohup sleep 1000 >/dev/null 2>&1 &"},
 		{"orphaned grandchild", "(sleep 1000 &); echo started"},
 		{"its own process group", "set -m; sleep 1000 & echo started"},
+		{"its own session, holding the output", "setsid sleep 1000 & echo started"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()
@@ -177,6 +179,9 @@ func TestSessionCommandLeavesNothing(t *testing.T) {
 			}
 			if ps := e.live(t); strings.Contains(ps, "sleep 1000") {
 				t.Fatalf("the command's background process outlived the call:\n%s", ps)
+			}
+			if r.Container != kept.Container {
+				t.Fatalf("the command ran in %s, not the session sandbox %s: it was stopped", r.Container, kept.Container)
 			}
 		})
 	}

@@ -30,35 +30,55 @@ type ExecRequest struct {
 // or quarantine).
 var ErrLeftRunning = errors.New("sandbox: the command's processes could not be confirmed gone")
 
-// sweep is the shell code that kills a command's processes: the engine
+// sweep is the shell code that kills a command's processes. The engine
 // starts every exec as the leader of a session of its own (runc and runsc
 // alike), and what the command starts stays in that session unless it
-// makes a new one. k SID SKIP kills each live process of session SID but
-// SKIP and reports whether it found one; gone repeats it until none is
-// left, for at most about 5 s.
-const sweep = `k() { f=1; for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" = "$2" ] && continue; read -r s 2>/dev/null <"$d/stat" || continue; set -- "$1" "$2" ${s##*") "}; if [ "$3" != Z ] && [ "$6" = "$1" ]; then kill -9 "$q" 2>/dev/null; f=0; fi; done; return $f; }
-gone() { i=0; while k "$1" "$2"; do i=$((i+1)); [ $i -ge 500 ] && return 1; sleep 0.01; done; }
+// makes a new one. k SID SKIP sends $sig to each live process of session
+// SID but SKIP and reports whether it found one. h kills each process but
+// this shell that holds the command's stdout or stderr open ($o1, $o2: the
+// exec's pipes, pipe:[inode], or host:[fd] under gVisor, naming the
+// sentry's host fd), whatever its session: the engine would otherwise end
+// the exec's output 2 s after the exec, with that process still running.
+// h's pipeline runs with its output on /dev/null, so that none of its own
+// processes holds the pipes it looks for. gone repeats both until neither
+// finds anything, for at most about 5 s.
+const sweep = `sig=KILL
+k() { f=1; for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" = "$2" ] && continue; read -r s 2>/dev/null <"$d/stat" || continue; set -- "$1" "$2" ${s##*") "}; if [ "$3" != Z ] && [ "$6" = "$1" ]; then kill -$sig "$q" 2>/dev/null; f=0; fi; done; return $f; }
+h() { { ls -l /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 | { f=1; while read -r l; do case $l in *" -> $o1" | *" -> $o2") q=${l#*/proc/}; q=${q%%/*}; [ "$q" != $$ ] && kill -9 "$q" && f=0 ;; esac; done; exit $f; }; } >/dev/null 2>&1; }
+gone() { i=0; while k "$1" "$2" || h; do i=$((i+1)); [ $i -ge 500 ] && return 1; sleep 0.01; done; }
+pipes() { case $o1 in pipe:* | host:*) ;; *) o1=none: ;; esac; case $o2 in pipe:* | host:*) ;; *) o2=none: ;; esac; }
 `
 
 // execWrapper runs the command as a child and, once it exits, kills what
-// it left running, before the exec itself exits with the command's status:
+// it left running before the exec itself exits with the command's status:
 // nothing of a command outlives its call, as in a fresh container whose
-// teardown ends everything. It notes its pid for a kill at timeout.
+// teardown ends everything. It notes its pid and its output pipes for a
+// kill from outside; the next command's wrapper removes what a killed one
+// left of those notes (a scope's commands take turns).
 func execWrapper(id string) string {
-	return sweep + `mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/` + id + `.pid
+	f := "/tmp/.loomfs/" + id
+	return sweep + `mkdir -p /tmp/.loomfs && rm -f /tmp/.loomfs/c-*
+o1=$(readlink /proc/$$/fd/1) o2=$(readlink /proc/$$/fd/2); pipes
+echo $$ > ` + f + `.pid && echo "$o1 $o2" > ` + f + `.out
 umask 077
 /bin/sh -c "$1"
 c=$?
 gone $$ $$ || echo "loomfs: processes the command left running could not be killed" >&2
-rm -f /tmp/.loomfs/` + id + `.pid
+rm -f ` + f + `.pid ` + f + `.out
 exit $c`
 }
 
 // execKill kills the command's whole session, the wrapper with it, and
-// exits 0 only once none of it is left.
+// every process that holds its output open (the session is stopped first,
+// so that no shell of it sees a child killed and says so on stderr), and exits 0 only once none of
+// them is left; 3 when the command left no note of itself (it ended).
 func execKill(id string) string {
-	return sweep + `p=$(cat /tmp/.loomfs/` + id + `.pid 2>/dev/null) || exit 3
-gone "$p" - && rm -f /tmp/.loomfs/` + id + `.pid`
+	f := "/tmp/.loomfs/" + id
+	return sweep + `read -r o1 o2 2>/dev/null < ` + f + `.out || exit 3
+pipes; p=$(cat ` + f + `.pid 2>/dev/null)
+[ -n "$p" ] && sig=STOP && k "$p" -; sig=KILL
+gone "${p:-none}" - || exit 1
+rm -f ` + f + `.pid ` + f + `.out`
 }
 
 // Exec runs req.Command as an exec in the running container req.Container,
