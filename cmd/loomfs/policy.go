@@ -40,6 +40,7 @@ reads is what is enforced. Example:
     io_bytes_per_s: 50 MiB  # per scope, tools and commands together: slowed, never refused
     io_ops_per_s: 5000
   cache: journal            # or strict: one-second kernel caching in the projection
+  commands: fresh           # or session: each workspace_command an exec in the session sandbox
 
 The standard preset is the seed-001 layout: src/ rw, data/ ro, output/ wo
 (deleting or overwriting there needs confirmation), logs/ rw, tmp/ rw capped
