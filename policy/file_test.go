@@ -433,5 +433,8 @@ func TestCommandsKey(t *testing.T) {
 		if pol.SessionCommands() != c.session {
 			t.Errorf("%q: session commands %v, want %v", c.file, pol.SessionCommands(), c.session)
 		}
+		if got := strings.Contains(policy.WorkspaceReadme(pol), "## Commands"); got != c.session {
+			t.Errorf("%q: the workspace README tells of session commands: %v", c.file, got)
+		}
 	}
 }
