@@ -300,3 +300,44 @@ func TestSessionCommandSandboxEnds(t *testing.T) {
 		t.Fatalf("quarantined after confirmed stops: %v", err)
 	}
 }
+
+// A session command is audited as the tool call it is, with the exec's
+// start, kill and exit under its call id, and the FUSE records of what it
+// did carry that call id too.
+func TestSessionCommandAudit(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/cmd-audit", "commands: session\n")
+	e.useSessionCommands()
+	ctx := context.Background()
+	if _, err := e.tb.Call(ctx, tools.Command, "call-cmd", []byte(`{"command":"echo x > made.txt"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.tb.Call(ctx, tools.Command, "call-slow", []byte(`{"command":"sleep 30","timeout_s":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	var recs []audit.Record
+	if err := audit.Query(audit.Dir(e.root), audit.Filter{}, func(r audit.Record) error { recs = append(recs, r); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"exec_start": "call-cmd", "exec_exit": "call-cmd", "exec_kill": "call-slow", "container_start": "call-cmd", "tool": "call-cmd"}
+	seen := map[string]bool{}
+	fuse := false
+	for _, r := range recs {
+		if r.Source == audit.SourceSandbox && want[r.Op] == r.CallID {
+			seen[r.Op] = true
+		}
+		if r.Source == audit.SourceFUSE && r.Path == "made.txt" && r.CallID == "call-cmd" {
+			fuse = true
+		}
+		if r.Source == audit.SourceTool && r.Op == tools.Command && r.CallID == "call-cmd" && r.Result == "ok" {
+			seen["tool"] = true
+		}
+	}
+	for op, call := range want {
+		if !seen[op] {
+			t.Errorf("no %s record with call id %s", op, call)
+		}
+	}
+	if !fuse {
+		t.Errorf("no FUSE record of made.txt carries the command's call id")
+	}
+}
