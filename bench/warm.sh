@@ -13,7 +13,8 @@
 # under commands: session, against docker run --rm and docker exec of the
 # same image: a Go benchmark in process/),
 # limit (a writer in a scope whose policy sets io_bytes_per_s, while a
-# writer in another scope of the same volume has none).
+# writer in another scope of the same volume has none; then two mounts of
+# the limited scope writing at once, which share its one limit).
 # Run as root: ROUNDS=5 bash bench/warm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -200,6 +201,19 @@ if section limit; then
 	both=$(dd_rate "$work/m-fast" w)
 	wait $slowpid
 	echo "limited scope: $(cat "$work/slow.rate") MiB/s (limit $LIMIT MiB/s); other scope alone: $alone MiB/s, beside the limited writer: $both MiB/s"
+	# A second mount of the limited scope (another process, as another
+	# node's would be): both writers at once share the one limit.
+	mkdir -p "$work/m-slow2"
+	"$bin/loomfs" --root "$root" --policy "$work/limit.yaml" mount --scope bench/agent/slow "$work/m-slow2" >/dev/null 2>"$work/daemon-slow2.log" &
+	pids+=($!)
+	for _ in $(seq 200); do mountpoint -q "$work/m-slow2" && break; sleep 0.05; done
+	s=$(now)
+	dd if=/dev/zero of="$work/m-slow/s1" bs=1M count="$LIMIT_MB" conv=fsync status=none &
+	d1=$!
+	dd if=/dev/zero of="$work/m-slow2/s2" bs=1M count="$LIMIT_MB" conv=fsync status=none
+	wait $d1
+	e=$(now)
+	echo "limited scope, two mounts (two processes) writing at once: $(awk -v s="$s" -v e="$e" -v n="$LIMIT_MB" 'BEGIN {printf "%.1f", 2 * n / (e - s)}') MiB/s together (limit $LIMIT MiB/s)"
 	for p in "${pids[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
-	for s in slow fast; do mountpoint -q "$work/m-$s" && umount -l "$work/m-$s"; done
+	for s in slow slow2 fast; do mountpoint -q "$work/m-$s" && umount -l "$work/m-$s"; done
 fi

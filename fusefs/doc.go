@@ -225,8 +225,10 @@
 // The policy's io_bytes_per_s and io_ops_per_s hold the scope to a rate,
 // shared with the tool door of the same process (package throttle): reads
 // and writes wait for their bytes, every other request for its operation,
-// so a program over the limit is slowed down, never failed. An open file
-// that had to wait gets one "throttle" record at its release. statfs has
+// so a program over the limit is slowed down, never failed. Every other
+// process serving the scope, on any node, takes its share of the same
+// limits (throttle.Limiter.Share). An open file that had to wait gets one
+// "throttle" record at its release. statfs has
 // no field for a rate; the workspace README states the limits.
 //
 // # Passthrough

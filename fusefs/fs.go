@@ -98,7 +98,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		gate:      quarantineGate{ws: ws},
 		timeout:   opts.cacheTimeout(ws.Policy().StrictCache()),
 		coherent:  !ws.Policy().StrictCache() && opts.CacheTimeout >= 0,
-		limit:     throttle.For(sc.Hash(), throttle.RatesOf(ws.Policy().Limits)),
+		limit:     ws.Limiter(),
 	}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)

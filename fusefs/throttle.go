@@ -13,8 +13,10 @@ import (
 // (package throttle), shared with the tool door of the same process: a
 // read or write waits for its bytes before it is served, and every other
 // request for its operation, so a program over the limit is slowed, never
-// failed. An open file that had to wait gets a "throttle" record at its
-// release: how often and how long, beside the rates.
+// failed. The limits are the scope's: every other process serving it, on
+// any node, takes its share (throttle.Share). An open file that had to
+// wait gets a "throttle" record at its release: how often and how long,
+// beside the rates and how many processes shared them.
 
 // throttle waits for n bytes and one operation of the scope's limits, and
 // counts the wait against the open file.
@@ -39,6 +41,7 @@ func (h *handle) recordThrottle(ctx context.Context) {
 	detail(&ev, "waits", waits)
 	detail(&ev, "io_bytes_per_s", r.BytesPerSec)
 	detail(&ev, "io_ops_per_s", r.OpsPerSec)
+	detail(&ev, "holders", int64(f.limit.Holders()))
 	_ = f.sink.Record(ctx, ev)
 }
 

@@ -350,38 +350,49 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 	// budget, not more.
 	sctx, scancel := context.WithTimeout(ctx, timeout)
 	err = r.cli.ContainerStart(sctx, created.ID, container.StartOptions{})
+	startExpired := sctx.Err() != nil
 	scancel()
-	if err != nil {
+	var reason string
+	switch {
+	case err != nil && ctx.Err() != nil:
 		hj.Close() // nothing more will come
-		if ctx.Err() != nil {
-			res.Cancelled = true
-			return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
-		}
+		res.Cancelled = true
+		return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
+	case err != nil && startExpired:
+		// The engine took the whole budget to start it (a loaded host): the
+		// command ran out of time, as it would have running. The container
+		// may still start: it is killed like any command over its time.
+		res.TimedOut, reason = true, "timeout"
+		r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds(), "expired": true})
+	case err != nil:
+		hj.Close() // nothing more will come
 		msg := policy.MaskHostPaths(err.Error())
 		r.observe(octx, "container_start_failed", req, res, map[string]any{"error": msg, "runtime": r.cfg.Runtime})
 		return true, fmt.Errorf("%w: %s", ErrStartFailed, msg)
+	default:
+		r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds()})
 	}
-	r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds()})
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-	var reason string
-	select {
-	case w := <-waitC:
-		waited = true
-		res.ExitCode = int(w.StatusCode)
-		r.observe(octx, "container_exit", req, res, map[string]any{"exit_code": res.ExitCode})
-		if w.Error != nil && w.Error.Message != "" {
-			return true, fmt.Errorf("sandbox: wait for %s: %s", res.ContainerName, w.Error.Message)
+	if !res.TimedOut {
+		select {
+		case w := <-waitC:
+			waited = true
+			res.ExitCode = int(w.StatusCode)
+			r.observe(octx, "container_exit", req, res, map[string]any{"exit_code": res.ExitCode})
+			if w.Error != nil && w.Error.Message != "" {
+				return true, fmt.Errorf("sandbox: wait for %s: %s", res.ContainerName, w.Error.Message)
+			}
+			return true, nil
+		case err := <-waitErrC:
+			waited = true
+			return true, fmt.Errorf("sandbox: wait for %s: %w", res.ContainerName, err)
+		case <-timer.C:
+			res.TimedOut, reason = true, "timeout"
+		case <-ctx.Done():
+			res.Cancelled, reason = true, "cancelled"
 		}
-		return true, nil
-	case err := <-waitErrC:
-		waited = true
-		return true, fmt.Errorf("sandbox: wait for %s: %w", res.ContainerName, err)
-	case <-timer.C:
-		res.TimedOut, reason = true, "timeout"
-	case <-ctx.Done():
-		res.Cancelled, reason = true, "cancelled"
 	}
 
 	kctx, kcancel := context.WithTimeout(octx, engineTimeout)
@@ -399,12 +410,22 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 		r.observe(octx, "container_exit", req, res, map[string]any{"exit_code": res.ExitCode})
 	case <-waitErrC:
 		waited = true
-	case <-time.After(10 * time.Second):
+	case <-time.After(exitWait(startExpired)):
 	}
 	if res.Cancelled {
 		return true, fmt.Errorf("sandbox: command cancelled: %w", context.Cause(ctx))
 	}
 	return true, nil
+}
+
+// exitWait is how long a killed container's exit status is waited for: a
+// container whose start did not answer in time may never have run, and
+// cleanup's forced removal settles it either way.
+func exitWait(startExpired bool) time.Duration {
+	if startExpired {
+		return time.Second
+	}
+	return 10 * time.Second
 }
 
 // cleanup force-removes the container and waits until the engine no longer

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"slices"
@@ -702,4 +705,58 @@ func TestStartFailureAnswersWithRuntimeMessage(t *testing.T) {
 		t.Errorf("marker set %d cleared %d, want 1 and 1", sets, clears)
 	}
 	assertGone(t, r, res.ContainerName)
+}
+
+// slowStartEngine serves the engine of HostFromEnv through a proxy that
+// holds every container start request for delay before passing it on, as
+// a loaded host's engine does, and returns the proxy's address.
+func slowStartEngine(t *testing.T, delay time.Duration) string {
+	t.Helper()
+	sock := strings.TrimPrefix(HostFromEnv(), "unix://")
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "engine.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) { r.Out.URL.Scheme, r.Out.URL.Host = "http", "engine" },
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}},
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/start") {
+			time.Sleep(delay)
+		}
+		proxy.ServeHTTP(w, r)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "unix://" + ln.Addr().String()
+}
+
+// TestStartPastTimeoutIsATimeout: an engine that takes longer than the
+// command's whole time to start its container (a loaded host) gives a
+// timed-out result, as the command would have had running that long, not
+// a start failure; the container, which may start after all, is removed
+// and the marker cleared.
+func TestStartPastTimeoutIsATimeout(t *testing.T) {
+	r := newTestRunner(t, Config{})
+	slow, err := NewRunner(context.Background(), Config{Host: slowStartEngine(t, 2*time.Second), Image: r.cfg.Image, Node: testNode, Runtime: r.cfg.Runtime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	req, m := newRequest(t, "echo ran")
+	req.Timeout = time.Second
+	res, err := slow.Run(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Run: %v (want a timed-out result)", err)
+	}
+	if !res.TimedOut || res.Cancelled {
+		t.Fatalf("TimedOut=%v Cancelled=%v exit %d, want a timeout", res.TimedOut, res.Cancelled, res.ExitCode)
+	}
+	assertGone(t, r, res.ContainerName)
+	if sets, clears := m.counts(); sets != 1 || clears != 1 {
+		t.Fatalf("marker set %d cleared %d, want 1 and 1", sets, clears)
+	}
 }

@@ -4,7 +4,9 @@
 // creates (with or without RENAME_NOREPLACE), scope locks, execution
 // markers and the record of tool calls. The scope's usage (Usage, Reserve,
 // Adjust) is its shared quota account, package quota, kept in the state
-// directory's QuotaDir and joined by each Workspace on first use.
+// directory's QuotaDir and joined by each Workspace on first use; its I/O
+// limiter (Limiter, package throttle) is shared the same way through
+// ThrottleDir.
 //
 // It never hands a path string from outside to a path-based syscall, and
 // it asks the policy package about every object it opens; it decides no

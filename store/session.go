@@ -29,30 +29,7 @@ const (
 // false when another worker (or another open of this one) holds it. The
 // lease is released by the returned func, or by the holder's death.
 func (w *Workspace) TakeSessionLease() (release func(), ok bool, err error) {
-	fd, err := unix.Openat(int(w.state.Fd()), SessionLease, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
-	if err != nil {
-		return nil, false, policy.FromErrno(err, "open session lease", SessionLease)
-	}
-	lk := unix.Flock_t{Type: unix.F_WRLCK}
-	for {
-		err = unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err == unix.EAGAIN || err == unix.EACCES {
-		unix.Close(fd)
-		return nil, false, nil
-	}
-	if err != nil {
-		unix.Close(fd)
-		return nil, false, policy.FromErrno(err, "lock session lease", w.scope.String())
-	}
-	return func() {
-		un := unix.Flock_t{Type: unix.F_UNLCK}
-		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &un)
-		unix.Close(fd)
-	}, true, nil
+	return tryLockFile(int(w.state.Fd()), SessionLease, "session lease of "+w.scope.String())
 }
 
 // SetSessionMarker persists the session container's marker. The caller

@@ -65,9 +65,16 @@ func (w *Workspace) TryLock() (unlock func(), ok bool, err error) {
 }
 
 func tryLockState(statefd int, s Scope) (unlock func(), ok bool, err error) {
-	fd, err := unix.Openat(statefd, LockFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
+	return tryLockFile(statefd, LockFile, s.String())
+}
+
+// tryLockFile takes an OFD write lock on the file name of directory dfd
+// (created if missing) without waiting: ok false means another holder has
+// it. what names the lock in errors.
+func tryLockFile(dfd int, name, what string) (unlock func(), ok bool, err error) {
+	fd, err := unix.Openat(dfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
-		return nil, false, policy.FromErrno(err, "open lock", LockFile)
+		return nil, false, policy.FromErrno(err, "open lock", name)
 	}
 	lk := unix.Flock_t{Type: unix.F_WRLCK}
 	for {
@@ -82,7 +89,7 @@ func tryLockState(statefd int, s Scope) (unlock func(), ok bool, err error) {
 	}
 	if err != nil {
 		unix.Close(fd)
-		return nil, false, policy.FromErrno(err, "lock", s.String())
+		return nil, false, policy.FromErrno(err, "lock", what)
 	}
 	return func() {
 		un := unix.Flock_t{Type: unix.F_UNLCK}

@@ -4,6 +4,11 @@
 // §5.2). Both doors of a process take from the same token buckets: a call
 // over the limit is delayed, never refused. It decides no rule; it only
 // waits.
+//
+// The limits are the scope's, across processes and nodes: a Limiter given
+// the scope's throttle directory (Share) counts the other processes doing
+// throttled I/O in the scope there and holds itself to its equal share
+// (share.go).
 package throttle
 
 import (
@@ -25,6 +30,9 @@ type Limiter struct {
 
 	waits  atomic.Int64 // calls that had to wait
 	waited atomic.Int64 // nanoseconds waited in all
+
+	shareMu sync.Mutex
+	share   *share // nil: this process holds the limits alone
 }
 
 // Rates are a scope's I/O limits; 0 is no limit.
@@ -59,6 +67,12 @@ func For(scope string, r Rates) *Limiter {
 	if l := byKey[scope]; l != nil && l.limits == r {
 		return l
 	}
+	l := newLimiter(r)
+	byKey[scope] = l
+	return l
+}
+
+func newLimiter(r Rates) *Limiter {
 	l := &Limiter{limits: r}
 	if r.BytesPerSec > 0 {
 		l.bytes = rate.NewLimiter(rate.Limit(r.BytesPerSec), max(int(float64(r.BytesPerSec)*burst.Seconds()), 4096))
@@ -66,7 +80,6 @@ func For(scope string, r Rates) *Limiter {
 	if r.OpsPerSec > 0 {
 		l.ops = rate.NewLimiter(rate.Limit(r.OpsPerSec), max(int(float64(r.OpsPerSec)*burst.Seconds()), 1))
 	}
-	byKey[scope] = l
 	return l
 }
 
@@ -84,6 +97,7 @@ func (l *Limiter) Wait(ctx context.Context, n int) time.Duration {
 	if l == nil {
 		return 0
 	}
+	l.active()
 	start := time.Now()
 	if l.ops != nil {
 		l.ops.Wait(ctx)

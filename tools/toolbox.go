@@ -17,7 +17,6 @@ import (
 	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
-	"github.com/agentloom/loomfs/throttle"
 )
 
 // CommandRequest is one workspace_command call handed to a CommandRunner.
@@ -171,7 +170,7 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		res, err = t.callWithin(ctx, h, name, callID, input)
 		// The scope's I/O limits (throttle): the call's bytes are its
 		// input and its result. It answers late, never fails.
-		lim := throttle.For(ev.Scope, throttle.RatesOf(t.WS.Policy().Limits))
+		lim := t.WS.Limiter()
 		if d := lim.Wait(ctx, len(input)+len(res)); d > 0 {
 			ev.Detail = map[string]any{"throttled_ms": d.Milliseconds()}
 		}
