@@ -69,9 +69,10 @@ exit $c`
 }
 
 // execKill kills the command's whole session, the wrapper with it, and
-// every process that holds its output open (the session is stopped first,
-// so that no shell of it sees a child killed and says so on stderr), and exits 0 only once none of
-// them is left; 3 when the command left no note of itself (it ended).
+// every process that holds its output open, and exits 0 only once none of
+// them is left; 3 when the command left no note of itself (it ended). The
+// session is stopped first, so that no shell of it sees a child killed
+// and says so on stderr.
 func execKill(id string) string {
 	f := "/tmp/.loomfs/" + id
 	return sweep + `read -r o1 o2 2>/dev/null < ` + f + `.out || exit 3
@@ -136,11 +137,12 @@ func (r *Runner) Exec(ctx context.Context, req ExecRequest) (Result, error) {
 	select {
 	case <-copied:
 	case <-r.execEnded(octx, created.ID, copied):
-		// The wrapper exited but something outside its session still
-		// holds the output: it left the command's session on purpose.
+		// The wrapper exited, yet something still holds the output,
+		// which its sweep should have killed. Kill it from outside
+		// before the engine gives up on the stream (2 s after the exec).
 		select {
 		case <-copied:
-		case <-time.After(2 * time.Second):
+		case <-time.After(500 * time.Millisecond):
 			reason = "output_held"
 		}
 	case <-timer.C:
