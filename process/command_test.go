@@ -163,7 +163,8 @@ func TestSessionCommandLeavesNothing(t *testing.T) {
 		{"background job with its output elsewhere", "nohup sleep 1000 >/dev/null 2>&1 &"},
 		{"orphaned grandchild", "(sleep 1000 &); echo started"},
 		{"its own process group", "set -m; sleep 1000 & echo started"},
-		{"its own session, holding the output", "setsid sleep 1000 & echo started"},
+		{"its own session, holding the output", "setsid sleep 1000 & sleep 0.5; echo started"},
+		{"a daemon: its own session, its output closed", "setsid sleep 1000 >/dev/null 2>&1 </dev/null & sleep 0.5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()

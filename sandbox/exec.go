@@ -40,12 +40,17 @@ var ErrLeftRunning = errors.New("sandbox: the command's processes could not be c
 // sentry's host fd), whatever its session: the engine would otherwise end
 // the exec's output 2 s after the exec, with that process still running.
 // h's pipeline runs with its output on /dev/null, so that none of its own
-// processes holds the pipes it looks for. gone repeats both until neither
-// finds anything, for at most about 5 s.
+// processes holds the pipes it looks for. e kills each process but this
+// shell whose environment has the command's commandVar ($id): what
+// inherited it from the command, even in a session of its own with its
+// output closed (a daemon). gone repeats all three until none finds
+// anything, for at most about 5 s. Only a process that left the command's
+// session, closed its output and dropped that variable escapes them.
 const sweep = `sig=KILL
 k() { f=1; for d in /proc/[0-9]*; do q=${d#/proc/}; [ "$q" = "$2" ] && continue; read -r s 2>/dev/null <"$d/stat" || continue; set -- "$1" "$2" ${s##*") "}; if [ "$3" != Z ] && [ "$6" = "$1" ]; then kill -$sig "$q" 2>/dev/null; f=0; fi; done; return $f; }
 h() { { ls -l /proc/[0-9]*/fd/1 /proc/[0-9]*/fd/2 | { f=1; while read -r l; do case $l in *" -> $o1" | *" -> $o2") q=${l#*/proc/}; q=${q%%/*}; [ "$q" != $$ ] && kill -9 "$q" && f=0 ;; esac; done; exit $f; }; } >/dev/null 2>&1; }
-gone() { i=0; while k "$1" "$2" || h; do i=$((i+1)); [ $i -ge 500 ] && return 1; sleep 0.01; done; }
+e() { f=1; for l in $(env -u ` + commandVar + ` grep -l -s "` + commandVar + `=$id" /proc/[0-9]*/environ); do q=${l#/proc/}; q=${q%%/*}; [ "$q" != $$ ] && kill -9 "$q" 2>/dev/null && f=0; done; return $f; }
+gone() { i=0; while k "$1" "$2" || h || e; do i=$((i+1)); [ $i -ge 500 ] && return 1; sleep 0.01; done; }
 pipes() { case $o1 in pipe:* | host:*) ;; *) o1=none: ;; esac; case $o2 in pipe:* | host:*) ;; *) o2=none: ;; esac; }
 `
 
@@ -57,7 +62,7 @@ pipes() { case $o1 in pipe:* | host:*) ;; *) o1=none: ;; esac; case $o2 in pipe:
 // left of those notes (a scope's commands take turns).
 func execWrapper(id string) string {
 	f := "/tmp/.loomfs/" + id
-	return sweep + `mkdir -p /tmp/.loomfs && rm -f /tmp/.loomfs/c-*
+	return "id=" + id + "\n" + sweep + `mkdir -p /tmp/.loomfs && rm -f /tmp/.loomfs/c-*
 o1=$(readlink /proc/$$/fd/1) o2=$(readlink /proc/$$/fd/2); pipes
 echo $$ > ` + f + `.pid && echo "$o1 $o2" > ` + f + `.out
 umask 077
@@ -75,7 +80,7 @@ exit $c`
 // and says so on stderr.
 func execKill(id string) string {
 	f := "/tmp/.loomfs/" + id
-	return sweep + `read -r o1 o2 2>/dev/null < ` + f + `.out || exit 3
+	return "id=" + id + "\n" + sweep + `read -r o1 o2 2>/dev/null < ` + f + `.out || exit 3
 pipes; p=$(cat ` + f + `.pid 2>/dev/null)
 [ -n "$p" ] && sig=STOP && k "$p" -; sig=KILL
 gone "${p:-none}" - || exit 1
@@ -110,7 +115,7 @@ func (r *Runner) Exec(ctx context.Context, req ExecRequest) (Result, error) {
 	cctx, cancel := context.WithTimeout(octx, engineTimeout)
 	created, err := r.cli.ContainerExecCreate(cctx, req.Container, container.ExecOptions{
 		User: r.cfg.User, AttachStdout: true, AttachStderr: true, WorkingDir: "/workspace",
-		Env: commandEnv, Cmd: []string{"/bin/sh", "-c", execWrapper(req.ID), "sh", req.Command},
+		Env: append([]string{commandVar + "=" + req.ID}, commandEnv...), Cmd: []string{"/bin/sh", "-c", execWrapper(req.ID), "sh", req.Command},
 	})
 	cancel()
 	if err != nil {
@@ -184,6 +189,10 @@ func (r *Runner) Exec(ctx context.Context, req ExecRequest) (Result, error) {
 	}
 	return res, nil
 }
+
+// commandVar, in an exec'd command's environment, names the command, so
+// that what it leaves running is found by what it inherited.
+const commandVar = "LOOMFS_COMMAND_ID"
 
 // commandEnv is the environment of every command, fresh or exec'd.
 var commandEnv = []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"}
