@@ -113,6 +113,10 @@
 // before it was read to its end, or whose writer died without ending it,
 // makes the mount drop everything once. Mounted.Serve (a pooled
 // projection starting a command) reads the journals to their end first.
+// Dropping a file's pages takes each page's lock, which the kernel holds
+// on the page a write only partly fills until the write is answered: a
+// drop can wait as long as a write this mount serves, so Unmount halts the
+// follower but waits for it only once the session is over.
 //
 // So the kernel may keep for long (Options.CacheTimeout, DefaultCacheTimeout
 // 5 minutes) what it learned: entries and attributes, failed lookups too

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -22,6 +23,13 @@ import (
 // by inotify on the journal directory when a writer on this node appends
 // (the line is written before the change returns), and every poll interval
 // otherwise: another node's lines raise no event here.
+//
+// A drop can wait in the kernel: invalidating a file's pages takes each
+// page's lock, which a read or write of the file that this mount is
+// serving holds until it is answered (on a slow backing store, seconds).
+// So the mount never waits for the follower while its session is live
+// (Mounted.Unmount halts it, ends the session, then waits), and a pass
+// that finds the follower halted drops nothing more.
 type follower struct {
 	f    *fsys
 	poll time.Duration
@@ -41,9 +49,10 @@ type follower struct {
 	done     chan struct{}
 	stopOnce sync.Once
 
-	// passes counts the journal reads made, drops the paths dropped;
-	// tests use them.
-	passes, drops int
+	// passes counts the journal reads made, drops the paths dropped
+	// (counted before the kernel is told); tests use them.
+	passes int
+	drops  atomic.Int64
 }
 
 // wakeGap is how long the follower waits after an inotify event before it
@@ -82,9 +91,27 @@ func (fl *follower) start() {
 	go fl.run(fl.watch())
 }
 
-// close stops the follower and waits for it.
-func (fl *follower) close() {
+// halt ends the follower's passes: one under way stops before its next
+// drop. It does not wait.
+func (fl *follower) halt() {
 	fl.stopOnce.Do(func() { close(fl.stop) })
+}
+
+// halted reports whether halt was called.
+func (fl *follower) halted() bool {
+	select {
+	case <-fl.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// close halts the follower and waits for it. A drop under way may wait
+// for a request the mount serves (see follower): the session must be able
+// to answer it, or be gone.
+func (fl *follower) close() {
+	fl.halt()
 	<-fl.done
 }
 
@@ -172,6 +199,9 @@ func (fl *follower) watch() <-chan struct{} {
 func (fl *follower) catchUp() {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
+	if fl.halted() {
+		return
+	}
 	fl.passes++
 	ws := fl.f.ws
 	// The sizes first: a pass that finds no file grown reads nothing.
@@ -207,6 +237,9 @@ func (fl *follower) catchUp() {
 	for _, jf := range files {
 		own := ws.OwnJournal(jf.Name)
 		for _, c := range jf.Changes {
+			if fl.halted() {
+				return
+			}
 			if own && mine(c) {
 				continue
 			}
@@ -256,12 +289,12 @@ func (fl *follower) forgetGone() {
 // attributes and listing. A path the kernel never looked up costs a walk
 // of the mount's inode tree and nothing more.
 func (fl *follower) drop(rel string, subtree bool) {
-	fl.drops++
+	fl.drops.Add(1)
 	root := fl.f.root.EmbeddedInode()
 	if rel == "." {
 		dropInode(root)
 		if subtree {
-			dropBeneath(root)
+			fl.dropBeneath(root)
 		}
 		return
 	}
@@ -295,7 +328,7 @@ func (fl *follower) drop(rel string, subtree bool) {
 		parent.NotifyEntry(name)
 		dropInode(child)
 		if subtree {
-			dropBeneath(child)
+			fl.dropBeneath(child)
 		}
 	}
 	dropInode(parent)
@@ -318,7 +351,7 @@ func (fl *follower) stat(rel string) (unix.Statx_t, error) {
 func (fl *follower) dropAll() {
 	root := fl.f.root.EmbeddedInode()
 	dropInode(root)
-	dropBeneath(root)
+	fl.dropBeneath(root)
 }
 
 func dropInode(in *fs.Inode) {
@@ -328,12 +361,15 @@ func dropInode(in *fs.Inode) {
 	in.NotifyContent(0, 0)
 }
 
-func dropBeneath(dir *fs.Inode) {
+func (fl *follower) dropBeneath(dir *fs.Inode) {
 	for name, child := range dir.Children() {
+		if fl.halted() {
+			return
+		}
 		dir.NotifyEntry(name)
 		dropInode(child)
 		if child.IsDir() {
-			dropBeneath(child)
+			fl.dropBeneath(child)
 		}
 	}
 }

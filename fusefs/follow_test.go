@@ -213,9 +213,7 @@ func TestOwnChangesNotDropped(t *testing.T) {
 	waitReleased(t, e.m)
 	fl := e.m.follower
 	fl.catchUp()
-	fl.mu.Lock()
-	own := fl.drops
-	fl.mu.Unlock()
+	own := fl.drops.Load()
 	if own != 0 {
 		t.Fatalf("%d of the mount's own changes dropped from the kernel", own)
 	}
@@ -223,9 +221,7 @@ func TestOwnChangesNotDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	fl.catchUp()
-	fl.mu.Lock()
-	tools := fl.drops
-	fl.mu.Unlock()
+	tools := fl.drops.Load()
 	if tools != 1 {
 		t.Fatalf("%d paths dropped for one tool write, want 1", tools)
 	}

@@ -29,7 +29,8 @@ type Mounted struct {
 	fsys     *fsys
 	server   *fuse.Server
 	dir      string
-	follower *follower // nil under "cache: strict"
+	follower *follower     // nil under "cache: strict"
+	ended    chan struct{} // closed when the session is over
 
 	once   sync.Once
 	err    error
@@ -116,7 +117,8 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	// A count of the scope (the quota's reconcile) sees what files open
 	// here hold with no name left.
 	unheld := ws.CountHeld(f.heldOpen)
-	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld}
+	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld, ended: make(chan struct{})}
+	go func() { server.Wait(); close(m.ended) }()
 	if f.coherent {
 		m.follower = newFollower(f, opts.journalPoll())
 		m.follower.start()
@@ -153,35 +155,73 @@ func (m *Mounted) Dir() string { return m.dir }
 
 // Unmount ends the mount. When it returns, the daemon no longer touches the
 // workspace, which the caller may then close. A mount still in use is
-// aborted and detached, and ErrDetached returned.
+// aborted and detached, and ErrDetached returned. A mount already
+// unmounted from outside is only cleaned up after.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
 		defer m.unheld()
 		defer m.releaseOpen()
 		if m.follower != nil {
-			m.follower.close()
+			// Halted first, waited for once the session is over: a
+			// drop under way can wait for a read or write the session
+			// is serving (follower), which ends only with the session
+			// when the backing store is slow to answer it.
+			m.follower.halt()
+			defer m.follower.close()
 		}
-		if err := m.server.Unmount(); err == nil {
+		if m.over() {
 			return
 		}
-		// Busy. A forced unmount makes FUSE abort the session: pending and
-		// later requests fail, and the serve loop ends. Then take the
-		// mount out of the namespace if it is still there.
-		unix.Unmount(m.dir, unix.MNT_FORCE)
-		if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
-			m.err = fmt.Errorf("unmount %s: %w", m.dir, err)
-			return
-		}
-		done := make(chan struct{})
-		go func() { m.server.Wait(); close(done) }()
-		select {
-		case <-done:
-			m.err = ErrDetached
-		case <-time.After(10 * time.Second):
-			m.err = fmt.Errorf("unmount %s: detached, but the session did not end", m.dir)
-		}
+		m.err = m.unmount()
 	})
 	return m.err
+}
+
+// over reports whether the session has ended.
+func (m *Mounted) over() bool {
+	select {
+	case <-m.ended:
+		return true
+	default:
+		return false
+	}
+}
+
+// unmount ends the session: unmounted if nothing uses the mount, else
+// aborted and detached.
+func (m *Mounted) unmount() error {
+	if err := m.server.Unmount(); err == nil {
+		return nil
+	}
+	// Busy: its users are cut off.
+	if err := m.Detach(); err != nil {
+		return err
+	}
+	select {
+	case <-m.ended:
+		return ErrDetached
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("unmount %s: detached, but the session did not end", m.dir)
+	}
+}
+
+// Detach aborts the session and takes the mount out of the namespace at
+// once, waiting for nothing: its users get ENOTCONN, and requests the
+// daemon is still serving are answered to no one. It is for a process that
+// must exit now (see loomfs mount --stop-timeout); Unmount is the way to
+// end a mount.
+func (m *Mounted) Detach() error {
+	if m.over() {
+		return nil
+	}
+	// A forced unmount makes FUSE abort the session: pending and later
+	// requests fail, and the serve loop ends. Then the mount is taken out
+	// of the namespace if it is still there.
+	unix.Unmount(m.dir, unix.MNT_FORCE)
+	if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+		return fmt.Errorf("unmount %s: %w", m.dir, err)
+	}
+	return nil
 }
 
 // releaseOpen closes and records the opens the kernel never released: a
@@ -200,7 +240,7 @@ func (m *Mounted) releaseOpen() {
 }
 
 // Wait returns when the mount has ended: unmounted here, or by someone else.
-func (m *Mounted) Wait() { m.server.Wait() }
+func (m *Mounted) Wait() { <-m.ended }
 
 // Invalidate tells the kernel that the object at the cleaned path rel
 // changed outside the mount (through the tool door), so that the next

@@ -2,13 +2,16 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -90,5 +93,110 @@ func TestStatfs(t *testing.T) {
 	total, free := st.Blocks*uint64(st.Bsize), st.Bavail*uint64(st.Bsize)
 	if total != testScopeLimit || free != testScopeLimit-1<<20 {
 		t.Errorf("statfs shows %d bytes, %d free; want the quota %d with %d free", total, free, testScopeLimit, testScopeLimit-1<<20)
+	}
+}
+
+// TestUnmountWhileFollowerWaitsOnAWrite: a drop of the follower waits for
+// the page lock of a write the mount is serving (here one the scope's
+// io_bytes_per_s holds back for a minute; on a slow backing store, one
+// the store holds back). Unmount does not wait for that drop while the
+// session lives: it cuts the writer off, and the drop ends with the
+// session.
+func TestUnmountWhileFollowerWaitsOnAWrite(t *testing.T) {
+	base := t.TempDir()
+	os.Chmod(base, 0o700)
+	ctx := context.Background()
+	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	pol := policy.Default()
+	pol.Limits.IOBytesPerSec = 4 << 10
+	ws, err := vol.Open(ctx, testScope, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	if _, err := ws.WriteFile(ctx, "f", []byte("old"), nil); err != nil {
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(base, "mnt")
+	os.Mkdir(mnt, 0o755)
+	m, err := Mount(ctx, ws, mnt, Options{Audit: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountsMu.Lock()
+	mounted = append(mounted, m.Dir())
+	mountsMu.Unlock()
+	unmounted := make(chan error, 1)
+	t.Cleanup(func() {
+		select {
+		case <-unmounted:
+		case <-time.After(time.Minute):
+		}
+	})
+	if m.follower == nil {
+		t.Fatal("the mount has no follower")
+	}
+	// Another door changes f in place while the write is held back.
+	m2 := secondMount(t, &env{vol: vol, mnt: mnt})
+
+	f, err := os.OpenFile(filepath.Join(m.Dir(), "f"), os.O_WRONLY, 0)
+	if err != nil {
+		m.Unmount()
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		// One request, a minute's worth: the kernel holds the lock of
+		// its last page, which it only partly fills, until it is
+		// answered (whole pages it unlocks at once).
+		_, err := f.Write(make([]byte, 60*4096+100))
+		f.Close()
+		wrote <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the write is in the daemon
+	before := m.follower.drops.Load()
+	if err := os.Chmod(filepath.Join(m2, "f"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	// The follower drops f and waits in the kernel, in its pass.
+	inPass := func() bool {
+		if m.follower.mu.TryLock() {
+			m.follower.mu.Unlock()
+			return false
+		}
+		return true
+	}
+	for deadline := time.Now().Add(5 * time.Second); m.follower.drops.Load() == before || !inPass(); {
+		if time.Now().After(deadline) {
+			m.Unmount()
+			t.Fatal("the follower never waited for the write: the test proves nothing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !inPass() {
+		m.Unmount()
+		t.Fatal("the follower's pass did not wait for the write: the test proves nothing")
+	}
+
+	start := time.Now()
+	go func() { unmounted <- m.Unmount() }()
+	select {
+	case err := <-unmounted:
+		unmounted <- err
+		if !errors.Is(err, ErrDetached) {
+			t.Errorf("unmount with a write in flight: %v, want ErrDetached", err)
+		}
+		t.Logf("unmounted %v after the follower began to wait", time.Since(start).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		m.Detach()
+		t.Fatal("Unmount waited for the follower, which waited for the write it serves")
+	}
+	if err := <-wrote; err == nil {
+		t.Error("the cut-off write succeeded")
 	}
 }

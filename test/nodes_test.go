@@ -621,3 +621,126 @@ func TestArtifactsCommand(t *testing.T) {
 		t.Errorf("--json refusal: exit %d, %s", r.code, r.stdout)
 	}
 }
+
+// TestNodesMountStopIsBounded: a loomfs mount exits within its
+// --stop-timeout of SIGTERM and leaves no mount behind, however slowly the
+// shared volume answers: while a process writes through it, another node's
+// mount changes what it caches (its follower drops it), and, in the
+// second case, a peer holds the scope's quota ledger locked, as one does
+// whose client stalled mid-update (on CephFS, one waiting for the metadata
+// server). Closing the workspace needs that lock; the mount leaves its
+// share to the next user of the scope, as after a crash, and that user
+// goes on.
+func TestNodesMountStopIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		holdLedger bool
+	}{
+		{"busy", false},
+		{"ledger held by a stalled peer", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, a, b := sharedVolume(t)
+			const scope = "acme/coder/s1"
+			ma := a.mount(scope)
+			cmd, mb, out := b.startMount(scope, "--stop-timeout", "2s")
+
+			// A writer on each node; B's follower drops A's files
+			// from B's caches, and B's own writes are under way.
+			stop := make(chan struct{})
+			var writers sync.WaitGroup
+			for i, dir := range []string{ma, mb} {
+				writers.Add(1)
+				go func() {
+					defer writers.Done()
+					for n := 0; ; n++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						// Errors are expected once B's mount is gone.
+						os.WriteFile(filepath.Join(dir, fmt.Sprintf("w%d-%d", i, n%20)), bytes.Repeat([]byte("x"), 1000+n), 0o600)
+						if i == 1 {
+							os.ReadFile(filepath.Join(dir, fmt.Sprintf("w0-%d", n%20)))
+						}
+					}
+				}()
+			}
+			t.Cleanup(func() { close(stop); writers.Wait() })
+			time.Sleep(500 * time.Millisecond)
+
+			release := func() {}
+			if tc.holdLedger {
+				ledger := findFile(t, b.root, "ledger.lock")
+				f, err := os.OpenFile(ledger, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				lk := unix.Flock_t{Type: unix.F_WRLCK}
+				if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLKW, &lk); err != nil {
+					t.Fatalf("lock the quota ledger: %v", err)
+				}
+				release = func() {
+					lk.Type = unix.F_UNLCK
+					unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+				}
+				defer release()
+				// B's writes spent quota since it last settled.
+				time.Sleep(300 * time.Millisecond)
+			}
+
+			start := time.Now()
+			stopMount(t, cmd, mb)
+			// 2 s, and a request in the filesystem's client at the time.
+			if took := time.Since(start); took > 8*time.Second {
+				t.Errorf("loomfs mount --stop-timeout 2s exited %v after SIGTERM", took.Round(time.Millisecond))
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 0 {
+				t.Errorf("loomfs mount exited %d after SIGTERM:\n%s", code, out)
+			}
+			if isMounted(t, mb) {
+				unix.Unmount(mb, unix.MNT_DETACH)
+				t.Errorf("the mount at %s is left behind", mb)
+			}
+			if tc.holdLedger && !strings.Contains(out.String(), "left open, as after a crash") {
+				t.Errorf("the mount did not say it left the workspace open:\n%s", out)
+			}
+			release()
+			if err := os.WriteFile(filepath.Join(ma, "after"), []byte("A goes on"), 0o600); err != nil {
+				t.Errorf("write through node A's mount after B's stop: %v", err)
+			}
+		})
+	}
+}
+
+// findFile returns the path of the one file called name beneath root.
+func findFile(t *testing.T, root, name string) string {
+	t.Helper()
+	var found []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == name {
+			found = append(found, p)
+		}
+		return nil
+	})
+	if len(found) != 1 {
+		t.Fatalf("%d files called %s beneath the volume, want 1: %v", len(found), name, found)
+	}
+	return found[0]
+}
+
+// isMounted reports whether something is mounted at dir.
+func isMounted(t *testing.T, dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}

@@ -281,37 +281,87 @@ func TestNodesMountFlock(t *testing.T) {
 // mount serves scope with `loomfs mount` from node n until the test ends,
 // and returns the mount point.
 func (n *node) mount(scope string) string {
+	n.t.Helper()
+	_, mnt, _ := n.startMount(scope)
+	return mnt
+}
+
+// startMount runs `loomfs mount` of scope with args on node n, stopped
+// with stopMount at the end of the test if it still runs, and returns it
+// once mounted, with its mount point and output.
+func (n *node) startMount(scope string, args ...string) (*exec.Cmd, string, *syncBuffer) {
 	t := n.t
 	t.Helper()
 	mnt, err := os.MkdirTemp(n.dir, "mnt-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := n.command("mount", "--scope", scope, mnt)
+	cmd := n.command(append(append([]string{"mount", "--scope", scope}, args...), mnt)...)
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stopMount(t, cmd, mnt) })
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			stopMount(t, cmd, mnt)
+		}
+	})
 	waitFor(t, "the mount on "+n.root, func() bool { return strings.Contains(out.String(), "mounted ") })
-	return mnt
+	return cmd, mnt, out
 }
 
-// stopMount ends a loomfs mount the way an operator does (SIGTERM), and
-// detaches the mount point if it did not go.
+// stopMount ends a loomfs mount the way an operator does (SIGTERM) and
+// returns when it exited. A mount exits within its --stop-timeout (5 s)
+// and what the kernel then still waits for: a request already in the
+// shared filesystem's client (on CephFS up to a few seconds). One still
+// there after 15 s fails the test with where its threads wait (their
+// kernel stacks, and its goroutines through SIGQUIT) and is killed, its
+// mount point detached.
 func stopMount(t *testing.T, cmd *exec.Cmd, mnt string) {
+	start := time.Now()
 	cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("loomfs mount at %s did not stop on SIGTERM", mnt)
+		took := time.Since(start)
+		t.Logf("loomfs mount at %s stopped %v after SIGTERM", mnt, took.Round(time.Millisecond))
+		if took > time.Second {
+			t.Logf("its output:\n%s", cmd.Stdout)
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("loomfs mount at %s did not stop on SIGTERM:\n%s", mnt, kernelStacks(cmd.Process.Pid))
+		// Its goroutines, into its output.
+		cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
 		unix.Unmount(mnt, unix.MNT_DETACH)
 		cmd.Process.Kill()
 		<-done
+		t.Logf("its output:\n%s", cmd.Stdout)
 	}
+}
+
+// kernelStacks describes where each thread of process pid is: its state
+// and its kernel stack (readable by root only).
+func kernelStacks(pid int) string {
+	var b strings.Builder
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, task := range tasks {
+		status, _ := os.ReadFile(filepath.Join(task, "status"))
+		state := ""
+		for _, l := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(l, "State:") {
+				state = l
+			}
+		}
+		stack, _ := os.ReadFile(filepath.Join(task, "stack"))
+		fmt.Fprintf(&b, "thread %s %s\n%s", filepath.Base(task), state, stack)
+	}
+	return b.String()
 }
 
 // TestNodesMounts: a file written through a loomfs mount on node A is read

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		profile   string
 		procs     int
 		follow    bool
+		stopAfter time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -44,6 +46,10 @@ The mount is nosuid and nodev. Objects are shown as owned by --uid:--gid
 bits it asks for, never a group, other, setuid, setgid or sticky bit. A
 stale mount left at MOUNTPOINT by a daemon that died is cleared first.
 "mounted SCOPE at DIR" is printed on stderr once the mount is ready.
+After SIGINT or SIGTERM it exits within --stop-timeout: a mount still busy
+then, or a workspace still closing (on a shared volume the quota share is
+folded into a ledger every node uses), is detached or left as a crash
+leaves it, for the next user of the scope; a second signal cuts it short.
 
 The kernel keeps entries, attributes, failed lookups, listings and the
 pages of unchanged files for 5 minutes: the mount follows the scope's change
@@ -77,7 +83,10 @@ container, whose processes resolve links against the container's view.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
-			return runMount(cmd.Context(), g, scope, args[0], opts, selfCheck, reconcile)
+			if stopAfter <= 0 {
+				return usagef("--stop-timeout must be positive")
+			}
+			return runMount(cmd.Context(), g, scope, args[0], opts, mountTimes{selfCheck: selfCheck, reconcile: reconcile, stop: stopAfter})
 		},
 	}
 	f := cmd.Flags()
@@ -94,6 +103,7 @@ container, whose processes resolve links against the container's view.`,
 	addProcsFlag(f, &procs)
 	f.DurationVar(&reconcile, "reconcile", 5*time.Minute, "compare the scope's quota account with a walk this often and correct it when nothing is changing (each correction is logged with its size); 0 turns it off")
 	f.DurationVar(&selfCheck, "self-check", 30*time.Second, "probe the mount (write, read back, delete) this often; failures are logged and shown by loomfs check; 0 turns it off")
+	f.DurationVar(&stopAfter, "stop-timeout", defaultStopTimeout, "after SIGINT or SIGTERM, how long unmounting and closing the workspace may take; then the mount is detached and the process exits, leaving what it did not close to the next user of the scope, as after a crash")
 	return cmd
 }
 
@@ -147,7 +157,20 @@ func cpusAllowed() int {
 	return set.Count()
 }
 
-func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, selfCheck, reconcile time.Duration) error {
+// defaultStopTimeout bounds a mount's exit after SIGTERM. Closing the
+// workspace writes to the backing store (the quota share is folded into
+// the ledger, the change journal and the audit log are ended): on a shared
+// filesystem each of those can wait for another node's client to give up
+// its caches, seconds on CephFS when both nodes are busy.
+const defaultStopTimeout = 5 * time.Second
+
+// mountTimes are the intervals of a loomfs mount.
+type mountTimes struct {
+	selfCheck, reconcile time.Duration // 0: off
+	stop                 time.Duration // --stop-timeout
+}
+
+func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fusefs.Options, times mountTimes) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -163,14 +186,25 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		}
 		return fail("%v", err)
 	}
-	defer closeWS()
+	// What the mount used is closed at the end: here if it never served,
+	// by stopMount, within --stop-timeout, if it did.
+	served := false
+	defer func() {
+		if !served {
+			closeWS()
+		}
+	}()
 
 	// Nothing is served unaudited.
 	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{})
 	if err != nil {
 		return fail("open the audit log: %v", err)
 	}
-	defer auditLog.Close()
+	defer func() {
+		if !served {
+			auditLog.Close()
+		}
+	}()
 	opts.Audit = auditLog
 
 	if recovered, err := fusefs.RecoverStale(mountpoint); err != nil {
@@ -199,41 +233,103 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	}
 	ws.RecordSelfCheck(nil)
 	fmt.Fprintf(os.Stderr, "mounted %s at %s\n", ws.Scope(), m.Dir())
-	if selfCheck > 0 {
-		sctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go m.SelfCheck(sctx, selfCheck, func(err error) {
-			if err != nil {
-				g.log.Error("self-check through the mount failed; .workspace_ready is hidden until it passes", zap.String("mountpoint", m.Dir()), zap.Error(err))
-			}
-			if rerr := ws.RecordSelfCheck(err); rerr != nil {
-				g.log.Warn("record self-check", zap.Error(rerr))
-			}
-		})
+	// The checks end before the workspace is closed.
+	var checks sync.WaitGroup
+	cctx, endChecks := context.WithCancel(ctx)
+	defer endChecks()
+	if times.selfCheck > 0 {
+		checks.Add(1)
+		go func() {
+			defer checks.Done()
+			m.SelfCheck(cctx, times.selfCheck, func(err error) {
+				if err != nil {
+					g.log.Error("self-check through the mount failed; .workspace_ready is hidden until it passes", zap.String("mountpoint", m.Dir()), zap.Error(err))
+				}
+				if rerr := ws.RecordSelfCheck(err); rerr != nil {
+					g.log.Warn("record self-check", zap.Error(rerr))
+				}
+			})
+		}()
 	}
-
-	if reconcile > 0 {
-		rctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go reconcileEvery(rctx, ws, reconcile, g.log)
+	if times.reconcile > 0 {
+		checks.Add(1)
+		go func() {
+			defer checks.Done()
+			reconcileEvery(cctx, ws, times.reconcile, g.log)
+		}()
 	}
 
 	ended := make(chan struct{})
 	go func() { m.Wait(); close(ended) }()
+	outside := false
 	select {
 	case <-ended:
 		fmt.Fprintf(os.Stderr, "%s was unmounted from outside\n", m.Dir())
-		return nil
+		outside = true
 	case sig := <-sigs:
 		g.log.Info("unmounting", zap.String("signal", sig.String()), zap.String("mountpoint", m.Dir()))
 	}
-	switch err := m.Unmount(); {
-	case errors.Is(err, fusefs.ErrDetached):
-		fmt.Fprintf(os.Stderr, "unmounted %s (it was busy: its users were cut off)\n", m.Dir())
-	case err != nil:
-		return fail("%v", err)
-	default:
-		fmt.Fprintf(os.Stderr, "unmounted %s\n", m.Dir())
+	endChecks()
+	served = true
+	return stopMount(m, sigs, times.stop, outside, func() {
+		checks.Wait()
+		auditLog.Close()
+		closeWS()
+	})
+}
+
+// stopMount unmounts m and then runs closeAll, and returns once both are
+// done, or at the latest after timeout, or at a second signal: then the
+// mount is detached (its users cut off) and what is still closing is left
+// as it stands, to be taken over by the next user of the scope as after a
+// crash: the quota ledger folds a dead holder's share, a reader of a
+// change journal without its end drops its caches once, the audit log
+// seals an entry left open. A request the kernel already handed to the
+// backing store's own daemon is still waited for by the kernel when the
+// process exits.
+func stopMount(m *fusefs.Mounted, sigs <-chan os.Signal, timeout time.Duration, outside bool, closeAll func()) error {
+	unmounted := make(chan error, 1)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		err := m.Unmount()
+		unmounted <- err
+		if err == nil || errors.Is(err, fusefs.ErrDetached) {
+			closeAll()
+		}
+	}()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	const left = "the workspace is left open, as after a crash, for the next user of the scope"
+	select {
+	case err := <-unmounted:
+		switch {
+		case outside:
+		case errors.Is(err, fusefs.ErrDetached):
+			fmt.Fprintf(os.Stderr, "unmounted %s (it was busy: its users were cut off)\n", m.Dir())
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "loomfs mount: %v\n", err)
+			return exitError{exitRefused}
+		default:
+			fmt.Fprintf(os.Stderr, "unmounted %s\n", m.Dir())
+		}
+		select {
+		case <-closed:
+		case <-deadline.C:
+			fmt.Fprintf(os.Stderr, "loomfs mount: closing the workspace took more than %v (the backing store is slow to answer): %s\n", timeout, left)
+		case sig := <-sigs:
+			fmt.Fprintf(os.Stderr, "loomfs mount: closing the workspace was cut short by %v: %s\n", sig, left)
+		}
+		return nil
+	case <-deadline.C:
+		fmt.Fprintf(os.Stderr, "loomfs mount: unmounting took more than %v (the backing store is slow to answer)\n", timeout)
+	case sig := <-sigs:
+		fmt.Fprintf(os.Stderr, "loomfs mount: unmounting was cut short by %v\n", sig)
 	}
+	if err := m.Detach(); err != nil {
+		fmt.Fprintf(os.Stderr, "loomfs mount: detach %s: %v\n", m.Dir(), err)
+		return exitError{exitRefused}
+	}
+	fmt.Fprintf(os.Stderr, "detached %s (its users were cut off): %s\n", m.Dir(), left)
 	return nil
 }

@@ -249,6 +249,7 @@ func TestMountUsage(t *testing.T) {
 		{"no mountpoint", []string{"--root", root, "mount", "--scope", mountScope}, exitUsage, "arg"},
 		{"bad scope", []string{"--root", root, "mount", "--scope", "a/../b", mnt}, exitUsage, "id"},
 		{"root uid", []string{"--root", root, "mount", "--scope", mountScope, "--uid", "0", mnt}, exitUsage, "never root"},
+		{"no stop timeout", []string{"--root", root, "mount", "--scope", mountScope, "--stop-timeout", "0s", mnt}, exitUsage, "--stop-timeout"},
 		{"missing mountpoint", []string{"--root", root, "mount", "--scope", mountScope, filepath.Join(mnt, "nope")}, exitRefused, "no such file"},
 		{"allow-other in an open directory", []string{"--root", root, "mount", "--scope", mountScope, "--allow-other", filepath.Join(open, "mnt")}, exitRefused, "0700"},
 	} {
