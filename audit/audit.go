@@ -17,6 +17,30 @@
 // rotation, at close and every few minutes; Heads exports every node's head
 // as an Anchor to keep elsewhere. Query, Tail and Follow read the log back.
 //
+// A Log writes synchronously unless opened with Options.Queue, which a
+// long-lived writer on a request's path (a mount) uses. Record then checks
+// and copies the event, stamps it with the time of the call and puts it
+// in a bounded queue; one goroutine of the Log encodes, chains and
+// appends everything queued in one write(2) under one hold of the chain
+// lock. It lets the lock go half a millisecond after the queue ran empty,
+// and at least every 5 ms under load, so the node's other writers wait
+// no longer than that. Records keep the order of the
+// Record calls and their time stamps, and none is dropped: Record waits
+// while the queue is full, for as long as the writer's writes take (only
+// storage that does not answer makes that long); a failed write keeps its
+// records queued and is retried, and from the first failure on Record
+// returns ErrUnavailable until a write succeeds again. What the queue
+// changes is which operation a failure refuses: a synchronous Log refuses
+// the operation whose own record could not be written, a queued one has
+// accepted that record and those queued with it, and refuses from the
+// next operation on; Options.Sync keeps the old behaviour. Close writes
+// the queue out before the writer's close entry; a queue it can't write
+// (it retries for a few seconds) is lost, Close says how many records,
+// and the writer has no close entry. A writer killed with SIGKILL loses
+// what was still queued: usually nothing, since the writer wakes at once,
+// at most Queue records in a burst; Verify reports it, like any killed
+// writer, as ended without closing.
+//
 // The package never reads workspace files and never decides policy: a caller
 // that gets ErrUnavailable from Record must refuse the operation itself.
 package audit

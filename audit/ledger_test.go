@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -359,10 +360,17 @@ func TestSendSyslog(t *testing.T) {
 
 // A writer killed with SIGKILL: running while it runs, then reported as
 // ended without closing, which fails verify unless the operator allows it.
+// A queued writer killed once its queue is empty has lost nothing.
 func TestWriterKilled(t *testing.T) {
+	for _, queue := range []int{0, DefaultQueue} {
+		t.Run(fmt.Sprintf("queue=%d", queue), func(t *testing.T) { testWriterKilled(t, queue) })
+	}
+}
+
+func testWriterKilled(t *testing.T, queue int) {
 	root := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childRootEnv+"="+root, childCountEnv+"=50", childHangEnv+"=1")
+	cmd.Env = append(os.Environ(), childRootEnv+"="+root, childCountEnv+"=50", childHangEnv+"=1", childQueueEnv+"="+strconv.Itoa(queue))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -396,6 +404,32 @@ func TestWriterKilled(t *testing.T) {
 	if rep, _ := Verify(Dir(root)); !rep.OK() || len(rep.Crashed) != 1 || rep.Events != 60 {
 		t.Errorf("after a later writer: %v %v", rep, rep.Problems)
 	}
+}
+
+// A queued writer killed right after a burst of records loses at most
+// what was still queued: the chain verifies, the writer is named as ended
+// without closing, and the records that made it are all there.
+func TestQueuedWriterKilledMidBurst(t *testing.T) {
+	root := t.TempDir()
+	const n = 2000
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childRootEnv+"="+root, childCountEnv+"="+strconv.Itoa(n), childKillEnv+"=1",
+		childQueueEnv+"="+strconv.Itoa(DefaultQueue))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("child: %v, want killed by SIGKILL", err)
+	}
+	rep, err := Verify(Dir(root))
+	if err != nil || !rep.OK() || len(rep.Crashed) != 1 || rep.Clean(false) || !rep.Clean(true) {
+		t.Fatalf("after SIGKILL mid-burst: %v %v problems %v warnings %v ended without closing %v", rep, err, rep.Problems, rep.Warnings, rep.Crashed)
+	}
+	if !strings.Contains(rep.Crashed[0].Message, "writer ended without closing") {
+		t.Errorf("report %q", rep.Crashed[0].Message)
+	}
+	if rep.Events > n || rep.Events < n-DefaultQueue {
+		t.Errorf("%d events: want all %d but at most the queue (%d)", rep.Events, n, DefaultQueue)
+	}
+	t.Logf("%d of %d records written before SIGKILL", rep.Events, n)
 }
 
 // Verify of a log being written: writers that register or close while it

@@ -26,6 +26,10 @@ import (
 // file when Options.MaxFileBytes is zero.
 const DefaultMaxFileBytes = 64 << 20
 
+// DefaultQueue is the queue a long-lived writer such as a mount gives
+// Options.Queue: far more records than a mount has requests in flight.
+const DefaultQueue = 1024
+
 // DefaultSealEvery is how often a writer with a key signs its node's heads
 // when Options.SealEvery is zero.
 const DefaultSealEvery = 5 * time.Minute
@@ -43,8 +47,16 @@ type Options struct {
 	// Sync makes every Record fsync before it returns, for callers that
 	// need each record durable before the operation goes ahead. Without it
 	// records reach the kernel at once (they survive a crash of loomfs, not
-	// of the machine); rotation and Close always sync.
+	// of the machine); rotation and Close always sync. Sync makes the Log
+	// synchronous: Queue is ignored.
 	Sync bool
+	// Queue, when positive, lets Record return as soon as its record is
+	// in a queue of at most Queue records, which one goroutine of the Log
+	// writes to the chain (see "Queued writers" in the package doc). Zero
+	// keeps the Log synchronous: Record returns once its record is in the
+	// file. Long-lived writers on a request's path (a mount) use
+	// DefaultQueue; a short-lived process gains nothing from it.
+	Queue int
 	// KeyFile is the node's signing key (loomfs audit keygen); default the
 	// file named by $AGENT_LOOM_AUDIT_KEY, and no signing if that is unset.
 	// A key that is named but can't be used makes Open fail.
@@ -61,6 +73,11 @@ type Options struct {
 // lock on the chain's current file, continues the chain from its last
 // line and releases the lock. The Log is registered in the node's ledger
 // from Open to Close. Its methods are safe for concurrent use.
+//
+// A synchronous Log appends on the goroutine of Record; a queued one
+// (Options.Queue) on its writer goroutine, which appends everything
+// queued in one lock hold and one write(2), and lets the lock go soon
+// after the queue ran empty.
 type Log struct {
 	dir   string
 	node  string // as in file names
@@ -70,6 +87,9 @@ type Log struct {
 	start time.Time
 	enc   zapcore.Encoder // JSON, with node, pid and writer already added
 
+	// mu guards the chain state below; whoever appends (Record in a
+	// synchronous Log, the writer goroutine in a queued one) holds it for
+	// the length of one append.
 	mu       sync.Mutex
 	led      *os.File // the node's ledger; holds this writer's liveness lock
 	id       uint64   // writer number: seq of its open entry in the ledger
@@ -86,15 +106,18 @@ type Log struct {
 	lastSeq  uint64 // its last record
 	lastHash string
 	lastSeal time.Time
-	held     bool            // the chain lock is kept through a burst of records
+	held     bool            // a synchronous Log keeps the chain lock through a burst of records
 	heldAt   time.Time       // when it was taken
 	lastRec  time.Time       // when this writer last recorded
 	release  *time.Timer     // lets the lock go once the burst is over
 	fields   []zapcore.Field // reused per record, under mu
 	actor    actorFields     // reused per record, under mu
+	group    []byte          // the lines of one write, reused under mu
 	lastErr  error           // last failure; nil after a success
 	broken   error           // set when the chain can no longer be continued
 	closed   bool
+
+	q *queue // nil in a synchronous Log
 }
 
 var _ Sink = (*Log)(nil)
@@ -150,6 +173,11 @@ func Open(root string, opts Options) (*Log, error) {
 	enc.AddInt("pid", l.pid)
 	enc.AddUint64("writer", l.id)
 	l.enc = enc
+	if opts.Queue > 0 && !opts.Sync {
+		l.q = newQueue(opts.Queue)
+		l.q.status = Status{File: l.f.Name(), Writer: l.id}
+		go l.run()
+	}
 	return l, nil
 }
 
@@ -281,15 +309,13 @@ func (l *Log) lockChain() error {
 
 func (l *Log) unlockChain() { unlockRange(l.f, 0, 0) }
 
-// A writer that records in bursts (a mount serving a build) keeps the
-// chain lock from one record to the next while the burst lasts, which
-// saves the lock, fstat and unlock of each record; other writers of the
-// node wait at most holdMax for it. A writer recording now and then
-// takes and releases the lock for each record.
-var (
-	holdGap = 500 * time.Microsecond // records this close together are a burst
-	holdMax = 5 * time.Millisecond   // the longest the lock is kept at a stretch
-)
+// A synchronous writer that records in bursts (a session's projection
+// serving a command) keeps the chain lock from one record to the next
+// while the burst lasts (records holdGap apart at most, for holdMax at a
+// stretch), which saves the lock, fstat and unlock of each record; a
+// timer lets it go after the burst. A writer recording now and then
+// takes and releases the lock for each record. (Measured: the timer's
+// wakeups cost less than the three system calls a record saves.)
 
 // acquire takes the chain lock unless this writer still holds it.
 func (l *Log) acquire() error {
@@ -369,10 +395,15 @@ func (l *Log) refresh() error {
 }
 
 // Record appends e to the node's chain, stamped with time, node, pid,
-// writer, sequence number and the previous record's hash. ctx is not used
-// to abandon the write: a record of something that happened is kept even
-// if the caller has given up. The error wraps ErrUnavailable.
+// writer, sequence number and the previous record's hash. A queued Log
+// stamps and queues it and returns; the record is written moments later,
+// in order (see "Queued writers" in the package doc). ctx is not used to
+// abandon the write: a record of something that happened is kept even if
+// the caller has given up. The error wraps ErrUnavailable.
 func (l *Log) Record(ctx context.Context, e Event) error {
+	if l.q != nil {
+		return l.enqueue(e)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.usable(); err != nil {
@@ -382,42 +413,100 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 		return l.fail(err)
 	}
 	defer l.keep()
-	now := l.opts.Clock().UTC()
-	buf, err := l.encodeEvent(now, &e)
-	if err != nil {
+	recs := [1]queued{{t: l.opts.Clock().UTC(), e: e}}
+	if _, err := l.write(recs[:]); err != nil {
 		return l.fail(err)
 	}
-	if l.size > 0 && (l.size+int64(buf.Len()) > l.opts.MaxFileBytes || now.Format(dayLayout) != l.fileDay) {
-		buf.Free()
-		if err := l.rotate(now); err != nil {
-			return l.fail(err)
+	return nil
+}
+
+// write appends recs to the chain, the chain lock held: each encoded and
+// chained to the one before, all in one write(2) unless the chain rotates
+// among them. It returns how many are in the chain; after a failure the
+// rest are not, and the chain ends at the last of those.
+func (l *Log) write(recs []queued) (int, error) {
+	buf := l.group[:0]
+	defer func() {
+		if cap(buf) <= 1<<20 {
+			l.group = buf[:0]
 		}
-		if buf, err = l.encodeEvent(now, &e); err != nil {
-			return l.fail(err)
+	}()
+	from := 0 // the first record in buf
+	seq, prev := l.seq, l.prev
+	for i := range recs {
+		r := &recs[i]
+		line, err := l.encodeEvent(r.t, &r.e, seq+1, prev)
+		if err != nil {
+			if ferr := l.flush(buf, i-from, seq, prev); ferr != nil {
+				return from, ferr
+			}
+			return i, err
 		}
+		if end := l.size + int64(len(buf)); end > 0 && (end+int64(line.Len()) > l.opts.MaxFileBytes || r.t.Format(dayLayout) != l.fileDay) {
+			line.Free()
+			if err := l.flush(buf, i-from, seq, prev); err != nil {
+				return from, err
+			}
+			buf, from = buf[:0], i
+			if err := l.rotate(r.t); err != nil {
+				return i, err
+			}
+			seq, prev = l.seq, l.prev
+			if line, err = l.encodeEvent(r.t, &r.e, seq+1, prev); err != nil {
+				return i, err
+			}
+		}
+		sum := sha256.Sum256(line.Bytes())
+		seq, prev = seq+1, hex.EncodeToString(sum[:])
+		buf = append(buf, line.Bytes()...)
+		line.Free()
 	}
-	err = l.append(buf.Bytes(), lineFields{Kind: KindEvent, Seq: l.seq + 1})
-	buf.Free()
-	if err != nil {
-		return l.fail(err)
+	if err := l.flush(buf, len(recs)-from, seq, prev); err != nil {
+		return from, err
 	}
-	l.events++
-	l.lastSeq, l.lastHash = l.seq, l.prev
 	l.lastErr = nil
-	if l.key != nil && now.Sub(l.lastSeal) >= l.opts.SealEvery {
+	if now := recs[len(recs)-1].t; l.key != nil && now.Sub(l.lastSeal) >= l.opts.SealEvery {
 		if err := l.seal(now, "interval"); err != nil {
-			l.lastErr = fmt.Errorf("%w: seal: %w", ErrUnavailable, err) // the record itself is kept
+			l.lastErr = fmt.Errorf("%w: seal: %w", ErrUnavailable, err) // the records themselves are kept
+		}
+	}
+	return len(recs), nil
+}
+
+// flush writes n encoded event lines, the chain lock held, and advances
+// the chain to seq and prev, the last of them. A partly written group is
+// cut off again so the file stays a chain; if even that fails the Log
+// refuses every later record.
+func (l *Log) flush(buf []byte, n int, seq uint64, prev string) error {
+	if n == 0 {
+		return nil
+	}
+	w, err := l.ws.Write(buf)
+	if err != nil {
+		l.cutOff(w)
+		return l.writeErr(err)
+	}
+	l.seq, l.prev, l.last = seq, prev, lineFields{Kind: KindEvent, Seq: seq}
+	l.size += int64(w)
+	l.records += uint64(n)
+	l.events += uint64(n)
+	l.lastSeq, l.lastHash = seq, prev
+	if l.opts.Sync {
+		if err := l.ws.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", l.f.Name(), err)
 		}
 	}
 	return nil
 }
 
-// Close syncs the chain, deregisters the writer in the ledger with its
-// count and last record, signs the heads if it has a key (a seal is always
-// synced) and closes its files.
-// A Log whose chain could not be written ends without a close entry;
+// Close writes what is queued, syncs the chain, deregisters the writer in
+// the ledger with its count and last record, signs the heads if it has a
+// key (a seal is always synced) and closes its files.
+// A Log whose chain could not be written, or whose queue could not be
+// written out (Close retries for closeRetry), ends without a close entry;
 // Verify reports it as a writer that ended without closing.
 func (l *Log) Close() error {
+	lost := l.drain()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -428,6 +517,9 @@ func (l *Log) Close() error {
 		l.release.Stop()
 	}
 	err := l.broken
+	if err == nil && lost != nil {
+		err = lost
+	}
 	if err == nil {
 		err = l.closeEntry()
 	} else {
@@ -437,9 +529,14 @@ func (l *Log) Close() error {
 		err = cerr
 	}
 	if err != nil {
-		return l.fail(err)
+		err = l.fail(err)
 	}
-	return nil
+	if q := l.q; q != nil {
+		q.mu.Lock()
+		q.status.Closed, q.status.Err = true, err
+		q.mu.Unlock()
+	}
+	return err
 }
 
 func (l *Log) closeEntry() error {
@@ -480,10 +577,26 @@ type Status struct {
 	Records uint64 // records this writer wrote, checkpoints included
 	Err     error  // the last failure; nil once a later write succeeded
 	Closed  bool
+	// A queued Log's queue: records accepted and not yet written, and
+	// writes of them that failed (each retried).
+	Queued int
+	Failed uint64
 }
 
-// Status reports the current file, how much was written and the last error.
+// Status reports the current file, how much was written and queued, and
+// the last error. Of a queued Log it reports the state after the writer's
+// last write, without waiting for the one under way.
 func (l *Log) Status() Status {
+	if q := l.q; q != nil {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		st := q.status
+		st.Queued, st.Failed = len(q.recs), q.failed
+		if q.err != nil {
+			st.Err = q.err
+		}
+		return st
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	err := l.lastErr
@@ -505,29 +618,44 @@ func (l *Log) usable() error {
 
 // fail remembers err for Status and wraps it in ErrUnavailable.
 func (l *Log) fail(err error) error {
-	if !errors.Is(err, ErrUnavailable) {
-		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
+	err = unavailable(err)
 	l.lastErr = err
 	return err
 }
 
-// append writes one encoded line, the chain lock held, and advances the
-// chain over exactly those bytes. A partly written line is cut off again
-// so the file stays a chain; if even that fails the Log refuses every
-// later record.
+func unavailable(err error) error {
+	if !errors.Is(err, ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// cutOff removes the n bytes a failed write left at the end of the file.
+func (l *Log) cutOff(n int) {
+	if n == 0 {
+		return
+	}
+	if err := l.f.Truncate(l.size); err != nil {
+		l.broken = fmt.Errorf("%w: %s holds a partial record that could not be removed: %w", ErrUnavailable, l.f.Name(), err)
+	}
+}
+
+func (l *Log) writeErr(err error) error {
+	if _, ok := errors.AsType[*fs.PathError](err); !ok {
+		err = fmt.Errorf("write %s: %w", l.f.Name(), err)
+	}
+	return err
+}
+
+// append writes one encoded line (a checkpoint), the chain lock held, and
+// advances the chain over exactly those bytes. A partly written line is
+// cut off again so the file stays a chain; if even that fails the Log
+// refuses every later record.
 func (l *Log) append(line []byte, lf lineFields) error {
 	n, err := l.ws.Write(line)
 	if err != nil {
-		if _, ok := errors.AsType[*fs.PathError](err); !ok {
-			err = fmt.Errorf("write %s: %w", l.f.Name(), err)
-		}
-		if n > 0 {
-			if terr := l.f.Truncate(l.size); terr != nil {
-				l.broken = fmt.Errorf("%w: %s holds a partial record that could not be removed: %w", ErrUnavailable, l.f.Name(), terr)
-			}
-		}
-		return err
+		l.cutOff(n)
+		return l.writeErr(err)
 	}
 	sum := sha256.Sum256(line)
 	l.prev = hex.EncodeToString(sum[:])
@@ -622,11 +750,11 @@ func (l *Log) checkpoint(now time.Time, reason string, count uint64, next string
 	return l.append(buf.Bytes(), lineFields{Kind: KindCheckpoint, Seq: l.seq + 1, Reason: reason, Next: next})
 }
 
-func (l *Log) encodeEvent(now time.Time, e *Event) (*buffer.Buffer, error) {
+func (l *Log) encodeEvent(now time.Time, e *Event, seq uint64, prev string) (*buffer.Buffer, error) {
 	f := append(l.fields[:0],
 		zap.String("kind", KindEvent),
-		zap.Uint64("seq", l.seq+1),
-		zap.String("prev", l.prev),
+		zap.Uint64("seq", seq),
+		zap.String("prev", prev),
 	)
 	f = appendString(f, "trace_id", e.TraceID)
 	f = appendString(f, "call_id", e.CallID)
@@ -729,7 +857,8 @@ func (a *actorFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 }
 
 func encodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
-	enc.AppendString(t.UTC().Format(time.RFC3339Nano))
+	var b [len(time.RFC3339Nano) + 8]byte
+	enc.AppendByteString(t.UTC().AppendFormat(b[:0], time.RFC3339Nano))
 }
 
 // create makes a new chain file (mode 0600, O_EXCL) and syncs the

@@ -54,7 +54,9 @@ func (n *Node) openForSandbox(ctx context.Context, sc store.Scope) (*store.Works
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	log, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// A session sandbox's mount lives as long as the sandbox and records on
+	// its requests' path: the log is queued (audit.Options.Queue).
+	log, err := audit.Open(ws.Volume().Path(), audit.Options{Queue: audit.DefaultQueue})
 	if err != nil {
 		done()
 		return nil, nil, nil, AuditUnavailable(err)

@@ -195,8 +195,10 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		}
 	}()
 
-	// Nothing is served unaudited.
-	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{})
+	// Nothing is served unaudited. A mount is a long-lived writer on the
+	// requests' path: its records are queued and written by the log's own
+	// goroutine (audit.Options.Queue); Close, at unmount, writes them all.
+	auditLog, err := audit.Open(ws.Volume().Path(), audit.Options{Queue: audit.DefaultQueue})
 	if err != nil {
 		return fail("open the audit log: %v", err)
 	}
@@ -273,7 +275,10 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	served = true
 	return stopMount(m, sigs, times.stop, outside, func() {
 		checks.Wait()
-		auditLog.Close()
+		// Records the log could not write are lost with the process: say so.
+		if err := auditLog.Close(); err != nil {
+			g.log.Error("close the audit log", zap.Error(err))
+		}
 		closeWS()
 	})
 }

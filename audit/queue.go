@@ -1,0 +1,244 @@
+package audit
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A queued Log's writer retries a failed write after retryMin, doubling
+// up to retryMax; once Close is called it gives up after closeRetry.
+// It keeps the chain lock for holdGap after its queue ran empty, so the
+// next record of a burst needs no lock, fstat and unlock; it lets the lock
+// go after holdMax even if records keep coming, and waits holdYield before
+// taking it again, so the node's other writers get their turn. A
+// synchronous Log holds the lock through a burst by the same holdGap and
+// holdMax.
+var (
+	retryMin   = 10 * time.Millisecond
+	retryMax   = time.Second
+	closeRetry = 5 * time.Second
+	holdGap    = 500 * time.Microsecond
+	holdMax    = 5 * time.Millisecond
+	holdYield  = time.Millisecond
+)
+
+// queue holds a queued Log's records from Record to their write.
+type queue struct {
+	mu      sync.Mutex
+	ready   chan struct{} // records arrived, or Close began
+	room    sync.Cond     // records were written, or a write failed
+	recs    []queued      // accepted, not yet written, oldest first
+	max     int
+	err     error  // the last write's failure; nil once a write succeeded
+	failed  uint64 // writes that failed
+	closing bool
+	closeAt time.Time
+	done    chan struct{} // closed when the writer goroutine returns
+
+	// What Status reports, as of the writer's last write, so that Status
+	// never waits for a write.
+	status Status
+}
+
+// queued is a record waiting for its write, stamped when it was recorded.
+type queued struct {
+	t time.Time
+	e Event
+}
+
+func newQueue(max int) *queue {
+	q := &queue{max: max, ready: make(chan struct{}, 1), done: make(chan struct{})}
+	q.room.L = &q.mu
+	return q
+}
+
+// wake tells the writer goroutine there is work, without waiting.
+func (q *queue) wake() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// enqueue stamps e and queues it for the writer goroutine. It waits while
+// the queue is full, for as long as the writer takes to make room: only
+// a write that hangs (storage that does not answer) makes it wait long.
+// While the last write failed it refuses.
+func (l *Log) enqueue(e Event) error {
+	e, err := frozen(e)
+	if err != nil {
+		return err
+	}
+	q := l.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		switch {
+		case q.closing:
+			return fmt.Errorf("%w: log closed", ErrUnavailable)
+		case q.err != nil:
+			return q.err
+		}
+		if len(q.recs) < q.max {
+			break
+		}
+		q.room.Wait()
+	}
+	q.recs = append(q.recs, queued{t: l.opts.Clock().UTC(), e: e})
+	if len(q.recs) == 1 {
+		q.wake()
+	}
+	return nil
+}
+
+// frozen checks that e's detail can be encoded and copies it, so the
+// record written later is the event as it was recorded even if the caller
+// changes its map. A value of a type the encoder does not know is kept as
+// its JSON, the bytes the encoder would have written.
+func frozen(e Event) (Event, error) {
+	if len(e.Detail) == 0 {
+		return e, nil
+	}
+	d := make(map[string]any, len(e.Detail))
+	for k, v := range e.Detail {
+		switch v.(type) {
+		case string, bool, int, int64, uint32, uint64:
+			d[k] = v
+		default:
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(v); err != nil {
+				return e, fmt.Errorf("%w: encode record: detail %q: %w", ErrUnavailable, k, err)
+			}
+			d[k] = json.RawMessage(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
+		}
+	}
+	e.Detail = d
+	return e, nil
+}
+
+// run is a queued Log's writer: it takes everything queued, appends it
+// under one hold of the chain lock, and lets the lock go once the queue
+// is empty. A failed write leaves its records queued, in order, and is
+// retried, one record at a time until one is written; Record refuses
+// until then.
+func (l *Log) run() {
+	q := l.q
+	defer close(q.done)
+	held := false
+	var heldAt time.Time
+	retry := retryMin
+	idle := time.NewTimer(holdGap)
+	idle.Stop()
+	let := func() {
+		l.mu.Lock()
+		l.unlockChain()
+		l.mu.Unlock()
+		held = false
+	}
+	for {
+		q.mu.Lock()
+		empty, closing := len(q.recs) == 0, q.closing
+		q.mu.Unlock()
+		switch {
+		case empty && closing:
+			if held {
+				let()
+			}
+			return
+		case empty && held:
+			idle.Reset(holdGap)
+			select {
+			case <-q.ready:
+				idle.Stop()
+			case <-idle.C:
+				let()
+			}
+			continue
+		case empty:
+			<-q.ready
+			continue
+		}
+		q.mu.Lock()
+		batch := q.recs // Record appends after it, never into it
+		if q.err != nil {
+			batch = batch[:1] // after a failure, one at a time: what fits is written
+		}
+		closeAt := q.closeAt
+		q.mu.Unlock()
+
+		l.mu.Lock()
+		var n int
+		var err error
+		if !held {
+			if err = l.lockChain(); err == nil {
+				held, heldAt = true, time.Now()
+			}
+		}
+		if err == nil {
+			n, err = l.write(batch)
+		}
+		yield := held && err == nil && time.Since(heldAt) >= holdMax
+		if held && (err != nil || yield) {
+			l.unlockChain()
+			held = false
+		}
+		broken := l.broken
+		st := Status{File: l.f.Name(), Writer: l.id, Records: l.records, Err: l.lastErr}
+		l.mu.Unlock()
+
+		q.mu.Lock()
+		q.status = st
+		rest := copy(q.recs, q.recs[n:])
+		clear(q.recs[rest:])
+		q.recs = q.recs[:rest]
+		if err == nil {
+			q.err, retry = nil, retryMin
+		} else {
+			q.err = unavailable(err)
+			q.failed++
+		}
+		q.room.Broadcast()
+		q.mu.Unlock()
+
+		switch {
+		case broken != nil:
+			return // the chain can't be continued; Close reports what is lost
+		case err != nil:
+			if closing && time.Since(closeAt) >= closeRetry {
+				return
+			}
+			time.Sleep(retry)
+			retry = min(2*retry, retryMax)
+		case yield:
+			time.Sleep(holdYield)
+		}
+	}
+}
+
+// drain stops a queued Log taking records and waits until its writer has
+// written them all, or given up; it returns an error naming what is lost.
+func (l *Log) drain() error {
+	q := l.q
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	if !q.closing {
+		q.closing, q.closeAt = true, time.Now()
+		q.wake()
+		q.room.Broadcast()
+	}
+	q.mu.Unlock()
+	<-q.done
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if n := len(q.recs); n > 0 {
+		return fmt.Errorf("%d queued records could not be written: %w", n, q.err)
+	}
+	return nil
+}
