@@ -9,8 +9,9 @@
 # machine's load hits every layer alike. Medians of ROUNDS, unpinned and
 # pinned (taskset -c 0 for the daemon and the workload).
 # SECTIONS picks what runs: warm (the table above), cmd (workspace_command
-# true, over the session's pooled projection and over one mounted per call,
-# against docker run --rm of the same image: a Go benchmark in sandbox/),
+# true under commands: fresh, over the session's pooled projection, and
+# under commands: session, against docker run --rm and docker exec of the
+# same image: a Go benchmark in process/),
 # limit (a writer in a scope whose policy sets io_bytes_per_s, while a
 # writer in another scope of the same volume has none; then two mounts of
 # the limited scope writing at once, which share its one limit).
@@ -172,11 +173,10 @@ done
 if section cmd; then
 	img=${AGENT_LOOM_SANDBOX_IMAGE:-loomfs-sandbox:latest}
 	echo
-	echo "## workspace_command true vs docker run --rm ($img), $ROUNDS runs each"
-	AGENT_LOOM_SANDBOX_IMAGE=$img go test -run '^$' -bench BenchmarkWorkspaceCommand -benchtime "${ROUNDS}x" -count 1 ./sandbox/ | grep -E '^Benchmark'
-	d=""
-	for _ in $(seq "$ROUNDS"); do d+="$(pre=(); timed docker run --rm --network none "$img" true) "; done
-	echo "docker run --rm $img true: median $(echo $d | tr ' ' '\n' | median) s of: $d"
+	echo "## workspace_command true: commands: fresh (pooled projection) and session, vs docker run --rm and docker exec ($img), $ROUNDS rounds, medians"
+	# One of each per round (process.BenchmarkWorkspaceCommandModes): the
+	# machine's load hits all four alike.
+	AGENT_LOOM_SANDBOX_IMAGE=$img go test -run '^$' -bench BenchmarkWorkspaceCommandModes -benchtime "${ROUNDS}x" -count 1 ./process/ | grep -E '^Benchmark'
 fi
 
 if section limit; then

@@ -241,6 +241,13 @@ type lazyCommands struct {
 }
 
 func (l *lazyCommands) RunCommand(ctx context.Context, ws *store.Workspace, req tools.CommandRequest) (tools.CommandResult, error) {
+	if ws.Policy().SessionCommands() {
+		r, err := l.n.sessionCommands(ctx)
+		if err != nil {
+			return tools.CommandResult{}, err
+		}
+		return r.RunCommand(ctx, ws, req)
+	}
 	l.once.Do(func() { l.cmds, l.err = l.n.newCommands(ctx, ws, l.log) })
 	if l.err != nil {
 		return tools.CommandResult{}, l.err
@@ -255,6 +262,19 @@ func (l *lazyCommands) close() {
 		}
 		l.cmds.Runner.Close()
 	}
+}
+
+// sessionCommands runs the commands of a "commands: session" policy: as
+// execs in the scope's session sandbox, which lives where the process
+// tools' processes do (the Node's own service, or loomfs serve's).
+func (n *Node) sessionCommands(ctx context.Context) (tools.CommandRunner, error) {
+	if n.cfg.Processes == nil {
+		return n.Processes(ctx)
+	}
+	if r, ok := n.cfg.Processes.(tools.CommandRunner); ok {
+		return r, nil
+	}
+	return nil, policy.Errorf(policy.SandboxUnavailable, "the policy says commands: session, but this node's process service does not run commands; set commands: fresh")
 }
 
 // newCommands builds the sandbox door: a Runner on the local engine and one

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/agentloom/loomfs/loom"
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
@@ -52,5 +53,47 @@ func TestNodeProcesses(t *testing.T) {
 	defer r.Close()
 	if ok, err := r.ContainerExists(ctx, out.Container); err != nil || ok {
 		t.Fatalf("container %s after Node.Close: exists %v, %v", out.Container, ok, err)
+	}
+}
+
+// Under "commands: session" an embedder's workspace_command runs in the
+// Node's own session sandbox, the one its processes use, with the
+// commands' policy events still told; under the default it runs in a
+// container of its own.
+func TestNodeSessionCommands(t *testing.T) {
+	cfg := sandbox.ConfigFromEnv()
+	cfg.Image, cfg.Node = "loomfs-sandbox-dev:latest", "loom-test"
+	for _, tc := range []struct {
+		policy  string
+		session bool
+	}{{"commands: fresh\n", false}, {"commands: session\n", true}} {
+		pol, err := policy.Parse("p.yaml", []byte(tc.policy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := loom.New(loom.Config{Store: store.Config{Root: t.TempDir()}, Policy: pol, Sandbox: cfg, MountDir: filepath.Join(t.TempDir(), "mnt")})
+		ctx := context.Background()
+		s, err := node.Open(ctx, "acme/coder/embed-cmds")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Tools.Call(ctx, tools.Command, "", json.RawMessage(`{"command":"echo hi; touch .agentloom-x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out tools.CommandResult
+		json.Unmarshal(res, &out)
+		if out.Stdout != "hi\n" || out.ExitCode != 1 || out.PolicyEvents.Total != 1 || out.PolicyEvents.Events[0].Errno != "EPERM" {
+			t.Fatalf("%s: %s", tc.policy, res)
+		}
+		svc, _ := node.Processes(ctx)
+		boxes := svc.Sandboxes()
+		if got := len(boxes) == 1 && boxes[0].Container == out.Container; got != tc.session {
+			t.Fatalf("%s: command ran in %s, session sandboxes %+v", tc.policy, out.Container, boxes)
+		}
+		s.Close()
+		if err := node.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -34,7 +34,13 @@ func (n *Node) Processes(ctx context.Context) (*process.Service, error) {
 			Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
 				a := Actor(ws.Scope())
 				a.Container = call.Container
-				return fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID})
+				m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID})
+				if err != nil {
+					return nil, err
+				}
+				// Reusable: a workspace_command run in the session
+				// sandbox names its own call and takes its refusals.
+				return servingMount{m}, nil
 			},
 		})
 	})

@@ -25,6 +25,10 @@ type Client struct {
 
 var _ tools.ProcessRunner = (*Client)(nil)
 
+// A Client also runs the commands of a "commands: session" policy in the
+// service's session sandboxes.
+var _ tools.CommandRunner = (*Client)(nil)
+
 // NewClient returns a client of the service at socket. Nothing is dialled
 // until the first call.
 func NewClient(socket string) *Client {
@@ -110,6 +114,13 @@ func (c *Client) SignalProcess(ctx context.Context, ws *store.Workspace, req too
 // ListProcesses implements tools.ProcessRunner.
 func (c *Client) ListProcesses(ctx context.Context, ws *store.Workspace) (out []tools.ProcessInfo, err error) {
 	err = c.do(ctx, opList, request{Scope: scopeOf(ws)}, &out)
+	return out, err
+}
+
+// RunCommand implements tools.CommandRunner: the command runs in the
+// service's session sandbox of the scope. The caller holds the scope lock.
+func (c *Client) RunCommand(ctx context.Context, ws *store.Workspace, req tools.CommandRequest) (out tools.CommandResult, err error) {
+	err = c.do(ctx, opCommand, request{Scope: scopeOf(ws), CallID: req.CallID, Command: req.Command, TimeoutMS: ms(req.Timeout)}, &out)
 	return out, err
 }
 

@@ -114,6 +114,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		opList: func(ctx context.Context, ws *store.Workspace, r request) (any, error) {
 			return s.Service.ListProcesses(ctx, ws)
 		},
+		opCommand: func(ctx context.Context, ws *store.Workspace, r request) (any, error) {
+			return s.Service.RunCommand(ctx, ws, tools.CommandRequest{Command: r.Command, Timeout: dur(r.TimeoutMS), CallID: r.CallID})
+		},
 		opStop: func(ctx context.Context, ws *store.Workspace, r request) (any, error) {
 			stopped, err := s.Service.Stop(ctx, ws, r.CallID)
 			return StopResult{Stopped: stopped}, err

@@ -19,6 +19,7 @@ const (
 	opResize    = "/v1/process/resize"
 	opSignal    = "/v1/process/signal"
 	opList      = "/v1/process/list"
+	opCommand   = "/v1/command"
 	opStop      = "/v1/sandbox/stop"
 	opSandboxes = "/v1/sandbox/list"
 )
@@ -38,6 +39,8 @@ type request struct {
 	Input    string `json:"input,omitempty"`
 	Since    int64  `json:"since,omitempty"`
 	Signal   string `json:"signal,omitempty"`
+	// TimeoutMS is a workspace_command's timeout.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // response carries a result or a refusal.

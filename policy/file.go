@@ -34,6 +34,7 @@ import (
 //	    clear_at_run_end: true
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
 //	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
+//	commands: fresh         # or session: each workspace_command is an exec in the scope's session sandbox
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -209,8 +210,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		readme     *bool
 		symlinks   Symlinks
 		cache      Cache
+		commands   Commands
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache"}, func(key string, k, v *yaml.Node) error {
+	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache", "commands"}, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -254,6 +256,15 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			if cache != CacheJournal && cache != CacheStrict {
 				return p.errf(v, "cache %q is not one of journal, strict", s)
 			}
+		case "commands":
+			s, err := p.str(v, "commands")
+			if err != nil {
+				return err
+			}
+			commands = Commands(s)
+			if commands != CommandsFresh && commands != CommandsSession {
+				return p.errf(v, "commands %q is not one of fresh, session", s)
+			}
 		}
 		return nil
 	})
@@ -280,6 +291,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if cache != "" {
 		pol.Cache = cache
+	}
+	if commands != "" {
+		pol.Commands = commands
 	}
 	return pol, nil
 }

@@ -406,3 +406,35 @@ func TestIOLimitKeys(t *testing.T) {
 		t.Errorf("no I/O limits by default: %v %q", err, policy.IOSummary(pol.Limits))
 	}
 }
+
+func TestCommandsKey(t *testing.T) {
+	for _, c := range []struct {
+		file    string
+		session bool
+		err     string
+	}{
+		{"preset: open\n", false, ""},
+		{"commands: fresh\n", false, ""},
+		{"commands: session\n", true, ""},
+		{"preset: standard\ncommands: session\n", true, ""},
+		{"commands: pooled\n", false, `p.yaml:1: commands "pooled" is not one of fresh, session`},
+		{"commands: [session]\n", false, `p.yaml:1: commands must be a single value`},
+	} {
+		pol, err := policy.Parse("p.yaml", []byte(c.file))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: %v, want %s", c.file, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pol.SessionCommands() != c.session {
+			t.Errorf("%q: session commands %v, want %v", c.file, pol.SessionCommands(), c.session)
+		}
+		if got := strings.Contains(policy.WorkspaceReadme(pol), "## Commands"); got != c.session {
+			t.Errorf("%q: the workspace README tells of session commands: %v", c.file, got)
+		}
+	}
+}

@@ -64,6 +64,9 @@ type Policy struct {
 	// Cache says how the projection lets the kernel cache (CacheJournal,
 	// the default when empty, or CacheStrict).
 	Cache Cache
+	// Commands says where workspace_command runs (CommandsFresh, the
+	// default when empty, or CommandsSession).
+	Commands Commands
 	// Layout lists the directories a scope gets at first use (layout.go):
 	// the standard preset's, and every rule's of a policy file unless it
 	// says "create: false". Set it with SetLayout.

@@ -234,6 +234,11 @@ func WorkspaceReadme(pol *Policy) string {
 		b.WriteString("Commands may make symbolic links (ln -s, virtualenvs, node_modules/.bin); inside a command they work as on any filesystem. The tools list them with type \"symlink\" and their target, and never follow them: read or write the target's own path.\n\n")
 	}
 
+	if pol.SessionCommands() {
+		b.WriteString("## Commands\n\n")
+		b.WriteString("Commands (workspace_command) run in this workspace's session sandbox, one container kept between calls: what a command leaves in /tmp stays for later commands until the sandbox ends, and a command sees the session's processes. What a command leaves running is killed when it exits; start it with workspace_process_start to keep it running.\n\n")
+	}
+
 	b.WriteString("## Always refused\n\n")
 	links := "symlinks"
 	if pol.EmulatesLinks() {

@@ -3,6 +3,7 @@ package process
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"sort"
@@ -137,4 +138,94 @@ func BenchmarkDockerRunRm(b *testing.B) {
 		l = append(l, time.Since(t0))
 	}
 	l.report(b)
+}
+
+// BenchmarkWorkspaceCommandModes: workspace_command true through the tool
+// door with "commands: fresh" (a container per call over the pool's live
+// projection, as loom wires it) and "commands: session" (an exec in the
+// running session sandbox), against docker run --rm and docker exec into
+// a running container of the same image, one of each per round so that
+// the machine's load hits all four alike. bench/warm.sh SECTIONS=cmd runs
+// it; AGENT_LOOM_SANDBOX_IMAGE picks the image.
+func BenchmarkWorkspaceCommandModes(b *testing.B) {
+	img := testImage
+	if v := os.Getenv("AGENT_LOOM_SANDBOX_IMAGE"); v != "" {
+		img = v
+	}
+	rt := os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")
+	fresh, session := commandEnvs(b, "acme/coder/bench-modes")
+	r, err := sandbox.NewRunner(context.Background(), sandbox.Config{Host: sandbox.HostFromEnv(), Image: img, Node: testNode, Runtime: rt})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	session.svc.cfg.Runner = r
+	pool := &sandbox.Pool{Dir: fresh.svc.cfg.MountDir,
+		Mount: func(ctx context.Context, ws *store.Workspace, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
+			m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+			if err != nil {
+				return nil, err
+			}
+			return pooled{m}, nil
+		}}
+	b.Cleanup(func() { pool.Close() })
+	fresh.tb.Commands = &sandbox.Commands{Runner: r, Pool: pool}
+
+	docker := func(args ...string) []string {
+		if rt != "" {
+			args = append([]string{args[0], "--runtime", rt}, args[1:]...)
+		}
+		return args
+	}
+	label := sandbox.LabelNode + "=" + testNode
+	out, err := exec.Command("docker", docker("run", "-d", "--rm", "--network", "none", "--label", label, img, "sleep", "infinity")...).Output()
+	if err != nil {
+		b.Fatalf("docker run -d: %v", err)
+	}
+	running := strings.TrimSpace(string(out))
+	b.Cleanup(func() { exec.Command("docker", "rm", "-f", running).Run() })
+
+	modes := []struct {
+		name string
+		run  func() error
+	}{
+		{"fresh", func() error { return commandTrue(fresh) }},
+		{"session", func() error { return commandTrue(session) }},
+		{"docker-run-rm", func() error {
+			return exec.Command("docker", docker("run", "--rm", "--network", "none", "--label", label, img, "true")...).Run()
+		}},
+		{"docker-exec", func() error { return exec.Command("docker", "exec", running, "true").Run() }},
+	}
+	for _, m := range modes { // warm: the pool's projection, the session sandbox
+		if err := m.run(); err != nil {
+			b.Fatalf("%s: %v", m.name, err)
+		}
+	}
+	took := make([]latencies, len(modes))
+	for b.Loop() {
+		for i, m := range modes {
+			t0 := time.Now()
+			if err := m.run(); err != nil {
+				b.Fatalf("%s: %v", m.name, err)
+			}
+			took[i] = append(took[i], time.Since(t0))
+		}
+	}
+	med := make([]float64, len(modes))
+	for i, m := range modes {
+		l := took[i]
+		sort.Slice(l, func(a, c int) bool { return l[a] < l[c] })
+		med[i] = float64(l[len(l)/2].Microseconds()) / 1000
+		b.ReportMetric(med[i], m.name+"-ms")
+	}
+	b.ReportMetric(med[1]/med[2], "session/run")
+	b.ReportMetric(med[0]/med[2], "fresh/run")
+}
+
+func commandTrue(e *env) error {
+	res, err := e.tb.Call(context.Background(), tools.Command, "", []byte(`{"command":"true"}`))
+	if err == nil && !strings.Contains(string(res), `"exit_code":0`) {
+		err = errors.New("workspace_command true: " + string(res))
+	}
+	return err
 }

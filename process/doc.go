@@ -8,5 +8,7 @@
 // goes only once its removal is confirmed, under a lease that tells a live
 // session from one whose worker died (that scope is then quarantined, as
 // for a one-shot command). It never holds the scope lock for a process's
-// life, only while it starts the sandbox or a process.
+// life, only while it starts the sandbox or a process. Under the policy's
+// "commands: session" it also runs workspace_command in the session
+// sandbox (Service.RunCommand), answered as a one-shot command is.
 package process

@@ -33,6 +33,15 @@ var testNode = fmt.Sprintf("process-test-%d", os.Getpid())
 // fails the run if any container it started, or any mount, is left.
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
+		// The tests' temporary directories go in one of this binary's
+		// own, so the mount check below sees no other package's mounts
+		// (go test runs packages side by side).
+		tmp, err := os.MkdirTemp("", "process-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		os.Setenv("TMPDIR", tmp)
 		code := m.Run()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -50,6 +59,9 @@ func TestMain(m *testing.M) {
 				fmt.Fprintln(os.Stderr, "process tests left a mount:", f[4])
 				code = 1
 			}
+		}
+		if code == 0 {
+			os.RemoveAll(tmp)
 		}
 		return code
 	}())

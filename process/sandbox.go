@@ -35,6 +35,7 @@ type Sandbox struct {
 	mp      string
 	name    string
 	id      string
+	callID  string // the call that started it: its projection's records name it between commands
 	started time.Time
 	idle    time.Duration
 	life    time.Duration
@@ -42,6 +43,7 @@ type Sandbox struct {
 
 	mu       sync.Mutex
 	procs    map[string]*Process
+	cmds     int // workspace_command calls running as execs ("commands: session")
 	lastUse  time.Time
 	stopping bool
 	done     chan struct{} // closed once stopped
@@ -81,7 +83,7 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	if lim.ProcessOutput <= 0 {
 		lim.ProcessOutput = def.ProcessOutput
 	}
-	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()),
+	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()), callID: callID,
 		idle: lim.SessionIdle, life: lim.SessionLifetime, output: int(lim.ProcessOutput),
 		procs: map[string]*Process{}, done: make(chan struct{})}
 	undo := []func(){closeWS}
@@ -231,7 +233,7 @@ func (b *Sandbox) watch() {
 		case <-t.C:
 		}
 		b.mu.Lock()
-		running := 0
+		running := b.cmds
 		for _, p := range b.procs {
 			if !p.exited() {
 				running++

@@ -11,4 +11,7 @@
 // bounded, and the runtime's own message comes back (ErrStartFailed).
 // Containers run under a seccomp profile of our own (SeccompProfile), passed
 // inline. BuildImage makes the sandbox image locally from Debian packages.
+// Runner.Exec runs the same command as an exec in a container kept running
+// by its caller (a scope's session sandbox) and kills what the command left
+// running before it answers.
 package sandbox

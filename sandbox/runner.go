@@ -495,7 +495,7 @@ func (r *Runner) containerConfig(req Request) (*container.Config, *container.Hos
 		// "$1" hands the command to the inner shell as one argument, unquoted by nobody.
 		Entrypoint:   []string{"/bin/sh", "-c", `umask 077 && exec /bin/sh -c "$1"`, "sh", req.Command},
 		WorkingDir:   "/workspace",
-		Env:          []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
+		Env:          commandEnv,
 		AttachStdout: true,
 		AttachStderr: true,
 		Labels: map[string]string{
@@ -545,18 +545,9 @@ func (req *Request) check() (time.Duration, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidRequest, fmt.Sprintf(format, args...))
 	}
-	timeout := req.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
-	}
-	if timeout < MinTimeout || timeout > MaxTimeout {
-		return 0, bad("timeout %v is outside the allowed %v to %v", req.Timeout, MinTimeout, MaxTimeout)
-	}
-	if strings.TrimSpace(req.Command) == "" {
-		return 0, bad("empty command")
-	}
-	if strings.ContainsRune(req.Command, 0) {
-		return 0, bad("command contains a NUL byte")
+	timeout, err := checkCommand(req.Command, req.Timeout)
+	if err != nil {
+		return 0, err
 	}
 	if req.Marker == nil {
 		return 0, bad("no execution marker hooks: a command may not run without a persisted marker")

@@ -24,17 +24,18 @@ type serveEnv struct {
 	socket, mountDir string
 	cmd              *exec.Cmd
 	out              *syncBuffer
+	extraEnv         []string // more environment for every loomfs of the test
 }
 
 // env is what every loomfs of these tests runs with: the test's socket and
 // the image with python3.
 func (s *serveEnv) env() []string {
-	return append(cliEnv(), "AGENT_LOOM_SERVE_SOCKET="+s.socket, "AGENT_LOOM_SANDBOX_IMAGE=loomfs-sandbox-dev:latest")
+	return append(append(cliEnv(), "AGENT_LOOM_SERVE_SOCKET="+s.socket, "AGENT_LOOM_SANDBOX_IMAGE=loomfs-sandbox-dev:latest"), s.extraEnv...)
 }
 
-func newServeEnv(t *testing.T) *serveEnv {
+func newServeEnv(t *testing.T, extraEnv ...string) *serveEnv {
 	dir := t.TempDir()
-	s := &serveEnv{cli: newCLI(t), socket: filepath.Join(dir, "sock", "serve.sock"), mountDir: filepath.Join(dir, "mnt")}
+	s := &serveEnv{cli: newCLI(t), socket: filepath.Join(dir, "sock", "serve.sock"), mountDir: filepath.Join(dir, "mnt"), extraEnv: extraEnv}
 	t.Cleanup(func() { detachUnder(s.mountDir) })
 	s.serve()
 	return s

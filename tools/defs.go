@@ -143,14 +143,23 @@ func Definitions(pol *policy.Policy) []Definition {
 				"path":            pathProp("File or empty directory to delete."),
 				"expected_sha256": shaProp,
 			}))},
-		{Command, fmt.Sprintf("Run a shell command (sh -c) in a fresh sandbox container with the workspace at /workspace (the working directory): no network, read-only system, writable /tmp (nosuid, nodev; programs may run from it), non-root user, umask 077. Returns exit_code, stdout, stderr, timed_out, truncation flags and policy_events: each refusal the command met in the workspace (op, path, errno, code, the message a tool would give, count), the first 50 listed, every one counted in total and dropped. Timeout %d–%d s, default %d s. The command sees the same path rules and limits as the tools. %s %s", minTimeout, maxTimeout, defaultTimeout, paths, quota),
+		{Command, fmt.Sprintf("Run a shell command (sh -c) in %s with the workspace at /workspace (the working directory): no network, read-only system, writable /tmp (nosuid, nodev; programs may run from it), non-root user, umask 077. Returns exit_code, stdout, stderr, timed_out, truncation flags and policy_events: each refusal the command met in the workspace (op, path, errno, code, the message a tool would give, count), the first 50 listed, every one counted in total and dropped. Timeout %d–%d s, default %d s; what the command leaves running is killed when it exits. The command sees the same path rules and limits as the tools. %s %s", commandBox(pol), minTimeout, maxTimeout, defaultTimeout, paths, quota),
 			schema([]string{"command"}, map[string]prop{
 				"command":   {"type": "string", "minLength": 1, "description": "Shell command line."},
-				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the container is killed; default %d.", defaultTimeout)},
+				"timeout_s": {"type": "integer", "minimum": minTimeout, "maximum": maxTimeout, "description": fmt.Sprintf("Seconds before the command is killed; default %d.", defaultTimeout)},
 			})},
 	}
 	defs = append(defs, otherDefinitions(pol, paths, quota)...)
 	return append(defs, processDefinitions(pol)...)
+}
+
+// commandBox says where workspace_command runs, as the policy's
+// "commands" setting says.
+func commandBox(pol *policy.Policy) string {
+	if pol.SessionCommands() {
+		return "this workspace's session sandbox (the container the workspace_process tools use, kept between calls: files a command leaves in /tmp stay for later commands, and it sees the session's processes)"
+	}
+	return "a fresh sandbox container"
 }
 
 // Command timeouts (SPEC §5).

@@ -40,6 +40,7 @@ reads is what is enforced. Example:
     io_bytes_per_s: 50 MiB  # per scope, tools and commands together: slowed, never refused
     io_ops_per_s: 5000
   cache: journal            # or strict: one-second kernel caching in the projection
+  commands: fresh           # or session: each workspace_command an exec in the session sandbox
 
 The standard preset is the seed-001 layout: src/ rw, data/ ro, output/ wo
 (deleting or overwriting there needs confirmation), logs/ rw, tmp/ rw capped
@@ -201,7 +202,7 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	limit("io_bytes_per_s", orUnlimited(l.IOBytesPerSec, policy.Bytes))
 	limit("io_ops_per_s", orUnlimited(l.IOOpsPerSec, count))
 	tw.Flush()
-	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\n", symlinksOf(pol), cacheOf(pol))
+	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\ncommands: %s\n", symlinksOf(pol), cacheOf(pol), commandsOf(pol))
 	if len(pol.Layout) > 0 {
 		fmt.Fprintf(w, "made at first use (0700): %s\n", strings.Join(pol.Layout, " "))
 	}
@@ -226,9 +227,10 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Limits   any       `json:"limits"`
 		Symlinks string    `json:"symlinks"`
 		Cache    string    `json:"cache"`
+		Commands string    `json:"commands"`
 		Layout   []string  `json:"layout"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
+	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Commands: string(commandsOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
@@ -263,6 +265,14 @@ func cacheOf(pol *policy.Policy) policy.Cache {
 		return policy.CacheStrict
 	}
 	return policy.CacheJournal
+}
+
+// commandsOf is the policy's commands setting as the file would say it.
+func commandsOf(pol *policy.Policy) policy.Commands {
+	if pol.SessionCommands() {
+		return policy.CommandsSession
+	}
+	return policy.CommandsFresh
 }
 
 // maxArgs is cobra.MaximumNArgs reporting a usage error.
