@@ -349,7 +349,7 @@ func (s *stager) tarEntry(ctx context.Context, name string, tr *tar.Reader, hdr 
 	dst := policy.Join(into, rel)
 	obj := policy.Object{Perm: uint32(hdr.Mode) & 0o7777, Nlink: 1, Size: hdr.Size}
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader turns the old TypeRegA into TypeReg
 		obj.Kind = policy.KindRegular
 	case tar.TypeDir:
 		obj.Kind = policy.KindDir
