@@ -301,17 +301,26 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.
 	mount := func(ctx context.Context, ws *store.Workspace, mountpoint string, call sandbox.CallInfo) (sandbox.Projection, error) {
 		a := actor
 		a.Container = call.Container
+		// The projection records on its requests' path and outlives the
+		// command: it gets a queued log of its own (audit.Options.Queue),
+		// closed when it is unmounted. The session's log, shared with the
+		// tool door, stays synchronous.
+		plog, err := audit.Open(ws.Volume().Path(), audit.Options{Queue: audit.DefaultQueue})
+		if err != nil {
+			return nil, AuditUnavailable(err)
+		}
 		m, err := fusefs.Mount(ctx, ws, mountpoint, fusefs.Options{
 			AllowOther: true,
-			Audit:      log,
+			Audit:      plog,
 			Actor:      a,
 			CallID:     call.CallID,
 			Refused:    policyEvent(call.Refused),
 		})
 		if err != nil {
+			plog.Close()
 			return nil, err
 		}
-		return servingMount{m}, nil
+		return servingMount{Mounted: m, log: plog, warn: n.cfg.Log}, nil
 	}
 	return &sandbox.Commands{
 		Runner: r,
@@ -320,8 +329,26 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.
 	}, nil
 }
 
-// servingMount is a mount the pool keeps for one command after another.
-type servingMount struct{ *fusefs.Mounted }
+// servingMount is a mount the pool keeps for one command after another,
+// with the audit log it alone uses, if it has one.
+type servingMount struct {
+	*fusefs.Mounted
+	log  *audit.Log // nil: the mount records into a log its owner closes
+	warn *zap.Logger
+}
+
+// Unmount unmounts and then closes the mount's own log, whose queue the
+// unmount's last requests may still fill.
+func (s servingMount) Unmount() error {
+	err := s.Mounted.Unmount()
+	if s.log == nil {
+		return err
+	}
+	if cerr := s.log.Close(); cerr != nil {
+		s.warn.Warn("close the projection's audit log", zap.Error(cerr))
+	}
+	return err
+}
 
 func (s servingMount) Serve(call sandbox.CallInfo) {
 	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container, Refused: policyEvent(call.Refused)})
