@@ -182,9 +182,10 @@
 // admitted by recording the open for writing; reads and writes are
 // summarised per open file at release (bytes read and written), never one
 // record per read(2) or write(2). A queued sink (an audit.Log with
-// Options.Queue, as loomfs mount and the sandbox's projections open it) fails once a write of queued
-// records has failed: the changes whose records were queued by then have
-// gone ahead, and it refuses from the next one.
+// Options.Queue, as loomfs mount and the sandbox's projections open it)
+// fails once a write of queued records has failed: the changes whose
+// records were queued by then have gone ahead, and it refuses from the
+// next one.
 //
 // # Change journal
 //
