@@ -170,11 +170,28 @@ func (m *Mounted) Unmount() error {
 			defer m.follower.close()
 		}
 		if m.over() {
+			m.err = m.removeDead()
 			return
 		}
 		m.err = m.unmount()
 	})
 	return m.err
+}
+
+// removeDead takes a mount whose session ended from outside out of the
+// namespace: unmounted, it is gone already; aborted (a sandbox cutting off
+// the holders of a projection aborts its connection), it is still there,
+// dead, answering ENOTCONN, and is detached. A mount at the same place that
+// answers is someone else's and is left alone.
+func (m *Mounted) removeDead() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.dir, &st); err != unix.ENOTCONN {
+		return nil
+	}
+	if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount %s: %w", m.dir, err)
+	}
+	return nil
 }
 
 // over reports whether the session has ended.
@@ -212,7 +229,7 @@ func (m *Mounted) unmount() error {
 // end a mount.
 func (m *Mounted) Detach() error {
 	if m.over() {
-		return nil
+		return m.removeDead()
 	}
 	// A forced unmount makes FUSE abort the session: pending and later
 	// requests fail, and the serve loop ends. Then the mount is taken out

@@ -200,3 +200,29 @@ func TestUnmountWhileFollowerWaitsOnAWrite(t *testing.T) {
 		t.Error("the cut-off write succeeded")
 	}
 }
+
+// TestUnmountAfterAbortLeavesNoDeadMount: a mount whose connection was
+// aborted from outside while in use (a sandbox cuts off a projection's
+// holders so) is dead but still in the namespace; Unmount takes it out
+// instead of leaving a mount that answers ENOTCONN.
+func TestUnmountAfterAbortLeavesNoDeadMount(t *testing.T) {
+	e := newEnv(t)
+	held, err := os.Open(e.mnt) // keeps the mount busy
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	unix.Unmount(e.mnt, unix.MNT_FORCE) // busy: aborts the connection, stays mounted
+	select {
+	case <-e.m.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forced unmount did not end the session")
+	}
+	if err := e.m.Unmount(); err != nil {
+		t.Fatalf("Unmount of an aborted mount: %v", err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), " "+e.mnt+" ") {
+		t.Fatalf("%s is still mounted after Unmount", e.mnt)
+	}
+}
