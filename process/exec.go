@@ -92,10 +92,18 @@ func (r Record) endedOutput(since int64) tools.ProcessOutput {
 // 077) after noting its pid, which a signal is sent to. The engine starts
 // an exec as the leader of a process group of its own, so the signal goes
 // to that group and reaches the command's children too.
-func wrapper(id string) string {
+func wrapper(id string, tty bool) string {
 	// The directory is made here too: the first exec may run before the
 	// container's own command made it.
-	return "mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/" + id + `.pid; umask 077; exec /bin/sh -c "$1"`
+	w := "mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/" + id + ".pid; umask 077; "
+	if tty {
+		// An engine older than API 1.42 ignores the exec's ConsoleSize
+		// and starts it on a terminal of size 0 0, set only by the
+		// resize that follows the attach: the command waits for it (2 s
+		// at most), so a program that reads its size at once gets it.
+		w += `i=0; while [ $i -lt 100 ]; do case "$(stty size 2>/dev/null)" in [1-9]*" "[1-9]*) break;; esac; sleep 0.02; i=$((i+1)); done; `
+	}
+	return w + `exec /bin/sh -c "$1"`
 }
 
 // exec starts a process in the sandbox. The caller holds the scope lock.
@@ -111,7 +119,7 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 		User: r.User(), Tty: req.TTY, AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		WorkingDir: "/workspace",
 		Env:        []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
-		Cmd:        []string{"/bin/sh", "-c", wrapper(id), "sh", req.Command},
+		Cmd:        []string{"/bin/sh", "-c", wrapper(id, req.TTY), "sh", req.Command},
 	}
 	if req.TTY {
 		opts.Env = append(opts.Env, "TERM=xterm-256color")
