@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/agentloom/loomfs/policy"
@@ -50,13 +49,13 @@ func (b *Sandbox) command(ctx context.Context, req tools.CommandRequest) (tools.
 		b.mu.Unlock()
 	}()
 
-	var refused refusals
+	var refused sandbox.Refusals
 	if rp, ok := b.proj.(sandbox.ReusableProjection); ok {
 		// The projection's records and refusals name this command while
 		// it runs (a process of the session refusing meanwhile is counted
 		// too), and it first catches up with the change journals, so the
 		// command sees every change made before it.
-		rp.Serve(sandbox.CallInfo{CallID: req.CallID, Run: b.scope.Run, Container: b.name, Refused: refused.add})
+		rp.Serve(sandbox.CallInfo{CallID: req.CallID, Run: b.scope.Run, Container: b.name, Refused: refused.Add})
 		defer rp.Serve(sandbox.CallInfo{CallID: b.callID, Run: b.scope.Run, Container: b.name})
 	}
 	if err := b.proj.Probe(ctx); err != nil {
@@ -80,7 +79,7 @@ func (b *Sandbox) command(ctx context.Context, req tools.CommandRequest) (tools.
 		StderrTruncated: res.StderrTruncated,
 		Container:       b.name,
 		DurationMS:      res.Duration.Milliseconds(),
-		PolicyEvents:    refused.events(),
+		PolicyEvents:    refused.Events(),
 	}
 	switch {
 	case err == nil && !b.alive():
@@ -107,28 +106,6 @@ func (b *Sandbox) command(ctx context.Context, req tools.CommandRequest) (tools.
 		return tools.CommandResult{}, serr
 	}
 	return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "run the command in the session sandbox: %s; run it again", policy.MaskHostPaths(err.Error()))
-}
-
-// refusals collects the refusals one command met in the projection.
-type refusals struct {
-	mu sync.Mutex
-	ev tools.PolicyEvents
-}
-
-func (r *refusals) add(e tools.PolicyEvent) {
-	r.mu.Lock()
-	r.ev.Add(e)
-	r.mu.Unlock()
-}
-
-func (r *refusals) events() tools.PolicyEvents {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ev := r.ev
-	if ev.Events == nil {
-		ev.Events = []tools.PolicyEvent{}
-	}
-	return ev
 }
 
 func newCommandID() string {

@@ -67,8 +67,8 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "%v", err)
 	}
 	name := NewContainerName(ws.Scope().Hash())
-	var refused refusals
-	call := CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.add}
+	var refused Refusals
+	call := CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.Add}
 	proj, dev, lease, err := c.projection(ctx, ws, call)
 	if err != nil {
 		return tools.CommandResult{}, err
@@ -120,7 +120,7 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		Container:       res.ContainerName,
 		DurationMS:      res.Duration.Milliseconds(),
 		// The container is gone: nothing more reaches the projection.
-		PolicyEvents: refused.events(),
+		PolicyEvents: refused.Events(),
 	}
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
@@ -181,19 +181,23 @@ func (r removingDir) Unmount() error {
 	return err
 }
 
-// refusals collects the refusals of one command's projection.
-type refusals struct {
+// Refusals collects the refusals one command met in its projection, from
+// the mount's goroutines, for the command's result. The zero value is
+// ready to use.
+type Refusals struct {
 	mu sync.Mutex
 	ev tools.PolicyEvents
 }
 
-func (r *refusals) add(e tools.PolicyEvent) {
+// Add is a CallInfo.Refused.
+func (r *Refusals) Add(e tools.PolicyEvent) {
 	r.mu.Lock()
 	r.ev.Add(e)
 	r.mu.Unlock()
 }
 
-func (r *refusals) events() tools.PolicyEvents {
+// Events returns what was collected, an empty list rather than none.
+func (r *Refusals) Events() tools.PolicyEvents {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ev := r.ev
