@@ -178,6 +178,19 @@ func (t *Toolbox) processes() (ProcessRunner, error) {
 	return t.Processes, nil
 }
 
+// changingProcesses is processes for a call that may change the scope
+// (start a process, feed one input): refused in a quarantined scope.
+func (t *Toolbox) changingProcesses() (ProcessRunner, error) {
+	p, err := t.processes()
+	if err != nil {
+		return nil, err
+	}
+	if err := t.WS.CheckQuarantine(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
 func yieldOf(ms *int, def time.Duration) (time.Duration, error) {
 	if ms == nil {
 		return def, nil
@@ -251,11 +264,8 @@ func handleProcessStart(ctx context.Context, t *Toolbox, input json.RawMessage) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := t.processes()
+	p, err := t.changingProcesses()
 	if err != nil {
-		return nil, err
-	}
-	if err := t.WS.CheckQuarantine(); err != nil {
 		return nil, err
 	}
 	out, err := p.StartProcess(ctx, t.WS, ProcessStartRequest{Command: in.Command, TTY: in.TTY, Cols: cols, Rows: rows, Yield: yield, MaxBytes: maxBytes, CallID: CallID(ctx)})
@@ -290,11 +300,8 @@ func handleProcessWrite(ctx context.Context, t *Toolbox, input json.RawMessage) 
 	if err != nil {
 		return nil, err
 	}
-	p, err := t.processes()
+	p, err := t.changingProcesses()
 	if err != nil {
-		return nil, err
-	}
-	if err := t.WS.CheckQuarantine(); err != nil {
 		return nil, err
 	}
 	out, err := p.WriteProcess(ctx, t.WS, ProcessInput{ID: in.ID, Input: in.Input, Yield: yield, MaxBytes: maxBytes, CallID: CallID(ctx)})
