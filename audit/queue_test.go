@@ -315,3 +315,41 @@ func TestQueuedDetailFrozen(t *testing.T) {
 		t.Errorf("detail %s, want %s", got, want)
 	}
 }
+
+// TestHolds: the queued writer holds the chain lock as on a local disk
+// where the lock is cheap, longer in proportion where it is dear, and
+// never past the bounds.
+func TestHolds(t *testing.T) {
+	for _, tc := range []struct {
+		cost                time.Duration
+		gap, most, yieldFor time.Duration
+	}{
+		{0, holdGap, holdMax, holdYield},
+		{5 * time.Microsecond, holdGap, holdMax, holdYield},
+		{time.Millisecond, 8 * time.Millisecond, 80 * time.Millisecond, 2 * time.Millisecond},
+		{time.Second, holdGapMost, holdMaxMost, holdGapMost},
+	} {
+		gap, most, yieldFor := holds(tc.cost)
+		if gap != tc.gap || most != tc.most || yieldFor != tc.yieldFor {
+			t.Errorf("holds(%v) = %v, %v, %v; want %v, %v, %v", tc.cost, gap, most, yieldFor, tc.gap, tc.most, tc.yieldFor)
+		}
+	}
+}
+
+// TestGathering: the queued writer writes at once where a write is cheap
+// and gathers in proportion where it is dear, never past the bound.
+func TestGathering(t *testing.T) {
+	for _, tc := range []struct {
+		cost, want time.Duration
+	}{
+		{0, 0},
+		{20 * time.Microsecond, 0},
+		{gatherFrom, 8 * gatherFrom},
+		{500 * time.Microsecond, 4 * time.Millisecond},
+		{time.Second, holdGapMost},
+	} {
+		if got := gathering(tc.cost); got != tc.want {
+			t.Errorf("gathering(%v) = %v, want %v", tc.cost, got, tc.want)
+		}
+	}
+}

@@ -112,8 +112,10 @@
 // mount's own changes need nothing dropped: their lines, in the journal
 // files of the mount's own Workspace with the projection as their source,
 // are skipped (a tool door sharing that Workspace writes lines of source
-// "tool" there, which are not). A journal file that vanishes
-// before it was read to its end, or whose writer died without ending it,
+// "tool" there, which are not), and a write to its own file that added
+// only its own lines wakes no pass at all (on a shared filesystem a pass
+// is a listing and reads, round trips its writer waits behind). A journal
+// file that vanishes before it was read to its end, or whose writer died without ending it,
 // makes the mount drop everything once. Mounted.Serve (a pooled
 // projection starting a command) reads the journals to their end first.
 // Dropping a file's pages takes each page's lock, which the kernel holds

@@ -2,11 +2,13 @@ package fusefs
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
@@ -53,6 +55,10 @@ type follower struct {
 	// (counted before the kernel is told); tests use them.
 	passes int
 	drops  atomic.Int64
+
+	// others is the Workspace's JournalLinesExcept(mineSources...) when
+	// the watch last woke the follower for its own file.
+	others atomic.Uint64
 }
 
 // wakeGap is how long the follower waits after an inotify event before it
@@ -179,10 +185,16 @@ func (fl *follower) watch() <-chan struct{} {
 			if fds[1].Revents != 0 {
 				return
 			}
+			others := false
 			for {
-				if _, err := unix.Read(in, buf); err != nil {
+				n, err := unix.Read(in, buf)
+				if err != nil || n <= 0 {
 					break
 				}
+				others = fl.othersWrote(buf[:n]) || others
+			}
+			if !others {
+				continue
 			}
 			select {
 			case wake <- struct{}{}:
@@ -191,6 +203,39 @@ func (fl *follower) watch() <-chan struct{} {
 		}
 	}()
 	return wake
+}
+
+// othersWrote reports whether the inotify events in buf can mean a change
+// this mount did not make: a journal file other than its Workspace's own
+// was written, or its own file gained a line that is not the mount's
+// (the tool door in the same process). The mount's own lines need no
+// pass: on a shared filesystem a pass is a listing and a read of every
+// journal file, round trips that a tar -x through the mount would
+// otherwise pay for every few files it writes.
+func (fl *follower) othersWrote(buf []byte) bool {
+	ws := fl.f.ws
+	own := true
+	for len(buf) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[0]))
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if end > len(buf) {
+			return true
+		}
+		name := strings.TrimRight(string(buf[unix.SizeofInotifyEvent:end]), "\x00")
+		if name == "" || !ws.OwnJournal(strings.TrimPrefix(name, store.TempJournalPrefix)) {
+			own = false
+		}
+		buf = buf[end:]
+	}
+	if !own {
+		return true
+	}
+	n := ws.JournalLinesExcept(mineSources...)
+	if n == fl.others.Load() {
+		return false
+	}
+	fl.others.Store(n)
+	return true
 }
 
 // catchUp reads what the journals gained and drops what it names. Each
@@ -261,8 +306,11 @@ func (fl *follower) catchUp() {
 // has no line of its own (the open covers it), so it is seen when the
 // name is next looked up, as a replaced file is (the open answers ESTALE).
 func mine(c store.JournalChange) bool {
-	return c.Source == store.SourceProjection || c.Source == store.SourceLoomfs
+	return slices.Contains(mineSources, c.Source)
 }
+
+// mineSources are the sources of the changes mine reports as the mount's.
+var mineSources = []string{store.SourceProjection, store.SourceLoomfs}
 
 // forgetGone forgets the files that are no longer there.
 func (fl *follower) forgetGone() {

@@ -273,3 +273,60 @@ func mustMkdir(t *testing.T, p string) {
 		t.Fatal(err)
 	}
 }
+
+// TestOwnChangesNoPass: the mount's own changes wake no pass over the
+// journals (on a shared filesystem a pass is a listing and reads, round
+// trips its writer would pay for); a change by the tool door in the same
+// process, written to the same journal file, and one by another
+// Workspace, each do, well before the poll.
+func TestOwnChangesNoPass(t *testing.T) {
+	e := newEnv(t, withOptions(func(o *Options) { o.JournalPoll = time.Hour }))
+	fl := e.m.follower
+	passes := func() int {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		return fl.passes
+	}
+	before := passes()
+	for i := range 50 {
+		mustWrite(t, e.path(fmt.Sprintf("f%d", i)), "x")
+	}
+	waitReleased(t, e.m)
+	time.Sleep(200 * time.Millisecond) // well past wakeGap and passGap
+	if n := passes() - before; n != 0 {
+		t.Fatalf("%d journal passes for the mount's own 50 writes, want 0", n)
+	}
+
+	before = passes()
+	if _, err := e.ws.WriteFile(context.Background(), "f0", []byte("tools"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seen(t, "the tool door's write in the same process", func() error {
+		if passes() == before {
+			return errors.New("no pass")
+		}
+		return wantContent(e.path("f0"), "tools")
+	})
+
+	ctx := context.Background()
+	vol2, err := store.OpenVolume(ctx, e.vol.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol2.Close() })
+	ws2, err := vol2.Open(ctx, testScope, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws2.Close() })
+	before = passes()
+	if _, err := ws2.WriteFile(ctx, "f1", []byte("other"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seen(t, "another Workspace's write", func() error {
+		if passes() == before {
+			return errors.New("no pass")
+		}
+		return wantContent(e.path("f1"), "other")
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,6 +103,9 @@ type journal struct {
 	buf    []byte
 	opens  map[*Open]struct{} // noted by NoteOpen, not yet by NoteClose
 	names  map[string]bool    // every file it wrote (OwnJournal)
+	// lines counts the lines noted, by the source of their change
+	// (JournalLinesExcept).
+	lines map[string]uint64
 
 	// ends holds the x lines of opens that ended, for f, not yet
 	// written: they go out before the next line, in the same write(2),
@@ -238,6 +242,7 @@ func (w *Workspace) NoteClose(o *Open) {
 		return
 	}
 	delete(j.opens, o)
+	j.count(o.by)
 	if j.f == nil {
 		j.write(w, 'x', o.path(), o.by)
 		return
@@ -299,6 +304,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 	if j.closed || kind == 'c' && j.coveredByOpen(rel, c) {
 		return
 	}
+	j.count(c)
 	j.write(w, kind, rel, c)
 	if open != nil {
 		if j.opens == nil {
@@ -306,6 +312,39 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 		}
 		j.opens[open] = struct{}{}
 	}
+}
+
+// TempJournalPrefix starts the name a journal file has from its creation
+// until it is locked and renamed to its own.
+const TempJournalPrefix = ".tmp-"
+
+// count counts a line noted for c; j.mu is held.
+func (j *journal) count(c Change) {
+	if j.lines == nil {
+		j.lines = map[string]uint64{}
+	}
+	j.lines[c.Source]++
+}
+
+// JournalLinesExcept counts the lines this Workspace has noted in its
+// journal for changes whose source is none of sources. A projection that
+// follows the journals compares it between two looks: while it stays the
+// same, the Workspace's own file gained only the projection's own lines,
+// and a write to it alone is no reason to read the journals.
+func (w *Workspace) JournalLinesExcept(sources ...string) uint64 {
+	j := w.journal
+	if j == nil {
+		return 0
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var n uint64
+	for src, c := range j.lines {
+		if !slices.Contains(sources, src) {
+			n += c
+		}
+	}
+	return n
 }
 
 // coveredByOpen reports whether the change c at rel is the attributes of
@@ -396,7 +435,7 @@ func (j *journal) open(w *Workspace) error {
 	var r [6]byte
 	rand.Read(r[:])
 	name := fmt.Sprintf("%s.%d.%s%s", safeNode(node), os.Getpid(), hex.EncodeToString(r[:]), journalSuffix)
-	tmp := ".tmp-" + name
+	tmp := TempJournalPrefix + name
 	fd, err := unix.Openat(dfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
