@@ -45,7 +45,7 @@ var (
 // write is cheap (a local disk, tens of microseconds) it writes at once:
 // gathering there saved nothing measurable. Where it is dear (a write to
 // a ceph-fuse mount is a request to its daemon, which serves one at a
-// time, about half a millisecond) it waits eight times the write's cost,
+// time, about half a millisecond) it waits sixteen times the write's cost,
 // at most holdGapMost, so a mount serving tar -x writes once for several
 // files instead of twice for each, and the requests it serves are not
 // queued behind its records. SIGKILL loses what was gathered; Close
@@ -54,7 +54,7 @@ func gathering(cost time.Duration) time.Duration {
 	if cost < gatherFrom {
 		return 0
 	}
-	return min(8*cost, holdGapMost)
+	return min(16*cost, holdGapMost)
 }
 
 // holds returns how long the queued writer keeps the chain lock past its

@@ -344,8 +344,8 @@ func TestGathering(t *testing.T) {
 	}{
 		{0, 0},
 		{20 * time.Microsecond, 0},
-		{gatherFrom, 8 * gatherFrom},
-		{500 * time.Microsecond, 4 * time.Millisecond},
+		{gatherFrom, 16 * gatherFrom},
+		{500 * time.Microsecond, 8 * time.Millisecond},
 		{time.Second, holdGapMost},
 	} {
 		if got := gathering(tc.cost); got != tc.want {
