@@ -147,6 +147,62 @@ func BenchmarkAudit(b *testing.B) {
 	}
 }
 
+// BenchmarkAuditInterleaved: the small-file cycle on two mounts served by
+// this process, one with the audit off (Discard) and one with a queued
+// log as a mount opens it, in alternating blocks of cycles (the first of
+// each pair turning every block), so what drifts over a run (the ext4
+// inode allocator skipping more and more freed inodes, the machine's
+// other load) weighs on both alike. One b.N is a pair of blocks. It
+// reports each mount's wall time per cycle and the on ÷ off ratio; the
+// queued writer's own CPU runs in its goroutine, mostly during the "on"
+// blocks, and counts in the process's CPU (cpu-ns/op: per cycle of both).
+func BenchmarkAuditInterleaved(b *testing.B) {
+	const block = 50
+	data := make([]byte, 100)
+	log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench", Queue: audit.DefaultQueue})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { log.Close() })
+	off := newEnv(b, withOptions(func(o *Options) { o.Audit = audit.Discard }))
+	on := newEnv(b, withOptions(func(o *Options) { o.Audit = log }))
+	var st unix.Stat_t
+	n := 0
+	cycles := func(mnt string) time.Duration {
+		start := time.Now()
+		for range block {
+			p := filepath.Join(mnt, fmt.Sprintf("f%d", n))
+			n++
+			if err := os.WriteFile(p, data, 0o600); err != nil {
+				b.Fatal(err)
+			}
+			if err := unix.Stat(p, &st); err != nil {
+				b.Fatal(err)
+			}
+			if err := os.Remove(p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	var tOff, tOn time.Duration
+	cpu := cpuTime(b)
+	for i := 0; b.Loop(); i++ {
+		if i%2 == 0 {
+			tOff += cycles(off.mnt)
+			tOn += cycles(on.mnt)
+		} else {
+			tOn += cycles(on.mnt)
+			tOff += cycles(off.mnt)
+		}
+	}
+	per := float64(b.N * block)
+	b.ReportMetric(float64(tOff.Nanoseconds())/per, "off-ns/cycle")
+	b.ReportMetric(float64(tOn.Nanoseconds())/per, "on-ns/cycle")
+	b.ReportMetric(100*(float64(tOn)/float64(tOff)-1), "on-vs-off-%")
+	b.ReportMetric(float64(cpuTime(b)-cpu)/(2*per), "cpu-ns/op")
+}
+
 // cpuTime is the CPU (user + system) this process has used so far.
 func cpuTime(b *testing.B) time.Duration {
 	var ru unix.Rusage
