@@ -37,9 +37,12 @@
 // the queue out before the writer's close entry; a queue it can't write
 // (it retries for a few seconds) is lost, Close says how many records,
 // and the writer has no close entry. A writer killed with SIGKILL loses
-// what was still queued: usually nothing, since the writer wakes at once,
-// at most Queue records in a burst; Verify reports it, like any killed
-// writer, as ended without closing.
+// what was still queued: the records of the last half millisecond on a
+// local disk (the writer wakes for the first record after a pause and,
+// in a burst, looks again every half millisecond by itself), of the last
+// few where a write is dear (it gathers records there), at most Queue
+// records; Verify reports it, like any killed writer, as ended without
+// closing.
 //
 // The package never reads workspace files and never decides policy: a caller
 // that gets ErrUnavailable from Record must refuse the operation itself.
