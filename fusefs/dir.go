@@ -16,13 +16,20 @@ import (
 // dirHandle is one open directory: the backing directory fd the store
 // opened, and a snapshot of the entries the policy lets the mount show,
 // taken at the first read and again after a rewind.
+//
+// The backing directory is opened at the first request that needs it (a
+// read, a READDIRPLUS lookup, an fsync), not at OPENDIR: the kernel keeps
+// a directory's listing (FOPEN_CACHE_DIR) and answers a warm opendir and
+// readdir from it, so the open would be a path resolution, a statx and a
+// close per opendir that nothing reads from (find and git status open
+// every directory of the tree).
 type dirHandle struct {
 	node *node
-	file *os.File
-	fd   int
 	rel  string
 
 	mu      sync.Mutex
+	file    *os.File // nil until opened (backing)
+	fd      int      // -1 until then
 	entries []fuse.DirEntry
 	loaded  bool
 	pos     int
@@ -40,9 +47,12 @@ var (
 	_ = (fs.FileReleasedirer)((*dirHandle)(nil))
 )
 
-// openFD returns the backing fd of an open file or directory, or -1.
+// openFD returns the backing fd of an open file or directory, or -1 (a
+// directory not read from yet).
 func openFD(fh fs.FileHandle) int {
 	if d, ok := fh.(*dirHandle); ok {
+		d.mu.Lock()
+		defer d.mu.Unlock()
 		return d.fd
 	}
 	if h := handleOf(fh); h != nil {
@@ -51,6 +61,13 @@ func openFD(fh fs.FileHandle) int {
 	return -1
 }
 
+// OpendirHandle opens the backing directory at once unless the kernel
+// may hold the directory's listing: then it answers from the policy and
+// what the node last saw of the directory (its permission bits), and the
+// backing directory is opened if a request needs it (dirHandle.backing).
+// A directory replaced behind the mount is thus still answered ESTALE at
+// the opendir, which the kernel retries with a fresh lookup, once the
+// follower has dropped what the kernel held of it (node.listed).
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	f := n.fsys
 	rel, ok := n.relPath()
@@ -60,35 +77,67 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if err := f.admit(policy.OpList, rel); err != nil {
 		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
 	}
+	d := &dirHandle{node: n, fd: -1, rel: rel}
+	cache := f.dirCache()
+	if cache == 0 || !n.listed.Load() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if e := d.backing(ctx); e != 0 {
+			return nil, 0, e
+		}
+		return d, cache, 0
+	}
+	if err := f.access(ctx, rel, n.object(), policy.MayRead); err != nil {
+		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
+	}
+	return d, cache, 0
+}
+
+// backing opens the backing directory if it is not open yet: the node's
+// own object, at its path now. d.mu is held.
+func (d *dirHandle) backing(ctx context.Context) syscall.Errno {
+	if d.fd >= 0 {
+		return 0
+	}
+	n, f := d.node, d.node.fsys
+	rel, ok := n.relPath()
+	if !ok {
+		return syscall.ENOENT
+	}
 	file, _, err := f.ws.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
-			return nil, 0, syscall.ESTALE
+			return syscall.ESTALE
 		}
-		return nil, 0, policy.Errno(err)
+		return policy.Errno(err)
 	}
 	fd := int(file.Fd())
 	sx, err := statAt(fd, "")
 	if err != nil {
 		file.Close()
-		return nil, 0, policy.Errno(err)
+		return policy.Errno(err)
 	}
 	if !sameObject(n.StableAttr(), &sx) {
 		file.Close()
-		return nil, 0, syscall.ESTALE
+		return syscall.ESTALE
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	if err := f.access(ctx, rel, objectOf(&sx), policy.MayRead); err != nil {
 		file.Close()
-		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
+		return f.refused(ctx, f.event(ctx, "readdir", rel), err)
 	}
-	return &dirHandle{node: n, file: file, fd: fd, rel: rel}, f.dirCache(), 0
+	d.file, d.fd, d.rel = file, fd, rel
+	f.dirOpens.Add(1)
+	return 0
 }
 
 // load reads the whole directory, keeping the entries the tools could
 // address and the policy lists: never loomfs's own files or hidden paths.
 // Nor are the files loomfs places at the top itself (fsys.placedHere).
-func (d *dirHandle) load() syscall.Errno {
+func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	if e := d.backing(ctx); e != 0 {
+		return e
+	}
 	f := d.node.fsys
 	if rel, ok := d.node.relPath(); ok {
 		d.rel = rel // renamed since it was opened
@@ -125,6 +174,7 @@ func (d *dirHandle) load() syscall.Errno {
 		}
 	}
 	d.loaded = true
+	d.node.listed.Store(true)
 	return 0
 }
 
@@ -132,7 +182,7 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.loaded {
-		if e := d.load(); e != 0 {
+		if e := d.load(ctx); e != 0 {
 			return nil, e
 		}
 	}
@@ -174,7 +224,11 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := d.node.fsys
 	d.mu.Lock()
-	dir := d.rel
+	if e := d.backing(ctx); e != 0 {
+		d.mu.Unlock()
+		return nil, e
+	}
+	dir, fd := d.rel, d.fd
 	sx, seen := d.seenSx, d.seen == name
 	d.seen = ""
 	d.mu.Unlock()
@@ -191,7 +245,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	}
 	if !seen {
 		var err error
-		if sx, err = statAt(d.fd, name); err != nil {
+		if sx, err = statAt(fd, name); err != nil {
 			return nil, policy.Errno(err)
 		}
 	}
@@ -202,6 +256,11 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 }
 
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.backing(ctx); e != 0 {
+		return e
+	}
 	if err := unix.Fsync(d.fd); err != nil {
 		return policy.Errno(err)
 	}
@@ -209,5 +268,9 @@ func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	d.file.Close()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.file != nil {
+		d.file.Close()
+	}
 }

@@ -330,3 +330,37 @@ func TestOwnChangesNoPass(t *testing.T) {
 		return wantContent(e.path("f1"), "other")
 	})
 }
+
+// TestWarmOpendir: once the mount has served a directory's listing, which
+// the kernel keeps, an opendir and readdir of it open nothing on the
+// backing store; a change made by another door drops the listing, and
+// the next opendir opens the directory again and lists the change.
+func TestWarmOpendir(t *testing.T) {
+	e := newEnv(t)
+	mustMkdir(t, e.path("d"))
+	for i := range 5 {
+		mustWrite(t, e.path(fmt.Sprintf("d/f%d", i)), "x")
+	}
+	f := e.m.fsys
+	if err := wantEntries(e.path("d"), 5); err != nil {
+		t.Fatal(err)
+	}
+	before := f.dirOpens.Load()
+	for range 3 {
+		if err := wantEntries(e.path("d"), 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.dirOpens.Load() - before; n != 0 {
+		t.Fatalf("%d backing directories opened for three warm listings, want 0", n)
+	}
+	if _, err := e.ws.WriteFile(context.Background(), "d/new", []byte("tools"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seen(t, "the tool door's new file in a listed directory", func() error {
+		return wantEntries(e.path("d"), 6)
+	})
+	if f.dirOpens.Load() == before {
+		t.Fatal("the listing after the tool door's change opened no backing directory")
+	}
+}

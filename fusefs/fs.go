@@ -59,6 +59,10 @@ type fsys struct {
 	flushes    sync.Map // request's cancel channel → lock owner
 	flushCount atomic.Int64
 
+	// dirOpens counts the backing directories opened for open directories
+	// (dirHandle.backing); tests use it.
+	dirOpens atomic.Int64
+
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.
 	readySince atomic.Int64

@@ -33,6 +33,12 @@ type node struct {
 	// cache, and what access checks on this directory use.
 	perm atomic.Uint32
 
+	// listed is set when the mount served the directory's listing, which
+	// the kernel may then keep, and cleared when the follower drops what
+	// the kernel holds of the node: while it is set an opendir needs no
+	// backing open (OpendirHandle).
+	listed atomic.Bool
+
 	// locks is the POSIX locks held through the mount on this file, nil
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
