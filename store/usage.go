@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"go.uber.org/zap"
@@ -16,11 +17,13 @@ import (
 // directory: one account for every process and node that opens the scope.
 const QuotaDir = "quota"
 
-// scopeQuota is this process's share of the scope's quota account, opened
-// on first use and shared by the workspace's views (Unfiltered).
+// scopeQuota is this process's share of the scope's quota account and of
+// the accounts of its capped subtrees (subtree.go), each opened on first
+// use and shared by the workspace's views (Unfiltered).
 type scopeQuota struct {
 	mu   sync.Mutex
 	acct *quota.Account
+	caps map[string]*quota.Account // by subtree prefix
 
 	heldMu sync.Mutex
 	held   map[*heldFunc]struct{}
@@ -95,7 +98,8 @@ func (w *Workspace) account() (*quota.Account, error) {
 	return a, nil
 }
 
-// closeAccount folds this process's share into the account and leaves it.
+// closeAccount folds this process's share into the scope's account and
+// those of its capped subtrees, and leaves them.
 func (w *Workspace) closeAccount() {
 	if q := w.quota; q != nil {
 		q.mu.Lock()
@@ -103,6 +107,7 @@ func (w *Workspace) closeAccount() {
 			q.acct.Close()
 			q.acct = nil
 		}
+		q.closeCaps()
 		q.mu.Unlock()
 	}
 }
@@ -140,14 +145,24 @@ func (w *Workspace) CountUsage(ctx context.Context) (policy.Usage, error) {
 }
 
 // Reconcile compares the account with walks of the scope and corrects it
-// when they disagree and nothing is changing (quota.Account.Reconcile);
-// each correction is logged with its size.
+// when they disagree and nothing is changing (quota.Account.Reconcile),
+// and so the account of every capped subtree this process has joined;
+// each correction is logged with its size. The report is the scope's.
 func (w *Workspace) Reconcile(ctx context.Context, log *zap.Logger) (quota.Report, error) {
 	a, err := w.account()
 	if err != nil {
 		return quota.Report{}, err
 	}
-	return a.Reconcile(ctx, log)
+	rep, err := a.Reconcile(ctx, log)
+	if log == nil {
+		log = zap.NewNop()
+	}
+	for prefix, c := range w.openCaps() {
+		if _, cerr := c.Reconcile(ctx, log.With(zap.String("subtree", prefix))); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("quota account of %s/: %w", prefix, cerr))
+		}
+	}
+	return rep, err
 }
 
 // QuotaState reads the scope's account (quota.Inspect) without joining it.
@@ -167,15 +182,14 @@ func (w *Workspace) QuotaState() (quota.State, error) {
 // RefreshUsage counts the scope again after a change the account did not
 // see (made outside loomfs, or a whole tree swapped in): the account is
 // corrected to a walk when no other holder is changing the scope, and
-// otherwise by the next reconcile. The capped subtrees are walked again
-// at their next check.
+// otherwise by the next reconcile. So are the accounts of the capped
+// subtrees (subtree.go).
 func (w *Workspace) RefreshUsage() {
-	w.usageMu.Lock()
-	w.caps.known = false // the capped subtrees too (subtree.go)
-	w.usageMu.Unlock()
+	ctx := context.Background()
 	if a, err := w.account(); err == nil {
-		a.Recount(context.Background(), nil)
+		a.Recount(ctx, nil)
 	}
+	w.recountCaps(ctx)
 }
 
 // Reserve checks that adding addBytes and addFiles stays within the scope
