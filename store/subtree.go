@@ -228,6 +228,18 @@ func (w *Workspace) SubtreeUsage(ctx context.Context, rel string) (policy.Usage,
 	return w.walkUsage(ctx, rel)
 }
 
+// SubtreeQuotaState reads the account of the capped subtree at the
+// cleaned path prefix (quota.Inspect) without joining it.
+func (w *Workspace) SubtreeQuotaState(prefix string) (quota.State, error) {
+	return w.inspectAccount(QuotaDir, capDirName(prefix))
+}
+
+// CountSubtree counts the subtree at the cleaned path rel now (a walk),
+// for comparing with SubtreeUsage.
+func (w *Workspace) CountSubtree(ctx context.Context, rel string) (policy.Usage, error) {
+	return w.walkUsage(ctx, rel)
+}
+
 // walkUsage counts what the subtree at rel holds, as countScope counts the
 // scope: files and directories, and the apparent size of regular files.
 func (w *Workspace) walkUsage(ctx context.Context, rel string) (policy.Usage, error) {

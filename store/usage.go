@@ -167,13 +167,26 @@ func (w *Workspace) Reconcile(ctx context.Context, log *zap.Logger) (quota.Repor
 
 // QuotaState reads the scope's account (quota.Inspect) without joining it.
 func (w *Workspace) QuotaState() (quota.State, error) {
-	sfd := int(w.state.Fd())
-	dfd, err := unix.Openat(sfd, QuotaDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err == unix.ENOENT {
-		return quota.State{}, nil
-	}
-	if err != nil {
-		return quota.State{}, err
+	return w.inspectAccount(QuotaDir)
+}
+
+// inspectAccount reads the account in the directory of the state
+// directory that names lead to, one component at a time; one not made yet
+// is the zero State.
+func (w *Workspace) inspectAccount(names ...string) (quota.State, error) {
+	dfd := int(w.state.Fd())
+	for i, name := range names {
+		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if i > 0 {
+			unix.Close(dfd)
+		}
+		if err == unix.ENOENT {
+			return quota.State{}, nil
+		}
+		if err != nil {
+			return quota.State{}, err
+		}
+		dfd = fd
 	}
 	defer unix.Close(dfd)
 	return quota.Inspect(dfd)

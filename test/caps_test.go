@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 const capScope = "acme/coder/caps"
@@ -21,11 +22,13 @@ const capScope = "acme/coder/caps"
 // TestCapAcrossMountAndTools: a mount writes into tmp/, tool processes
 // on two nodes fill it until refused, then the mount fills it again;
 // together they stay within the cap, and a refused tool call names it.
+// loomfs check shows tmp/'s account, and loomfs gc emptying tmp/ frees
+// its cap for the mount.
 func TestCapAcrossMountAndTools(t *testing.T) {
 	src, a, b := sharedVolume(t)
 	const limit = 2 << 20
 	pol := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(pol, []byte("preset: open\nrules:\n  - path: tmp/\n    max_bytes: 2MiB\n"), 0o600); err != nil {
+	if err := os.WriteFile(pol, []byte("preset: open\nrules:\n  - path: tmp/\n    max_bytes: 2MiB\n    clear_at_run_end: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	mnt, _ := a.mountWith(pol, capScope)
@@ -68,5 +71,32 @@ func TestCapAcrossMountAndTools(t *testing.T) {
 	t.Logf("tmp/ holds %d of %d bytes; the tool door: %q", held, limit, refusals)
 	if held > limit {
 		t.Errorf("tmp/ holds %d bytes under a cap of %d", held, limit)
+	}
+
+	// Once the holders are idle (a second), tmp/'s account is what a walk
+	// finds.
+	time.Sleep(2 * time.Second)
+	r := b.run("--json", "--policy", pol, "check", "--scope", capScope)
+	var out struct {
+		Quota struct {
+			Subtrees []struct {
+				Path  string
+				Match bool
+				Walk  struct{ Bytes int64 }
+			}
+		}
+	}
+	if err := json.Unmarshal(r.stdout, &out); err != nil || len(out.Quota.Subtrees) != 1 {
+		t.Fatalf("check --scope: exit %d, %s %s", r.code, r.stdout, r.stderr)
+	}
+	if s := out.Quota.Subtrees[0]; s.Path != "tmp/" || !s.Match || s.Walk.Bytes != held {
+		t.Errorf("check --scope reports tmp/ as %+v; tmp/ holds %d bytes", s, held)
+	}
+
+	if r := b.run("--policy", pol, "gc", "--clear-tmp", "--scope", capScope); r.code != 0 {
+		t.Fatalf("gc --clear-tmp: exit %d, %s %s", r.code, r.stdout, r.stderr)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "tmp", "after-gc"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Errorf("writing 1 MiB through the mount into the emptied tmp/: %v", err)
 	}
 }
