@@ -252,3 +252,47 @@ func reconcileIdle(t *testing.T, ws *store.Workspace, log *zap.Logger) quota.Rep
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestCapReconcileKeepsOpenUnlinked: a file unlinked in a capped subtree
+// while still open holds its space there too; the subtree's reconcile
+// must not take it for drift, or tmp/ would take more than its cap once
+// the file is closed.
+func TestCapReconcileKeepsOpenUnlinked(t *testing.T) {
+	e := newEnv(t, withSubtrees(policy.Subtree{Prefix: "tmp", MaxBytes: 4 << 20}))
+	ctx := context.Background()
+	if err := os.Mkdir(e.path("tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(e.path("tmp/held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(e.path("tmp/held")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err := e.ws.ReconcileSubtree(ctx, "tmp", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Busy {
+			if rep.Corrected != (policy.Usage{}) || rep.Walk != (policy.Usage{Bytes: 1 << 20, Files: 2}) {
+				t.Errorf("tmp/'s reconcile with an unlinked file open: %+v", rep)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tmp/'s account still busy after 10 s: %+v", rep)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.Close()
+	waitReleased(t, e.m)
+	if u, _ := e.ws.SubtreeUsage(ctx, "tmp"); u != (policy.Usage{Files: 1}) {
+		t.Errorf("tmp/ once the file is closed: %+v", u)
+	}
+}

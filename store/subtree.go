@@ -86,7 +86,7 @@ func (w *Workspace) openCapAccount(s policy.Subtree, create bool) (*quota.Accoun
 	defer unix.Close(dfd)
 	return quota.Open(dfd, quota.Options{
 		Limits: policy.Limits{ScopeBytes: s.MaxBytes, ScopeFiles: s.MaxFiles},
-		Walk:   func(ctx context.Context) (policy.Usage, error) { return w.walkUsage(ctx, s.Prefix) },
+		Walk:   func(ctx context.Context) (policy.Usage, error) { return w.countCap(ctx, s.Prefix) },
 		Check:  s.CheckCap,
 	})
 }
@@ -238,6 +238,17 @@ func (w *Workspace) SubtreeQuotaState(prefix string) (quota.State, error) {
 // for comparing with SubtreeUsage.
 func (w *Workspace) CountSubtree(ctx context.Context, rel string) (policy.Usage, error) {
 	return w.walkUsage(ctx, rel)
+}
+
+// countCap counts the capped subtree at prefix for its account: a walk,
+// and what this process holds open there that the walk can't see
+// (CountHeld).
+func (w *Workspace) countCap(ctx context.Context, prefix string) (policy.Usage, error) {
+	u, err := w.walkUsage(ctx, prefix)
+	h := w.heldUsage(prefix)
+	u.Bytes += h.Bytes
+	u.Files += h.Files
+	return u, err
 }
 
 // walkUsage counts what the subtree at rel holds, as countScope counts the

@@ -29,14 +29,17 @@ type scopeQuota struct {
 	held   map[*heldFunc]struct{}
 }
 
-type heldFunc struct{ fn func() policy.Usage }
+type heldFunc struct {
+	fn func(under string) policy.Usage
+}
 
-// CountHeld adds fn to what a count of the scope finds: what this process
-// holds that a walk can't see (a projection's files removed, or never
-// named, while still open; they stay counted until their last close). fn
-// must not wait for a change in progress: it runs while the account is
-// held. The returned func removes it.
-func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
+// CountHeld adds fn to what a count of the scope, or of a capped subtree,
+// finds: what this process holds that a walk can't see (a projection's
+// files removed, or never named, while still open; they stay counted
+// until their last close) at the cleaned path under or beneath it ("."
+// for the whole scope). fn must not wait for a change in progress: it
+// runs while the account is held. The returned func removes it.
+func (w *Workspace) CountHeld(fn func(under string) policy.Usage) (remove func()) {
 	q := w.quota
 	if q == nil {
 		return func() {}
@@ -55,8 +58,9 @@ func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
 	}
 }
 
-// heldUsage sums what CountHeld was given.
-func (w *Workspace) heldUsage() policy.Usage {
+// heldUsage sums what the funcs CountHeld was given hold under the
+// cleaned path under.
+func (w *Workspace) heldUsage(under string) policy.Usage {
 	var u policy.Usage
 	q := w.quota
 	if q == nil {
@@ -65,7 +69,7 @@ func (w *Workspace) heldUsage() policy.Usage {
 	q.heldMu.Lock()
 	defer q.heldMu.Unlock()
 	for h := range q.held {
-		v := h.fn()
+		v := h.fn(under)
 		u.Bytes += v.Bytes
 		u.Files += v.Files
 	}
@@ -116,7 +120,7 @@ func (w *Workspace) closeAccount() {
 // apparent size of regular files and links) and what this process holds
 // open that the walk can't see (CountHeld).
 func (w *Workspace) countScope(ctx context.Context) (policy.Usage, error) {
-	u := w.heldUsage()
+	u := w.heldUsage(".")
 	err := w.Walk(ctx, ".", func(rel string, info Info) error {
 		u.Files++
 		if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
@@ -163,6 +167,21 @@ func (w *Workspace) Reconcile(ctx context.Context, log *zap.Logger) (quota.Repor
 		}
 	}
 	return rep, err
+}
+
+// ReconcileSubtree is Reconcile for the account of the capped subtree at
+// the cleaned path prefix alone.
+func (w *Workspace) ReconcileSubtree(ctx context.Context, prefix string, log *zap.Logger) (quota.Report, error) {
+	for _, c := range w.pol.Caps(prefix) {
+		if c.Prefix == prefix {
+			a, err := w.capAccount(c)
+			if err != nil {
+				return quota.Report{}, err
+			}
+			return a.Reconcile(ctx, log)
+		}
+	}
+	return quota.Report{}, policy.Errorf(policy.InvalidInput, "%s/ is not a capped subtree", prefix)
 }
 
 // QuotaState reads the scope's account (quota.Inspect) without joining it.
