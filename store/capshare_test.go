@@ -210,3 +210,25 @@ func TestCapRecountAfterClear(t *testing.T) {
 		t.Fatalf("writing into the cleared tmp/: %v", err)
 	}
 }
+
+// TestCapPlatformViewShares: what the platform's view (stage) places in a
+// capped subtree is counted in the workspace's account at once.
+func TestCapPlatformViewShares(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	ws := e.openOwn(t, mainScope, sharedCapPolicy(t, 0))
+	unlock, err := ws.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ws.Platform().PlaceFile(ctx, "tmp/staged", strings.NewReader(strings.Repeat("s", 9<<10)), 9<<10, 0o600)
+	unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := ws.SubtreeUsage(ctx, "tmp"); err != nil || u != (policy.Usage{Bytes: 9 << 10, Files: 2}) {
+		t.Fatalf("tmp/ after the platform placed 9 KiB: %+v, %v", u, err)
+	}
+	_, err = ws.WriteFile(ctx, "tmp/more", make([]byte, 2<<10), nil)
+	codeIs(t, "writing past what the platform placed", err, policy.QuotaExceeded)
+}
