@@ -2,9 +2,12 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -294,5 +297,41 @@ func TestCapReconcileKeepsOpenUnlinked(t *testing.T) {
 	waitReleased(t, e.m)
 	if u, _ := e.ws.SubtreeUsage(ctx, "tmp"); u != (policy.Usage{Files: 1}) {
 		t.Errorf("tmp/ once the file is closed: %+v", u)
+	}
+}
+
+// TestCapAcrossMounts: two mounts of one scope, as two processes would
+// serve it, share tmp/'s cap: what one holds there the other can't write,
+// and a move out of tmp/ in one frees room in the other.
+func TestCapAcrossMounts(t *testing.T) {
+	e := newEnv(t, withSubtrees(policy.Subtree{Prefix: "tmp", MaxBytes: 256 << 10}))
+	ctx := context.Background()
+	vol2, err := store.OpenVolume(ctx, e.vol.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol2.Close() })
+	ws2, err := vol2.Open(ctx, testScope, e.ws.Policy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws2.Close() })
+	mnt2 := mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+
+	if err := os.Mkdir(e.path("tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.path("tmp/one"), make([]byte, 200<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 100<<10), 0o600)
+	if !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("the second mount writing past what the first holds in tmp/: %v, want EDQUOT", err)
+	}
+	if err := os.Rename(e.path("tmp/one"), e.path("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 200<<10), 0o600); err != nil {
+		t.Fatalf("the second mount, after the first moved its file out of tmp/: %v", err)
 	}
 }
