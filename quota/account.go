@@ -20,7 +20,7 @@ type Walk func(ctx context.Context) (policy.Usage, error)
 
 // Options configure an Account.
 type Options struct {
-	Limits policy.Limits // ScopeBytes and ScopeFiles; 0 is no limit
+	Limits policy.Limits // ScopeBytes and ScopeFiles (a subtree's cap, for its account); 0 is no limit
 	Walk   Walk          // counts the scope when the ledger is new or torn
 	// Idle is how long a holder goes without a change before it folds
 	// what it spent into the ledger and returns its grant (default 1 s).
