@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/agentloom/loomfs/policy"
@@ -231,4 +232,48 @@ func TestCapPlatformViewShares(t *testing.T) {
 	}
 	_, err = ws.WriteFile(ctx, "tmp/more", make([]byte, 2<<10), nil)
 	codeIs(t, "writing past what the platform placed", err, policy.QuotaExceeded)
+}
+
+// TestCapConcurrentWriters: writers in two processes at once, several in
+// each, hold a capped subtree within its cap together, and both count
+// what they left.
+func TestCapConcurrentWriters(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	pol := sharedCapPolicy(t, 0)
+	wss := []*store.Workspace{e.openOwn(t, mainScope, pol), e.openOwn(t, mainScope, pol)}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	files := int64(1) // tmp/ itself
+	for i, ws := range wss {
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := 0; ; k++ {
+					_, err := ws.WriteFile(ctx, fmt.Sprintf("tmp/%d-%d-%d", i, g, k), make([]byte, 512), nil)
+					if policy.CodeOf(err) == policy.QuotaExceeded {
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					files++
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	held := tmpBytes(t, e)
+	if held > 10<<10 {
+		t.Fatalf("tmp/ holds %d bytes written by two processes at once; the cap is %d", held, 10<<10)
+	}
+	for i, ws := range wss {
+		if u, err := ws.SubtreeUsage(ctx, "tmp"); err != nil || u != (policy.Usage{Bytes: held, Files: files}) {
+			t.Errorf("process %d counts tmp/ as %+v, %v; it holds %d bytes in %d entries", i, u, err, held, files)
+		}
+	}
 }
