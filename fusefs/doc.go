@@ -37,11 +37,12 @@
 // and the scope quota answer EFBIG and EDQUOT on write, truncate,
 // fallocate and copy_file_range, counting apparent size so sparse files
 // count in full (statfs shows the quota); a capped subtree (tmp/) counts
-// what is written and moved into it in the same counter as the tools. The
-// scope quota is the scope's shared account (package quota), so other
-// mounts, other nodes and the tool door draw on it too. A file unlinked or
-// renamed over while open stays counted until its last release, when its
-// size is given back (unnamed.go); so does an O_TMPFILE file (Tmpfile),
+// what is written and moved into it in the same account as the tools. The
+// scope quota and each subtree cap are shared accounts (package quota), so
+// other mounts, other nodes and the tool door draw on them too. A file
+// unlinked or renamed over while open stays counted until its last
+// release, when its size is given back (unnamed.go); so does an O_TMPFILE
+// file (Tmpfile),
 // unless linkat(2) through /proc/self/fd names it first, which is the one
 // hard link the mount makes.
 // Deleting, overwriting or moving away what a subtree marks for two-step

@@ -2,9 +2,12 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,5 +253,85 @@ func reconcileIdle(t *testing.T, ws *store.Workspace, log *zap.Logger) quota.Rep
 			return rep
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestCapReconcileKeepsOpenUnlinked: a file unlinked in a capped subtree
+// while still open holds its space there too; the subtree's reconcile
+// must not take it for drift, or tmp/ would take more than its cap once
+// the file is closed.
+func TestCapReconcileKeepsOpenUnlinked(t *testing.T) {
+	e := newEnv(t, withSubtrees(policy.Subtree{Prefix: "tmp", MaxBytes: 4 << 20}))
+	ctx := context.Background()
+	if err := os.Mkdir(e.path("tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(e.path("tmp/held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(e.path("tmp/held")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rep, err := e.ws.ReconcileSubtree(ctx, "tmp", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Busy {
+			if rep.Corrected != (policy.Usage{}) || rep.Walk != (policy.Usage{Bytes: 1 << 20, Files: 2}) {
+				t.Errorf("tmp/'s reconcile with an unlinked file open: %+v", rep)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tmp/'s account still busy after 10 s: %+v", rep)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.Close()
+	waitReleased(t, e.m)
+	if u, _ := e.ws.SubtreeUsage(ctx, "tmp"); u != (policy.Usage{Files: 1}) {
+		t.Errorf("tmp/ once the file is closed: %+v", u)
+	}
+}
+
+// TestCapAcrossMounts: two mounts of one scope, as two processes would
+// serve it, share tmp/'s cap: what one holds there the other can't write,
+// and a move out of tmp/ in one frees room in the other.
+func TestCapAcrossMounts(t *testing.T) {
+	e := newEnv(t, withSubtrees(policy.Subtree{Prefix: "tmp", MaxBytes: 256 << 10}))
+	ctx := context.Background()
+	vol2, err := store.OpenVolume(ctx, e.vol.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol2.Close() })
+	ws2, err := vol2.Open(ctx, testScope, e.ws.Policy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws2.Close() })
+	mnt2 := mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+
+	if err := os.Mkdir(e.path("tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.path("tmp/one"), make([]byte, 200<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 100<<10), 0o600)
+	if !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("the second mount writing past what the first holds in tmp/: %v, want EDQUOT", err)
+	}
+	if err := os.Rename(e.path("tmp/one"), e.path("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 200<<10), 0o600); err != nil {
+		t.Fatalf("the second mount, after the first moved its file out of tmp/: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 
@@ -32,12 +33,24 @@ type held struct {
 	// while open (unlink, rename over it) or was made by O_TMPFILE: it
 	// stays counted, at the path it had, until the last release.
 	unnamed atomic.Bool
-	rel     string
+	rel     atomic.Pointer[string] // the path it is counted at (at)
 	// elsewhere is what was counted by size changes made here after
 	// another door or mount removed the file's name (it counted the file
 	// away as it stood then): taken back at the last release.
 	elsewhere atomic.Int64
 }
+
+// at returns the path the file is counted at, for AdjustAt and for
+// heldOpen, which reads it without node.mu.
+func (h *held) at() string {
+	if p := h.rel.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// countAt sets the path the file is counted at. node.mu is held.
+func (h *held) countAt(rel string) { h.rel.Store(&rel) }
 
 // opened counts an open of the node's file.
 func (n *node) opened(o *handle) {
@@ -86,25 +99,29 @@ func (n *node) closing(o *handle) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err == nil && st.Nlink == 0 {
 		if h.unnamed.Load() {
-			n.fsys.ws.AdjustAt(h.rel, -st.Size, -1)
+			n.fsys.ws.AdjustAt(h.at(), -st.Size, -1)
 		} else {
-			n.fsys.ws.AdjustAt(h.rel, -h.elsewhere.Load(), 0)
+			n.fsys.ws.AdjustAt(h.at(), -h.elsewhere.Load(), 0)
 		}
 	}
 	h.unnamed.Store(false)
 	h.elsewhere.Store(0)
 }
 
-// heldOpen is what the files open in this mount hold that a walk of the
-// scope can't see: those with no name left, counted until their last
-// release. The reconcile asks it while it holds the account, so it takes
-// no node's lock (a write holding one may be waiting for the account).
-func (f *fsys) heldOpen() policy.Usage {
+// heldOpen is what the files open in this mount hold, counted at the
+// cleaned path under or beneath it ("." for the whole scope), that a walk
+// can't see: those with no name left, counted until their last release.
+// The reconcile asks it while it holds the account, so it takes no node's
+// lock (a write holding one may be waiting for the account).
+func (f *fsys) heldOpen(under string) policy.Usage {
 	var u policy.Usage
 	seen := map[*node]bool{}
 	f.open.Range(func(k, _ any) bool {
 		n := k.(*handle).node
 		if seen[n] || !n.held.unnamed.Load() && n.held.elsewhere.Load() == 0 {
+			return true
+		}
+		if rel := n.held.at(); under != "." && rel != under && !strings.HasPrefix(rel, under+"/") {
 			return true
 		}
 		seen[n] = true
@@ -136,7 +153,7 @@ func (n *node) resized(st *unix.Stat_t, rel string, delta int64) {
 		return
 	}
 	n.held.elsewhere.Add(delta)
-	n.held.rel = rel
+	n.held.countAt(rel)
 }
 
 // removing looks for the node of the entry name, which a remove or rename
@@ -159,7 +176,7 @@ func (n *node) removing(name string, sx *unix.Statx_t, rel string) (done func(re
 			return false
 		}
 		c.held.unnamed.Store(true)
-		c.held.rel = rel
+		c.held.countAt(rel)
 		return true
 	}
 }
@@ -229,7 +246,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true, false)
 	c.mu.Lock()
 	c.held.unnamed.Store(true)
-	c.held.rel = rel
+	c.held.countAt(rel)
 	c.mu.Unlock()
 	return in, h.fileHandle(), fuseFlags, 0
 }
@@ -268,7 +285,7 @@ func (n *node) linkUnnamed(ctx context.Context, t *node, name string, out *fuse.
 	// Moving it from where it was made is a move: the rules of both
 	// places must allow it.
 	if err == nil {
-		err = f.pol.CheckMove(t.held.rel, rel, false)
+		err = f.pol.CheckMove(t.held.at(), rel, false)
 	}
 	if err != nil {
 		return nil, true, f.refused(ctx, ev, err)
@@ -278,19 +295,19 @@ func (n *node) linkUnnamed(ctx context.Context, t *node, name string, out *fuse.
 		return nil, true, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.ws.ReserveMove(t.held.rel, rel, st.Size, 1); err != nil {
+	if err := f.ws.ReserveMove(t.held.at(), rel, st.Size, 1); err != nil {
 		return nil, true, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
-		f.ws.ReserveMove(rel, t.held.rel, st.Size, 1)
+		f.ws.ReserveMove(rel, t.held.at(), st.Size, 1)
 		return nil, true, e
 	}
 	if err := unix.Linkat(fd, "", int(parent.Fd()), base, unix.AT_EMPTY_PATH); err != nil {
-		f.ws.ReserveMove(rel, t.held.rel, st.Size, 1)
+		f.ws.ReserveMove(rel, t.held.at(), st.Size, 1)
 		return nil, true, f.failed(ctx, ev, err)
 	}
 	t.held.unnamed.Store(false)
-	t.held.rel = ""
+	t.held.countAt("")
 	f.ws.NoteChange(rel, false)
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {

@@ -20,13 +20,17 @@ type Walk func(ctx context.Context) (policy.Usage, error)
 
 // Options configure an Account.
 type Options struct {
-	Limits policy.Limits // ScopeBytes and ScopeFiles; 0 is no limit
+	Limits policy.Limits // ScopeBytes and ScopeFiles (a subtree's cap, for its account); 0 is no limit
 	Walk   Walk          // counts the scope when the ledger is new or torn
 	// Idle is how long a holder goes without a change before it folds
 	// what it spent into the ledger and returns its grant (default 1 s).
 	Idle time.Duration
 	// MaxGrant bounds one grant (default 16 MiB and 256 files).
 	MaxGrant policy.Usage
+	// Check refuses a change that adds addBytes and addFiles to used, as
+	// all holders count it, with a message naming the limit (default
+	// Limits.CheckQuota; a capped subtree's account words its own).
+	Check func(used policy.Usage, addBytes, addFiles int64) error
 }
 
 // Account is one holder's share of a scope's account. Its methods are
@@ -62,6 +66,9 @@ func Open(dirfd int, opts Options) (*Account, error) {
 	}
 	if opts.MaxGrant.Files <= 0 {
 		opts.MaxGrant.Files = 256
+	}
+	if opts.Check == nil {
+		opts.Check = opts.Limits.CheckQuota
 	}
 	dir, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -329,7 +336,7 @@ func (a *Account) refill(pb, pf int64) error {
 			taken.Bytes += h.rec.spent.Bytes + h.rec.grant.Bytes
 			taken.Files += h.rec.spent.Files + h.rec.grant.Files
 		}
-		if err := a.opts.Limits.CheckQuota(taken, pb, pf); err != nil {
+		if err := a.opts.Check(taken, pb, pf); err != nil {
 			return false, err
 		}
 		n := int64(len(live) + 1)

@@ -309,3 +309,22 @@ func TestTornLedgerIsCounted(t *testing.T) {
 		t.Errorf("refusal %v", err)
 	}
 }
+
+// TestCheckWordsTheRefusal: an account given Options.Check (a capped
+// subtree's) refuses with its words and the figures across all holders.
+func TestCheckWordsTheRefusal(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	tmp := policy.Subtree{Prefix: "tmp", MaxBytes: 1000, MaxFiles: 10}
+	opts := quota.Options{Limits: limits(tmp.MaxBytes, tmp.MaxFiles), Walk: sc.walk, Check: tmp.CheckCap}
+	a, b := open(t, dir, opts), open(t, dir, opts)
+	if err := a.Reserve(600, 1); err != nil {
+		t.Fatal(err)
+	}
+	a.Close() // folds its 600 bytes and gives back its grant
+	err := b.Reserve(500, 1)
+	want := "quota exceeded: tmp/ total 1000 B (used 600 B, write of 500 B refused); free space there or write elsewhere"
+	if policy.CodeOf(err) != policy.QuotaExceeded || err.Error() != want {
+		t.Fatalf("Reserve over the cap = %v, want %q", err, want)
+	}
+}

@@ -3,7 +3,10 @@
 // together never exceed the scope's limits. It decides nothing about
 // paths or objects (that is policy's) and reaches no file of the scope:
 // it lives in a directory of the scope's state directory, outside every
-// projection, and is handed a walk of the scope when it must count.
+// projection, and is handed a walk of the scope when it must count. A
+// capped subtree of the scope (tmp/) keeps an account of the same kind,
+// in a directory of its own, with the cap as its limits, a walk of the
+// subtree and Options.Check to word its refusals.
 //
 // # Grants
 //

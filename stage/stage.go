@@ -91,7 +91,6 @@ func (p *Platform) Stage(ctx context.Context, into string, srcs ...Source) (*Res
 		return res, err
 	}
 	defer unlock()
-	defer ws.RefreshUsage() // the platform view counted apart (store.Platform)
 	names := make([]string, len(srcs))
 	for i, s := range srcs {
 		names[i] = s.name

@@ -4,7 +4,9 @@
 // creates (with or without RENAME_NOREPLACE), scope locks, execution
 // markers and the record of tool calls. The scope's usage (Usage, Reserve,
 // Adjust) is its shared quota account, package quota, kept in the state
-// directory's QuotaDir and joined by each Workspace on first use; its I/O
+// directory's QuotaDir and joined by each Workspace on first use; each
+// capped subtree (ReserveAt, SubtreeUsage) has an account of its own there,
+// so its cap too holds across processes and nodes; its I/O
 // limiter (Limiter, package throttle) is shared the same way through
 // ThrottleDir.
 //

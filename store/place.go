@@ -13,8 +13,8 @@ import (
 // stage): the path modes don't apply, so ro, wo and hidden subtrees can be
 // filled and read, while every object check, limit, quota, subtree cap and
 // reserved name does (policy.WithoutModes). The view shares w's fds and
-// journal: never Close it, nor use it after w is closed. Its usage is
-// counted apart from w's; call w.RefreshUsage after changing through it.
+// journal: never Close it, nor use it after w is closed. It draws on w's
+// quota accounts, the scope's and its capped subtrees'.
 func (w *Workspace) Platform() *Workspace {
 	v := w.Unfiltered()
 	v.pol = w.pol.WithoutModes()

@@ -2,24 +2,138 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/quota"
 )
 
-// capUsage is what each capped subtree of the policy holds (policy.Subtree
-// with MaxBytes or MaxFiles), kept like the scope's usage: walked when
-// first needed, then counted from the changes this process makes, and
-// forgotten by RefreshUsage. It is guarded by Workspace.usageMu. Unlike
-// the scope's quota (package quota), a subtree's cap is counted by each
-// process alone.
-type capUsage struct {
-	known bool
-	used  map[string]policy.Usage // by subtree prefix
+// A capped subtree of the policy (policy.Subtree with MaxBytes or
+// MaxFiles; tmp/ in the standard policy) keeps an account of its own in
+// package quota, like the scope: every process and node that changes the
+// scope draws on it, so that together they never hold more than the cap.
+// Each lives in a directory of the scope's QuotaDir named from its prefix
+// (capDirName), is joined on the first change in the subtree, and counts
+// the subtree with walkUsage when its ledger is new.
+
+// capDirName names the directory of QuotaDir that holds the account of
+// the subtree at prefix: a short hash, so that no prefix, however long or
+// odd, makes a name the directory can't hold.
+func capDirName(prefix string) string {
+	sum := sha256.Sum256([]byte(prefix))
+	return "cap-" + hex.EncodeToString(sum[:8])
+}
+
+// capAccount returns the account of the capped subtree s, joining it on
+// first use.
+func (w *Workspace) capAccount(s policy.Subtree) (*quota.Account, error) {
+	a, err := w.joinCap(s, true)
+	if err != nil {
+		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account of %s/ can't be opened: %v", s.Prefix, err)
+	}
+	return a, nil
+}
+
+// joinCap returns the account of s, joining it if this process has not.
+// Unless create is set, an account no process made yet is nil: there is
+// nothing in it to correct.
+func (w *Workspace) joinCap(s policy.Subtree, create bool) (*quota.Account, error) {
+	q := w.quota
+	if q == nil {
+		return nil, errNoAccount
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if a := q.caps[s.Prefix]; a != nil {
+		return a, nil
+	}
+	a, err := w.openCapAccount(s, create)
+	if err != nil || a == nil {
+		return nil, err
+	}
+	if q.caps == nil {
+		q.caps = map[string]*quota.Account{}
+	}
+	q.caps[s.Prefix] = a
+	return a, nil
+}
+
+// openCapAccount joins the account of s. Unless create is set, an account
+// nobody made yet is (nil, nil): there is nothing in it to correct.
+func (w *Workspace) openCapAccount(s policy.Subtree, create bool) (*quota.Account, error) {
+	qfd, err := w.stateSubdir(QuotaDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(qfd)
+	name := capDirName(s.Prefix)
+	if create {
+		if err := unix.Mkdirat(qfd, name, policy.DirPerm); err != nil && err != unix.EEXIST {
+			return nil, fmt.Errorf("quota dir of %s/: %w", s.Prefix, err)
+		}
+	}
+	dfd, err := unix.Openat(qfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT && !create {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("quota dir of %s/: %w", s.Prefix, err)
+	}
+	defer unix.Close(dfd)
+	return quota.Open(dfd, quota.Options{
+		Limits: policy.Limits{ScopeBytes: s.MaxBytes, ScopeFiles: s.MaxFiles},
+		Walk:   func(ctx context.Context) (policy.Usage, error) { return w.countCap(ctx, s.Prefix) },
+		Check:  s.CheckCap,
+	})
+}
+
+// openCaps returns the accounts this process has joined, by prefix.
+func (w *Workspace) openCaps() map[string]*quota.Account {
+	q := w.quota
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make(map[string]*quota.Account, len(q.caps))
+	for p, a := range q.caps {
+		out[p] = a
+	}
+	return out
+}
+
+// recountCaps counts every capped subtree again after a change its
+// account did not see (quota.Account.Recount): those this process joined,
+// and those of w's policy that another process made, so that a subtree
+// cleared by another process (loomfs gc) is not left counted full.
+func (w *Workspace) recountCaps(ctx context.Context) {
+	for _, s := range w.pol.Subtrees {
+		if s.Capped() {
+			w.joinCap(s, false)
+		}
+	}
+	for _, a := range w.openCaps() {
+		a.Recount(ctx, nil)
+	}
+}
+
+// closeCaps folds this process's share of every subtree account into it
+// and leaves them. q.mu is held.
+func (q *scopeQuota) closeCaps() {
+	for p, a := range q.caps {
+		a.Close()
+		delete(q.caps, p)
+	}
 }
 
 // ReserveAt checks that adding addBytes and addFiles at the cleaned path
 // rel stays within the scope quota and the cap of every subtree rel is in
-// (tmp/ in the standard policy), and counts them in each. A caller whose
+// (tmp/ in the standard policy), as all holders count them, and counts
+// them in each. A refusal gives back what was taken. A caller whose
 // change then fails gives them back with AdjustAt. Reserve is ReserveAt
 // for a change no capped subtree can see.
 func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
@@ -27,34 +141,52 @@ func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
 	if len(caps) == 0 {
 		return w.Reserve(addBytes, addFiles)
 	}
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
-	if err := w.loadCaps(context.Background()); err != nil {
+	taken, err := w.reserveCaps(caps, addBytes, addFiles)
+	if err != nil {
 		return err
-	}
-	for _, c := range caps {
-		if err := c.CheckCap(w.caps.used[c.Prefix], addBytes, addFiles); err != nil {
-			return err
-		}
 	}
 	if err := w.Reserve(addBytes, addFiles); err != nil {
+		for _, a := range taken {
+			a.Adjust(-addBytes, -addFiles)
+		}
 		return err
 	}
-	w.countCaps(caps, addBytes, addFiles)
 	return nil
+}
+
+// reserveCaps reserves a change in the account of each of caps, all or
+// none, and returns the accounts.
+func (w *Workspace) reserveCaps(caps []policy.Subtree, addBytes, addFiles int64) ([]*quota.Account, error) {
+	taken := make([]*quota.Account, 0, len(caps))
+	for _, c := range caps {
+		a, err := w.capAccount(c)
+		if err == nil {
+			err = a.Reserve(addBytes, addFiles)
+		}
+		if err != nil {
+			for _, a := range taken {
+				a.Adjust(-addBytes, -addFiles)
+			}
+			return nil, err
+		}
+		taken = append(taken, a)
+	}
+	return taken, nil
 }
 
 // AdjustAt counts a change at rel without checking it (shrinking, or
 // undoing a ReserveAt), in the scope and in every capped subtree rel is in.
 func (w *Workspace) AdjustAt(rel string, addBytes, addFiles int64) {
 	w.Adjust(addBytes, addFiles)
-	caps := w.pol.Caps(rel)
-	if len(caps) == 0 {
-		return
+	w.adjustCaps(w.pol.Caps(rel), addBytes, addFiles)
+}
+
+func (w *Workspace) adjustCaps(caps []policy.Subtree, addBytes, addFiles int64) {
+	for _, c := range caps {
+		if a, err := w.capAccount(c); err == nil {
+			a.Adjust(addBytes, addFiles)
+		}
 	}
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
-	w.countCaps(caps, addBytes, addFiles)
 }
 
 // ReserveMove checks and counts a rename of an object holding bytes and
@@ -62,8 +194,6 @@ func (w *Workspace) AdjustAt(rel string, addBytes, addFiles int64) {
 // another. The scope total does not change, but a move into a capped
 // subtree is checked against its cap and a move out of one frees room.
 func (w *Workspace) ReserveMove(from, to string, bytes, files int64) error {
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
 	var into, outOf []policy.Subtree
 	for _, c := range w.pol.Caps(to) {
 		if !c.Contains(from) {
@@ -75,69 +205,50 @@ func (w *Workspace) ReserveMove(from, to string, bytes, files int64) error {
 			outOf = append(outOf, c)
 		}
 	}
-	if len(into) == 0 && len(outOf) == 0 {
-		return nil
-	}
-	if err := w.loadCaps(context.Background()); err != nil {
+	if _, err := w.reserveCaps(into, bytes, files); err != nil {
 		return err
 	}
-	for _, c := range into {
-		if err := c.CheckCap(w.caps.used[c.Prefix], bytes, files); err != nil {
-			return err
-		}
-	}
-	w.countCaps(into, bytes, files)
-	w.countCaps(outOf, -bytes, -files)
+	w.adjustCaps(outOf, -bytes, -files)
 	return nil
 }
 
 // SubtreeUsage returns what the subtree at the cleaned path rel holds, the
-// directory itself included: counted when rel is a capped subtree, else
-// walked now.
+// directory itself included: as all holders counted it when rel is a
+// capped subtree, else walked now.
 func (w *Workspace) SubtreeUsage(ctx context.Context, rel string) (policy.Usage, error) {
-	w.usageMu.Lock()
-	defer w.usageMu.Unlock()
 	for _, c := range w.pol.Caps(rel) {
 		if c.Prefix == rel {
-			if err := w.loadCaps(ctx); err != nil {
+			a, err := w.capAccount(c)
+			if err != nil {
 				return policy.Usage{}, err
 			}
-			return w.caps.used[rel], nil
+			return a.Usage(ctx)
 		}
 	}
 	return w.walkUsage(ctx, rel)
 }
 
-// countCaps adds to the kept usage of caps, if it is known.
-func (w *Workspace) countCaps(caps []policy.Subtree, addBytes, addFiles int64) {
-	if !w.caps.known {
-		return
-	}
-	for _, c := range caps {
-		u := w.caps.used[c.Prefix]
-		u.Bytes += addBytes
-		u.Files += addFiles
-		w.caps.used[c.Prefix] = u
-	}
+// SubtreeQuotaState reads the account of the capped subtree at the
+// cleaned path prefix (quota.Inspect) without joining it.
+func (w *Workspace) SubtreeQuotaState(prefix string) (quota.State, error) {
+	return w.inspectAccount(QuotaDir, capDirName(prefix))
 }
 
-func (w *Workspace) loadCaps(ctx context.Context) error {
-	if w.caps.known {
-		return nil
-	}
-	used := map[string]policy.Usage{}
-	for _, s := range w.pol.Subtrees {
-		if !s.Capped() {
-			continue
-		}
-		u, err := w.walkUsage(ctx, s.Prefix)
-		if err != nil {
-			return err
-		}
-		used[s.Prefix] = u
-	}
-	w.caps = capUsage{known: true, used: used}
-	return nil
+// CountSubtree counts the subtree at the cleaned path rel now (a walk),
+// for comparing with SubtreeUsage.
+func (w *Workspace) CountSubtree(ctx context.Context, rel string) (policy.Usage, error) {
+	return w.walkUsage(ctx, rel)
+}
+
+// countCap counts the capped subtree at prefix for its account: a walk,
+// and what this process holds open there that the walk can't see
+// (CountHeld).
+func (w *Workspace) countCap(ctx context.Context, prefix string) (policy.Usage, error) {
+	u, err := w.walkUsage(ctx, prefix)
+	h := w.heldUsage(prefix)
+	u.Bytes += h.Bytes
+	u.Files += h.Files
+	return u, err
 }
 
 // walkUsage counts what the subtree at rel holds, as countScope counts the

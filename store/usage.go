@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"go.uber.org/zap"
@@ -16,24 +17,29 @@ import (
 // directory: one account for every process and node that opens the scope.
 const QuotaDir = "quota"
 
-// scopeQuota is this process's share of the scope's quota account, opened
-// on first use and shared by the workspace's views (Unfiltered).
+// scopeQuota is this process's share of the scope's quota account and of
+// the accounts of its capped subtrees (subtree.go), each opened on first
+// use and shared by the workspace's views (Unfiltered).
 type scopeQuota struct {
 	mu   sync.Mutex
 	acct *quota.Account
+	caps map[string]*quota.Account // by subtree prefix
 
 	heldMu sync.Mutex
 	held   map[*heldFunc]struct{}
 }
 
-type heldFunc struct{ fn func() policy.Usage }
+type heldFunc struct {
+	fn func(under string) policy.Usage
+}
 
-// CountHeld adds fn to what a count of the scope finds: what this process
-// holds that a walk can't see (a projection's files removed, or never
-// named, while still open; they stay counted until their last close). fn
-// must not wait for a change in progress: it runs while the account is
-// held. The returned func removes it.
-func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
+// CountHeld adds fn to what a count of the scope, or of a capped subtree,
+// finds: what this process holds that a walk can't see (a projection's
+// files removed, or never named, while still open; they stay counted
+// until their last close) at the cleaned path under or beneath it ("."
+// for the whole scope). fn must not wait for a change in progress: it
+// runs while the account is held. The returned func removes it.
+func (w *Workspace) CountHeld(fn func(under string) policy.Usage) (remove func()) {
 	q := w.quota
 	if q == nil {
 		return func() {}
@@ -52,8 +58,9 @@ func (w *Workspace) CountHeld(fn func() policy.Usage) (remove func()) {
 	}
 }
 
-// heldUsage sums what CountHeld was given.
-func (w *Workspace) heldUsage() policy.Usage {
+// heldUsage sums what the funcs CountHeld was given hold under the
+// cleaned path under.
+func (w *Workspace) heldUsage(under string) policy.Usage {
 	var u policy.Usage
 	q := w.quota
 	if q == nil {
@@ -62,7 +69,7 @@ func (w *Workspace) heldUsage() policy.Usage {
 	q.heldMu.Lock()
 	defer q.heldMu.Unlock()
 	for h := range q.held {
-		v := h.fn()
+		v := h.fn(under)
 		u.Bytes += v.Bytes
 		u.Files += v.Files
 	}
@@ -95,7 +102,8 @@ func (w *Workspace) account() (*quota.Account, error) {
 	return a, nil
 }
 
-// closeAccount folds this process's share into the account and leaves it.
+// closeAccount folds this process's share into the scope's account and
+// those of its capped subtrees, and leaves them.
 func (w *Workspace) closeAccount() {
 	if q := w.quota; q != nil {
 		q.mu.Lock()
@@ -103,6 +111,7 @@ func (w *Workspace) closeAccount() {
 			q.acct.Close()
 			q.acct = nil
 		}
+		q.closeCaps()
 		q.mu.Unlock()
 	}
 }
@@ -111,7 +120,7 @@ func (w *Workspace) closeAccount() {
 // apparent size of regular files and links) and what this process holds
 // open that the walk can't see (CountHeld).
 func (w *Workspace) countScope(ctx context.Context) (policy.Usage, error) {
-	u := w.heldUsage()
+	u := w.heldUsage(".")
 	err := w.Walk(ctx, ".", func(rel string, info Info) error {
 		u.Files++
 		if info.Kind == policy.KindRegular || info.Kind == policy.KindLink {
@@ -140,25 +149,63 @@ func (w *Workspace) CountUsage(ctx context.Context) (policy.Usage, error) {
 }
 
 // Reconcile compares the account with walks of the scope and corrects it
-// when they disagree and nothing is changing (quota.Account.Reconcile);
-// each correction is logged with its size.
+// when they disagree and nothing is changing (quota.Account.Reconcile),
+// and so the account of every capped subtree this process has joined;
+// each correction is logged with its size. The report is the scope's.
 func (w *Workspace) Reconcile(ctx context.Context, log *zap.Logger) (quota.Report, error) {
 	a, err := w.account()
 	if err != nil {
 		return quota.Report{}, err
 	}
-	return a.Reconcile(ctx, log)
+	rep, err := a.Reconcile(ctx, log)
+	if log == nil {
+		log = zap.NewNop()
+	}
+	for prefix, c := range w.openCaps() {
+		if _, cerr := c.Reconcile(ctx, log.With(zap.String("subtree", prefix))); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("quota account of %s/: %w", prefix, cerr))
+		}
+	}
+	return rep, err
+}
+
+// ReconcileSubtree is Reconcile for the account of the capped subtree at
+// the cleaned path prefix alone.
+func (w *Workspace) ReconcileSubtree(ctx context.Context, prefix string, log *zap.Logger) (quota.Report, error) {
+	for _, c := range w.pol.Caps(prefix) {
+		if c.Prefix == prefix {
+			a, err := w.capAccount(c)
+			if err != nil {
+				return quota.Report{}, err
+			}
+			return a.Reconcile(ctx, log)
+		}
+	}
+	return quota.Report{}, policy.Errorf(policy.InvalidInput, "%s/ is not a capped subtree", prefix)
 }
 
 // QuotaState reads the scope's account (quota.Inspect) without joining it.
 func (w *Workspace) QuotaState() (quota.State, error) {
-	sfd := int(w.state.Fd())
-	dfd, err := unix.Openat(sfd, QuotaDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err == unix.ENOENT {
-		return quota.State{}, nil
-	}
-	if err != nil {
-		return quota.State{}, err
+	return w.inspectAccount(QuotaDir)
+}
+
+// inspectAccount reads the account in the directory of the state
+// directory that names lead to, one component at a time; one not made yet
+// is the zero State.
+func (w *Workspace) inspectAccount(names ...string) (quota.State, error) {
+	dfd := int(w.state.Fd())
+	for i, name := range names {
+		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if i > 0 {
+			unix.Close(dfd)
+		}
+		if err == unix.ENOENT {
+			return quota.State{}, nil
+		}
+		if err != nil {
+			return quota.State{}, err
+		}
+		dfd = fd
 	}
 	defer unix.Close(dfd)
 	return quota.Inspect(dfd)
@@ -167,15 +214,14 @@ func (w *Workspace) QuotaState() (quota.State, error) {
 // RefreshUsage counts the scope again after a change the account did not
 // see (made outside loomfs, or a whole tree swapped in): the account is
 // corrected to a walk when no other holder is changing the scope, and
-// otherwise by the next reconcile. The capped subtrees are walked again
-// at their next check.
+// otherwise by the next reconcile. So are the accounts of the capped
+// subtrees (subtree.go).
 func (w *Workspace) RefreshUsage() {
-	w.usageMu.Lock()
-	w.caps.known = false // the capped subtrees too (subtree.go)
-	w.usageMu.Unlock()
+	ctx := context.Background()
 	if a, err := w.account(); err == nil {
-		a.Recount(context.Background(), nil)
+		a.Recount(ctx, nil)
 	}
+	w.recountCaps(ctx)
 }
 
 // Reserve checks that adding addBytes and addFiles stays within the scope

@@ -27,9 +27,7 @@ type Workspace struct {
 	dev   uint64
 	mnt   uint64 // mount id of dir: nothing on another mount is used
 
-	quota   *scopeQuota // the scope's shared quota account (usage.go)
-	usageMu sync.Mutex
-	caps    capUsage // usage of each capped subtree (subtree.go)
+	quota *scopeQuota // the scope's shared quota accounts (usage.go, subtree.go)
 
 	journal *journal // changes for snapshots (journal.go); nil on read-only views
 	calls   callLog  // call records (calls.go)

@@ -97,7 +97,7 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 				q := checkQuota(cmd.Context(), ws)
 				done()
 				qr = &q
-				r.OK = r.OK && q.OK
+				r.OK = r.OK && q.allOK()
 			}
 			var io *ioReport
 			if g.policy != "" {

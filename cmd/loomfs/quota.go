@@ -9,14 +9,28 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/quota"
 	"github.com/agentloom/loomfs/store"
 )
 
-// quotaReport is what loomfs check --scope says of a scope's quota account:
-// the account as every holder counted it, beside a walk of the scope.
+// quotaReport is what loomfs check --scope says of a scope's quota account
+// and those of its capped subtrees: each account as every holder counted
+// it, beside a walk.
 type quotaReport struct {
-	Scope   string `json:"scope"`
-	Known   bool   `json:"known"` // the account exists (something has changed the scope through loomfs)
+	Scope string `json:"scope"`
+	accountReport
+	Subtrees []subtreeReport `json:"subtrees,omitempty"`
+}
+
+// subtreeReport is the account of one capped subtree (tmp/).
+type subtreeReport struct {
+	Path string `json:"path"`
+	accountReport
+}
+
+// accountReport compares one account with a walk of what it counts.
+type accountReport struct {
+	Known   bool   `json:"known"` // the account exists (something has changed what it counts through loomfs)
 	Account counts `json:"account"`
 	Walk    counts `json:"walk"`
 	Granted counts `json:"granted"` // held by live holders, not spent yet
@@ -35,29 +49,55 @@ type counts struct {
 
 func countsOf(u policy.Usage) counts { return counts{u.Bytes, u.Files} }
 
-// checkQuota compares the scope's account with a walk, changing nothing.
-// A difference fails the check only when no holder is live: one that is
-// writing now may not have told the account yet.
+// checkQuota compares the scope's account, and that of each capped
+// subtree, with a walk, changing nothing.
 func checkQuota(ctx context.Context, ws *store.Workspace) quotaReport {
 	r := quotaReport{Scope: ws.Scope().String()}
-	st, err := ws.QuotaState()
+	r.accountReport = compareAccount(ws.QuotaState, func() (policy.Usage, error) { return ws.CountUsage(ctx) }, "the scope")
+	for _, s := range ws.Policy().Subtrees {
+		if !s.Capped() {
+			continue
+		}
+		state := func() (quota.State, error) { return ws.SubtreeQuotaState(s.Prefix) }
+		walk := func() (policy.Usage, error) { return ws.CountSubtree(ctx, s.Prefix) }
+		sr := subtreeReport{Path: s.Prefix + "/", accountReport: compareAccount(state, walk, s.Prefix+"/")}
+		r.Subtrees = append(r.Subtrees, sr)
+	}
+	return r
+}
+
+// allOK reports whether the scope's account and every subtree's pass.
+func (r quotaReport) allOK() bool {
+	ok := r.OK
+	for _, s := range r.Subtrees {
+		ok = ok && s.OK
+	}
+	return ok
+}
+
+// compareAccount reads an account and walks what it counts. A difference
+// fails only when no holder is live: one that is writing now may not have
+// told the account yet.
+func compareAccount(state func() (quota.State, error), walk func() (policy.Usage, error), what string) accountReport {
+	var r accountReport
+	st, err := state()
 	if err != nil {
 		r.Detail = fmt.Sprintf("the account can't be read: %v", err)
 		return r
 	}
-	walk, err := ws.CountUsage(ctx)
+	w, err := walk()
 	if err != nil {
-		r.Detail = fmt.Sprintf("the scope can't be walked: %v", policy.Public(err))
+		r.Detail = fmt.Sprintf("%s can't be walked: %v", what, policy.Public(err))
 		return r
 	}
-	r.Known, r.Account, r.Walk = st.Known, countsOf(st.Used), countsOf(walk)
+	r.Known, r.Account, r.Walk = st.Known, countsOf(st.Used), countsOf(w)
 	r.Granted, r.Holders, r.Dead = countsOf(st.Granted), st.Holders, st.Dead
-	r.Match = !st.Known || st.Used == walk
+	r.Match = !st.Known || st.Used == w
 	switch {
 	case !st.Known:
-		r.OK, r.Detail = true, "no account yet: the first change counts the scope"
+		r.OK, r.Detail = true, fmt.Sprintf("no account yet: the first change counts %s", what)
 	case r.Match:
-		r.OK, r.Detail = true, "the account matches a walk of the scope"
+		r.OK, r.Detail = true, fmt.Sprintf("the account matches a walk of %s", what)
 	case st.Holders > 0:
 		r.OK, r.Detail = true, fmt.Sprintf("the account differs from the walk while %d holders have the scope open; their reconcile corrects it once they are idle", st.Holders)
 	default:
@@ -67,12 +107,19 @@ func checkQuota(ctx context.Context, ws *store.Workspace) quotaReport {
 }
 
 func printQuota(w io.Writer, r quotaReport) {
+	printAccount(w, "quota", r.Scope, r.accountReport)
+	for _, s := range r.Subtrees {
+		printAccount(w, "quota "+s.Path, r.Scope, s.accountReport)
+	}
+}
+
+func printAccount(w io.Writer, name, scope string, r accountReport) {
 	mark := "ok  "
 	if !r.OK {
 		mark = "FAIL"
 	}
 	fmt.Fprintf(w, "  %s  %-21s %s: account %s in %d entries, walk %s in %d entries, %d holders (%s granted); %s\n",
-		mark, "quota", r.Scope, policy.Bytes(r.Account.Bytes), r.Account.Files, policy.Bytes(r.Walk.Bytes), r.Walk.Files,
+		mark, name, scope, policy.Bytes(r.Account.Bytes), r.Account.Files, policy.Bytes(r.Walk.Bytes), r.Walk.Files,
 		r.Holders, policy.Bytes(r.Granted.Bytes), r.Detail)
 }
 
