@@ -332,7 +332,9 @@ func (h *handle) Writev(ctx context.Context, data [][]byte, off int64) (uint32, 
 // the scope quota (counting the growth of the file's apparent size, so a
 // write far past the end counts in full) and makes it.
 func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) (uint32, syscall.Errno) {
-	h.throttle(ctx, size)
+	if taken := h.throttleWrite(ctx, size); taken < size {
+		data, size = firstBytes(data, taken), taken
+	}
 	n := h.node
 	f := n.fsys
 	if err := f.writable(); err != nil {

@@ -16,15 +16,56 @@ import (
 // failed. The limits are the scope's: every other process serving it, on
 // any node, takes its share (throttle.Share). An open file that had to
 // wait gets a "throttle" record at its release: how often and how long,
-// beside the rates and how many processes shared them.
+// beside the rates and how many processes shared them. A signal to a
+// writer interrupts its wait; the write then moves only the bytes it took
+// (throttleWrite), so signals can't carry a writer past the limit.
 
 // throttle waits for n bytes and one operation of the scope's limits, and
-// counts the wait against the open file.
-func (h *handle) throttle(ctx context.Context, n int) {
-	if d := h.node.fsys.limit.Wait(ctx, n); d > 0 {
+// counts the wait against the open file. It returns how many of the n
+// bytes were taken: fewer when the request was interrupted while it
+// waited (a signal to the caller cancels the request's context).
+func (h *handle) throttle(ctx context.Context, n int) int {
+	taken, d := h.node.fsys.limit.Take(ctx, n)
+	if d > 0 {
 		h.throttleWaits.Add(1)
 		h.throttled.Add(int64(d))
 	}
+	return taken
+}
+
+// throttleWrite is throttle for a write, which then moves only the bytes
+// taken: a signal that interrupts the wait makes the write short, as
+// POSIX lets an interrupted write be (the kernel returns the short count,
+// and a program writes the rest again, throttled), instead of letting the
+// rest through unthrottled. One interrupted before it took anything still
+// takes a page's worth, ignoring the signal (a write of a regular file
+// answering EINTR would fail programs that never expect it there): a
+// killed writer waits that long at most.
+func (h *handle) throttleWrite(ctx context.Context, n int) int {
+	taken := h.throttle(ctx, n)
+	if taken == 0 && n > 0 {
+		taken = h.throttle(context.Background(), min(n, writeAtLeast))
+	}
+	return taken
+}
+
+// writeAtLeast is what an interrupted write still takes and moves.
+const writeAtLeast = 4096
+
+// firstBytes returns the first n bytes of data, without copying.
+func firstBytes(data [][]byte, n int) [][]byte {
+	var out [][]byte
+	for _, b := range data {
+		if n <= 0 {
+			break
+		}
+		if len(b) > n {
+			b = b[:n]
+		}
+		out = append(out, b)
+		n -= len(b)
+	}
+	return out
 }
 
 // recordThrottle records what the open file waited, if it waited.

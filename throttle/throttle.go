@@ -94,27 +94,43 @@ func (l *Limiter) Rates() Rates {
 // Wait takes one operation and n bytes from the buckets, waiting as long
 // as that takes (or until ctx is done), and returns how long it waited.
 func (l *Limiter) Wait(ctx context.Context, n int) time.Duration {
+	_, d := l.Take(ctx, n)
+	return d
+}
+
+// Take is Wait that also says how many of the n bytes it took before ctx
+// was done: all n unless ctx ended the wait. A caller interrupted while
+// it waited serves only what was taken (a FUSE write or read cut short by
+// a signal answers a short count), so that a signal, which interrupts the
+// wait, never lets the rest through unthrottled.
+func (l *Limiter) Take(ctx context.Context, n int) (taken int, waited time.Duration) {
 	if l == nil {
-		return 0
+		return n, 0
 	}
 	l.active()
 	start := time.Now()
 	if l.ops != nil {
 		l.ops.Wait(ctx)
 	}
-	if l.bytes != nil {
+	if l.bytes == nil {
+		taken = n
+	} else {
 		// More than a bucket holds is taken a bucketful at a time.
-		for b := l.bytes.Burst(); n > 0 && ctx.Err() == nil; n -= b {
-			l.bytes.WaitN(ctx, min(n, b))
+		for b := l.bytes.Burst(); taken < n && ctx.Err() == nil; {
+			k := min(n-taken, b)
+			if l.bytes.WaitN(ctx, k) != nil {
+				break
+			}
+			taken += k
 		}
 	}
 	d := time.Since(start)
 	if d >= time.Millisecond {
 		l.waits.Add(1)
 		l.waited.Add(int64(d))
-		return d
+		return taken, d
 	}
-	return 0
+	return taken, 0
 }
 
 // Stats says how much a limiter delayed.

@@ -63,3 +63,18 @@ func TestOpsRate(t *testing.T) {
 		t.Fatalf("30 ops at 50/s took %v", d)
 	}
 }
+
+// TestTakeInterrupted: a wait cut short by its context says how much it
+// took, less than asked, so the caller moves only that.
+func TestTakeInterrupted(t *testing.T) {
+	l := For("take-interrupted", Rates{BytesPerSec: 40 << 10})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	taken, _ := l.Take(ctx, 1<<20)
+	if taken <= 0 || taken >= 1<<20 {
+		t.Fatalf("a wait for 1 MiB at 40 KiB/s cut off after 300 ms took %d bytes", taken)
+	}
+	if taken, _ := l.Take(context.Background(), 0); taken != 0 {
+		t.Errorf("took %d of 0 bytes", taken)
+	}
+}
