@@ -25,18 +25,8 @@ func benchDirs(b *testing.B, fn func(b *testing.B, dir string), options ...envOp
 func BenchmarkCreateStatDelete(b *testing.B) {
 	data := make([]byte, 100)
 	benchDirs(b, func(b *testing.B, dir string) {
-		var st unix.Stat_t
 		for i := 0; b.Loop(); i++ {
-			p := filepath.Join(dir, fmt.Sprintf("f%d", i))
-			if err := os.WriteFile(p, data, 0o600); err != nil {
-				b.Fatal(err)
-			}
-			if err := unix.Stat(p, &st); err != nil {
-				b.Fatal(err)
-			}
-			if err := os.Remove(p); err != nil {
-				b.Fatal(err)
-			}
+			smallFileCycle(b, filepath.Join(dir, fmt.Sprintf("f%d", i)), data)
 		}
 	})
 }
@@ -126,19 +116,9 @@ func BenchmarkAudit(b *testing.B) {
 		}
 		b.Run("audit="+bc.name, func(b *testing.B) {
 			e := newEnv(b, withOptions(func(o *Options) { o.Audit = sink }))
-			var st unix.Stat_t
 			cpu := cpuTime(b)
 			for i := 0; b.Loop(); i++ {
-				p := filepath.Join(e.mnt, fmt.Sprintf("f%d", i))
-				if err := os.WriteFile(p, data, 0o600); err != nil {
-					b.Fatal(err)
-				}
-				if err := unix.Stat(p, &st); err != nil {
-					b.Fatal(err)
-				}
-				if err := os.Remove(p); err != nil {
-					b.Fatal(err)
-				}
+				smallFileCycle(b, filepath.Join(e.mnt, fmt.Sprintf("f%d", i)), data)
 			}
 			// The mount is served in this process: its CPU is the cycle's,
 			// client system calls, server and audit writer together.
@@ -166,22 +146,12 @@ func BenchmarkAuditInterleaved(b *testing.B) {
 	b.Cleanup(func() { log.Close() })
 	off := newEnv(b, withOptions(func(o *Options) { o.Audit = audit.Discard }))
 	on := newEnv(b, withOptions(func(o *Options) { o.Audit = log }))
-	var st unix.Stat_t
 	n := 0
 	cycles := func(mnt string) time.Duration {
 		start := time.Now()
 		for range block {
-			p := filepath.Join(mnt, fmt.Sprintf("f%d", n))
+			smallFileCycle(b, filepath.Join(mnt, fmt.Sprintf("f%d", n)), data)
 			n++
-			if err := os.WriteFile(p, data, 0o600); err != nil {
-				b.Fatal(err)
-			}
-			if err := unix.Stat(p, &st); err != nil {
-				b.Fatal(err)
-			}
-			if err := os.Remove(p); err != nil {
-				b.Fatal(err)
-			}
 		}
 		return time.Since(start)
 	}
@@ -201,6 +171,20 @@ func BenchmarkAuditInterleaved(b *testing.B) {
 	b.ReportMetric(float64(tOn.Nanoseconds())/per, "on-ns/cycle")
 	b.ReportMetric(100*(float64(tOn)/float64(tOff)-1), "on-vs-off-%")
 	b.ReportMetric(float64(cpuTime(b)-cpu)/(2*per), "cpu-ns/op")
+}
+
+// smallFileCycle creates p holding data, stats it and removes it.
+func smallFileCycle(b *testing.B, p string, data []byte) {
+	var st unix.Stat_t
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Stat(p, &st); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // cpuTime is the CPU (user + system) this process has used so far.

@@ -18,6 +18,13 @@ import (
 // mountpoint.
 func secondMount(t *testing.T, e *env) string {
 	t.Helper()
+	return mountAt(t, secondWorkspace(t, e), filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+}
+
+// secondWorkspace opens the scope of e again, over a Volume of its own, as
+// another process would.
+func secondWorkspace(t *testing.T, e *env) *store.Workspace {
+	t.Helper()
 	ctx := context.Background()
 	vol2, err := store.OpenVolume(ctx, e.vol.Config())
 	if err != nil {
@@ -29,7 +36,7 @@ func secondMount(t *testing.T, e *env) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws2.Close() })
-	return mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+	return ws2
 }
 
 // seen waits until check passes: the follower drops what a journal line
@@ -308,19 +315,9 @@ func TestOwnChangesNoPass(t *testing.T) {
 		return wantContent(e.path("f0"), "tools")
 	})
 
-	ctx := context.Background()
-	vol2, err := store.OpenVolume(ctx, e.vol.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { vol2.Close() })
-	ws2, err := vol2.Open(ctx, testScope, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ws2.Close() })
+	ws2 := secondWorkspace(t, e)
 	before = passes()
-	if _, err := ws2.WriteFile(ctx, "f1", []byte("other"), nil); err != nil {
+	if _, err := ws2.WriteFile(context.Background(), "f1", []byte("other"), nil); err != nil {
 		t.Fatal(err)
 	}
 	seen(t, "another Workspace's write", func() error {
