@@ -233,10 +233,9 @@ func TestReconcileKeepsOpenUnlinked(t *testing.T) {
 		t.Errorf("reconcile with an unlinked file open: %+v", rep)
 	}
 	f.Close()
-	waitReleased(t, e.m)
-	if u, _ := e.ws.Usage(ctx); u != (policy.Usage{}) {
-		t.Errorf("usage once it is closed: %+v", u)
-	}
+	waitUsage(t, "usage once it is closed", policy.Usage{}, func() (policy.Usage, error) {
+		return e.ws.Usage(ctx)
+	})
 }
 
 // reconcileIdle reconciles once the mount has gone idle (a second after
@@ -294,9 +293,24 @@ func TestCapReconcileKeepsOpenUnlinked(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	f.Close()
-	waitReleased(t, e.m)
-	if u, _ := e.ws.SubtreeUsage(ctx, "tmp"); u != (policy.Usage{Files: 1}) {
-		t.Errorf("tmp/ once the file is closed: %+v", u)
+	waitUsage(t, "tmp/ once the file is closed", policy.Usage{Files: 1}, func() (policy.Usage, error) {
+		return e.ws.SubtreeUsage(ctx, "tmp")
+	})
+}
+
+// waitUsage waits until usage says want. The RELEASE of a file takes its
+// handle out of the mount's open files before it gives the file's usage
+// back, so a test waits for the usage itself, not for waitReleased.
+func waitUsage(t *testing.T, what string, want policy.Usage, usage func() (policy.Usage, error)) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		u, err := usage()
+		if err == nil && u == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %+v (%v) after 5 s, want %+v", what, u, err, want)
+		}
 	}
 }
 
