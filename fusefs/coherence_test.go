@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
-	"github.com/agentloom/loomfs/store"
 )
 
 func sha(b []byte) string {
@@ -158,18 +157,7 @@ func TestCASRace(t *testing.T) {
 // each lock owner, which another mount sees as held by no process).
 func TestTwoMountsLock(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
-	vol2, err := store.OpenVolume(ctx, e.vol.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { vol2.Close() })
-	ws2, err := vol2.Open(ctx, testScope, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ws2.Close() }) // after the unmount below: the mount reads its journals until then
-	mnt2 := mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+	mnt2 := secondMount(t, e) // its Workspace closes after the unmount: the mount reads its journals until then
 	mustWrite(t, e.path("lock"), "")
 
 	f1, err := os.OpenFile(e.path("lock"), os.O_RDWR, 0)

@@ -18,12 +18,12 @@ import (
 // mountpoint.
 func secondMount(t *testing.T, e *env) string {
 	t.Helper()
-	return mountAt(t, secondWorkspace(t, e), filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+	return mountAt(t, secondWorkspace(t, e, nil), filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
 }
 
-// secondWorkspace opens the scope of e again, over a Volume of its own, as
-// another process would.
-func secondWorkspace(t *testing.T, e *env) *store.Workspace {
+// secondWorkspace opens the scope of e again under pol (nil: the default
+// policy), over a Volume of its own, as another process would.
+func secondWorkspace(t *testing.T, e *env, pol *policy.Policy) *store.Workspace {
 	t.Helper()
 	ctx := context.Background()
 	vol2, err := store.OpenVolume(ctx, e.vol.Config())
@@ -31,7 +31,7 @@ func secondWorkspace(t *testing.T, e *env) *store.Workspace {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { vol2.Close() })
-	ws2, err := vol2.Open(ctx, testScope, nil)
+	ws2, err := vol2.Open(ctx, testScope, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestOwnChangesNoPass(t *testing.T) {
 		return wantContent(e.path("f0"), "tools")
 	})
 
-	ws2 := secondWorkspace(t, e)
+	ws2 := secondWorkspace(t, e, nil)
 	before = passes()
 	if _, err := ws2.WriteFile(context.Background(), "f1", []byte("other"), nil); err != nil {
 		t.Fatal(err)

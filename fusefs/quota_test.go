@@ -319,18 +319,7 @@ func waitUsage(t *testing.T, what string, want policy.Usage, usage func() (polic
 // and a move out of tmp/ in one frees room in the other.
 func TestCapAcrossMounts(t *testing.T) {
 	e := newEnv(t, withSubtrees(policy.Subtree{Prefix: "tmp", MaxBytes: 256 << 10}))
-	ctx := context.Background()
-	vol2, err := store.OpenVolume(ctx, e.vol.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { vol2.Close() })
-	ws2, err := vol2.Open(ctx, testScope, e.ws.Policy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ws2.Close() })
-	mnt2 := mountAt(t, ws2, filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
+	mnt2 := mountAt(t, secondWorkspace(t, e, e.ws.Policy()), filepath.Join(filepath.Dir(e.mnt), "mnt2"), Options{}, nil)
 
 	if err := os.Mkdir(e.path("tmp"), 0o700); err != nil {
 		t.Fatal(err)
@@ -338,7 +327,7 @@ func TestCapAcrossMounts(t *testing.T) {
 	if err := os.WriteFile(e.path("tmp/one"), make([]byte, 200<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err = os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 100<<10), 0o600)
+	err := os.WriteFile(filepath.Join(mnt2, "tmp/two"), make([]byte, 100<<10), 0o600)
 	if !errors.Is(err, syscall.EDQUOT) {
 		t.Fatalf("the second mount writing past what the first holds in tmp/: %v, want EDQUOT", err)
 	}
