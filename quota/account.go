@@ -390,12 +390,12 @@ func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
 	if a.closed {
 		return policy.Usage{}, errClosed
 	}
-	st, err := inspect(a.dir, a.name, a.node)
+	st, err := inspect(a.dir, a.ledger, a.name, a.node)
 	if err == nil && !st.Known {
 		// New or torn: count it under the lock, and look again.
 		err = a.locked(ctx, func(*ledger, []holder) (bool, error) { return false, nil }, nil)
 		if err == nil {
-			st, err = inspect(a.dir, a.name, a.node)
+			st, err = inspect(a.dir, a.ledger, a.name, a.node)
 		}
 	}
 	if err != nil {

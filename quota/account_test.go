@@ -328,3 +328,59 @@ func TestCheckWordsTheRefusal(t *testing.T) {
 		t.Fatalf("Reserve over the cap = %v, want %q", err, want)
 	}
 }
+
+// TestInspectWhileHoldersFold: a holder folding its spending into the
+// ledger is never seen half way, its share counted twice or not at all.
+// Holders come and go, each adding 100 bytes and a file or taking them
+// away again, while Inspect reads: every read is 0 or 100.
+func TestInspectWhileHoldersFold(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	opts := quota.Options{Limits: limits(1<<20, 0), Walk: sc.walk}
+	stop := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			a, err := quota.Open(dir, opts)
+			if err != nil {
+				done <- err
+				return
+			}
+			if i%2 == 0 {
+				err = a.Reserve(100, 1)
+			} else {
+				a.Adjust(-100, -1)
+			}
+			if cerr := a.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	reads, bad := 0, 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); reads++ {
+		st, err := quota.Inspect(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u := st.Used; u != (policy.Usage{}) && u != (policy.Usage{Bytes: 100, Files: 1}) {
+			if bad++; bad <= 5 {
+				t.Errorf("read %d: used %+v, want 0 or 100 bytes in 1 file (unlocked %v)", reads, u, st.Unlocked)
+			}
+		}
+	}
+	close(stop)
+	for err := range done {
+		t.Fatal(err)
+	}
+	t.Logf("%d reads, %d wrong", reads, bad)
+}

@@ -41,6 +41,8 @@
 // change is counted before its system call ends, so a scope still
 // changing is never corrected. Recount, for a change the account did not
 // see, needs only that no holder on another node is active (this node's
-// are read live). Inspect reads the account without taking or changing
-// anything (loomfs check).
+// are read live). Inspect reads the account without joining or changing
+// it (loomfs check), under a shared lock of the ledger: a holder folds its
+// spending into the ledger and clears its record under the exclusive one,
+// and a read between the two would count that share twice or not at all.
 package quota

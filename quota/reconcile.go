@@ -3,6 +3,8 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -105,26 +107,76 @@ type State struct {
 	Granted policy.Usage `json:"granted"` // held by live holders, not spent yet
 	Holders int          `json:"holders"` // live holders
 	Dead    int          `json:"dead"`    // records of holders gone, not folded in yet
+	// Unlocked says the account was read without the ledger's lock,
+	// which a holder kept longer than the reader waits (a reconcile
+	// walking a large scope, a client of a stalled node): a share being
+	// folded into the ledger just then may be counted twice or missed.
+	Unlocked bool `json:"unlocked,omitempty"`
 }
 
-// Inspect reads the account kept in the directory dirfd without taking
-// its lock or changing anything.
+// Inspect reads the account kept in the directory dirfd without joining
+// it or changing anything. It reads under a shared lock of the ledger,
+// waiting for it at most a couple of seconds (State.Unlocked).
 func Inspect(dirfd int) (State, error) {
-	return inspect(dirfd, "", localNode(dirfd))
+	fd, err := unix.Openat(dirfd, ledgerLock, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	switch {
+	case err == unix.ENOENT:
+		// No holder ever joined: nothing to read, nothing to race.
+		fd = -1
+	case err != nil:
+		return State{}, fmt.Errorf("open quota ledger lock: %w", err)
+	default:
+		defer unix.Close(fd)
+	}
+	return inspect(dirfd, fd, "", localNode(dirfd))
 }
 
-// inspect reads the account as it stands, every holder but self counted.
-// Read without the lock, a file may be replaced between the listing and
-// its reading: then it looks again.
-func inspect(dirfd int, self string, node nodeID) (State, error) {
+// inspectWait is how long a reader of the account waits for the ledger's
+// lock before it reads without it.
+var inspectWait = 2 * time.Second
+
+// inspect reads the account as it stands, every holder but self counted,
+// under a shared lock of the ledger's lock file lockfd (-1: none yet). A
+// holder folds what it spent into the ledger and then clears its record,
+// both under the exclusive lock: read between the two, without the lock,
+// its share would be counted twice, or, with the ledger read before the
+// fold and the record after, not at all. Spending, which takes no lock,
+// only moves a live holder's own figures, so what is read under the lock
+// is the account as it stood at some moment.
+func inspect(dirfd, lockfd int, self string, node nodeID) (State, error) {
+	locked := lockfd >= 0 && shareLock(lockfd, inspectWait)
+	if locked {
+		defer lockFD(lockfd, unix.F_UNLCK)
+	}
 	var s State
 	var err error
+	// Even under the lock a holder's own record may be replaced between
+	// the listing and its reading (its sync): then look again.
 	for range 3 {
 		if s, err = inspectOnce(dirfd, self, node); !errors.Is(err, unix.ENOENT) {
 			break
 		}
 	}
+	s.Unlocked = lockfd >= 0 && !locked
 	return s, err
+}
+
+// shareLock takes a shared OFD lock on all of fd, trying for up to wait,
+// and reports whether it did. It polls rather than waits in the kernel:
+// a wait there can't be bounded.
+func shareLock(fd int, wait time.Duration) bool {
+	lk := unix.Flock_t{Type: unix.F_RDLCK}
+	deadline := time.Now().Add(wait)
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
+		if err == nil {
+			return true
+		}
+		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(delay)
+	}
 }
 
 func inspectOnce(dirfd int, self string, node nodeID) (State, error) {

@@ -103,6 +103,9 @@ func compareAccount(state func() (quota.State, error), walk func() (policy.Usage
 	default:
 		r.Detail = "the account differs from the walk and no holder is live; the next holder's reconcile corrects it"
 	}
+	if st.Unlocked {
+		r.Detail += " (read without the account's lock, which a holder kept too long: a share being folded in just then may be counted twice or missed)"
+	}
 	return r
 }
 
