@@ -150,18 +150,39 @@ func (a *Account) limited() (bytes, files bool) {
 // Reserve checks that adding bytes and files (either may be negative)
 // stays within the quota as all holders see it, and counts them. A caller
 // whose change then fails gives them back with Adjust.
+//
+// A change refused only for what other holders hold as grants, unspent,
+// waits for them, up to twice Options.Idle: a holder that goes idle gives
+// its grant back within Options.Idle, and one still writing spends it or is
+// refused too. So a write that fits is not refused because another
+// process wrote a moment before. This holder's other changes go on
+// meanwhile: a file deleted here to make room counts at once.
 func (a *Account) Reserve(bytes, files int64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
-		return errClosed
-	}
 	lb, lf := a.limited()
 	pb, pf := max(bytes, 0), max(files, 0)
-	if lb && pb > a.r.grant.Bytes || lf && pf > a.r.grant.Files {
-		if err := a.refill(pb, pf); err != nil {
+	var deadline time.Time
+	for {
+		if a.closed {
+			return errClosed
+		}
+		if !(lb && pb > a.r.grant.Bytes || lf && pf > a.r.grant.Files) {
+			break
+		}
+		held, err := a.refill(pb, pf)
+		if err == nil {
+			break
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(2 * a.opts.Idle)
+		}
+		if !held || time.Now().After(deadline) {
 			return err
 		}
+		a.mu.Unlock()
+		time.Sleep(a.opts.Idle / 10)
+		a.mu.Lock()
 	}
 	a.spend(bytes, files)
 	return nil
@@ -328,15 +349,21 @@ func (a *Account) count(ctx context.Context, hs []holder) (ledger, error) {
 }
 
 // refill takes a grant of at least pb bytes and pf files, or refuses with
-// the figures. a.mu is held.
-func (a *Account) refill(pb, pf int64) error {
-	return a.locked(context.Background(), func(l *ledger, live []holder) (bool, error) {
+// the figures; held says the refusal is only for what other holders hold
+// as grants, unspent. a.mu is held.
+func (a *Account) refill(pb, pf int64) (held bool, err error) {
+	err = a.locked(context.Background(), func(l *ledger, live []holder) (bool, error) {
 		taken := policy.Usage{Bytes: l.Bytes + a.r.spent.Bytes, Files: l.Files + a.r.spent.Files}
+		var others policy.Usage
 		for _, h := range live {
 			taken.Bytes += h.rec.spent.Bytes + h.rec.grant.Bytes
 			taken.Files += h.rec.spent.Files + h.rec.grant.Files
+			others.Bytes += h.rec.grant.Bytes
+			others.Files += h.rec.grant.Files
 		}
 		if err := a.opts.Check(taken, pb, pf); err != nil {
+			spent := policy.Usage{Bytes: taken.Bytes - others.Bytes, Files: taken.Files - others.Files}
+			held = others != (policy.Usage{}) && a.opts.Check(spent, pb, pf) == nil
 			return false, err
 		}
 		n := int64(len(live) + 1)
@@ -348,6 +375,7 @@ func (a *Account) refill(pb, pf int64) error {
 		}
 		return false, a.sync()
 	}, nil)
+	return held, err
 }
 
 // grant sizes a grant of need out of free, with some to spare: a share of

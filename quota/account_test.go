@@ -384,3 +384,30 @@ func TestInspectWhileHoldersFold(t *testing.T) {
 	}
 	t.Logf("%d reads, %d wrong", reads, bad)
 }
+
+// TestWriteWaitsForAnIdleGrant: a change that fits in what is left once
+// another holder's unspent grant comes back is not refused: it waits for
+// that holder to go idle. One that does not fit even then is refused.
+func TestWriteWaitsForAnIdleGrant(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 200 * time.Millisecond}
+	a := open(t, dir, opts)
+	b := open(t, dir, opts)
+	if err := a.Reserve(100, 0); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := quota.Inspect(dir)
+	if st.Granted.Bytes == 0 {
+		t.Fatalf("A holds no grant: %+v", st)
+	}
+	// 900 bytes are left, but not all of them free while A holds its grant.
+	start := time.Now()
+	if err := b.Reserve(900, 0); err != nil {
+		t.Errorf("900 bytes, with 100 of 1000 used: %v", err)
+	}
+	t.Logf("B waited %v for A's grant", time.Since(start).Round(time.Millisecond))
+	if err := b.Reserve(1, 0); policy.CodeOf(err) != policy.QuotaExceeded {
+		t.Errorf("one byte over the quota: %v", err)
+	}
+}

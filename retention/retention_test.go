@@ -464,9 +464,10 @@ func hasItem(items []retention.Item, kind, reason string) bool {
 	return false
 }
 
-// TestCallRecordsOfEndedSessions: the call records of a session gc removes
-// go with it, and nothing of them is left under the lock directory.
-func TestCallRecordsOfEndedSessions(t *testing.T) {
+// TestStateOfEndedSessions: the call records and the quota account of a
+// session gc removes go with it, and nothing of them is left under the
+// lock directory.
+func TestStateOfEndedSessions(t *testing.T) {
 	ctx := context.Background()
 	v := newVolume(t)
 	ws := v.open(t, "sp/ag/old")
@@ -479,9 +480,16 @@ func TestCallRecordsOfEndedSessions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := ws.WriteFile(ctx, "a.txt", []byte("counted"), nil); err != nil {
+		t.Fatal(err)
+	}
 	calls := filepath.Join(v.root, store.LocksDir, ws.Scope().Hash(), store.CallsDir)
 	if ents, err := os.ReadDir(calls); err != nil || len(ents) == 0 {
 		t.Fatalf("no call records before gc: %v, %v", ents, err)
+	}
+	account := filepath.Join(v.root, store.LocksDir, ws.Scope().Hash(), store.QuotaDir)
+	if _, err := os.Stat(account); err != nil {
+		t.Fatalf("no quota account before gc: %v", err)
 	}
 	ws.Close()
 	if _, err := retention.Collect(ctx, v.vol, retention.Options{Clock: fakeClock{time.Now().Add(30 * 24 * time.Hour)}}); err != nil {
@@ -492,5 +500,8 @@ func TestCallRecordsOfEndedSessions(t *testing.T) {
 	}
 	if _, err := os.Stat(calls); !os.IsNotExist(err) {
 		t.Errorf("the call records of a removed session are still there: %v", err)
+	}
+	if _, err := os.Stat(account); !os.IsNotExist(err) {
+		t.Errorf("the quota account of a removed session is still there: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/quota"
 )
 
 // SnapshotsDir holds each scope's snapshots under the volume root, beside
@@ -310,9 +311,13 @@ func (v *Volume) SweepTemporaries(ctx context.Context, s Session, cutoff time.Ti
 }
 
 // RemoveSession removes the session's directory tree and its scopes' call
-// records, confirmation tokens and change journals. Lock files and pins
-// stay, so a late opener still contends on the same lock. The caller holds every scope's
-// lock and has checked that none is busy or quarantined.
+// records, confirmation tokens, change journals and quota accounts (a
+// session made again under the same name starts from an empty account,
+// not the old one's figures). An account some process still holds is
+// left: it would go on counting in a directory no newcomer sees. Lock
+// files and pins stay, so a late opener still contends on the same lock.
+// The caller holds every scope's lock and has checked that none is busy
+// or quarantined.
 func (v *Volume) RemoveSession(ctx context.Context, s Session) (policy.Usage, error) {
 	if err := v.recheck(); err != nil {
 		return policy.Usage{}, err
@@ -344,8 +349,14 @@ func (v *Volume) RemoveSession(ctx context.Context, s Session) (policy.Usage, er
 		if err != nil {
 			continue
 		}
-		for _, d := range []string{CallsDir, TokensDir, JournalDir} {
+		for _, d := range []string{CallsDir, TokensDir, JournalDir, QuotaDir} {
 			if dfd, err := unix.Openat(int(st.Fd()), d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				if d == QuotaDir {
+					if q, err := quota.Inspect(dfd); err != nil || q.Holders > 0 {
+						unix.Close(dfd)
+						continue
+					}
+				}
 				var ignored policy.Usage
 				var dst unix.Stat_t
 				unix.Fstat(dfd, &dst)
