@@ -338,6 +338,7 @@ func (fl *follower) forgetGone() {
 // of the mount's inode tree and nothing more.
 func (fl *follower) drop(rel string, subtree bool) {
 	fl.drops.Add(1)
+	fl.f.drops.Add(1)
 	root := fl.f.root.EmbeddedInode()
 	if rel == "." {
 		dropInode(root)
@@ -397,6 +398,7 @@ func (fl *follower) stat(rel string) (unix.Statx_t, error) {
 
 // dropAll makes the kernel forget everything it knows of the mount.
 func (fl *follower) dropAll() {
+	fl.f.drops.Add(1)
 	root := fl.f.root.EmbeddedInode()
 	dropInode(root)
 	fl.dropBeneath(root)

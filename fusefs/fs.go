@@ -62,6 +62,13 @@ type fsys struct {
 	// dirOpens counts the backing directories opened for open directories
 	// (dirHandle.backing); tests use it.
 	dirOpens atomic.Int64
+	// drops counts the follower's drops (a line of another writer each,
+	// or all at once): what the mount knows of the directories it made
+	// holds only while it stands still (newdir.go).
+	drops atomic.Int64
+	// absentLookups counts the lookups answered from what the mount knows
+	// of a directory it made (newdir.go); tests use it.
+	absentLookups atomic.Int64
 
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.

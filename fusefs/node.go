@@ -39,6 +39,10 @@ type node struct {
 	// backing open (OpendirHandle).
 	listed atomic.Bool
 
+	// made is what the mount knows of the directory it made (newdir.go):
+	// the names made in it since, nil when it knows nothing.
+	made atomic.Pointer[madeNames]
+
 	// locks is the POSIX locks held through the mount on this file, nil
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
@@ -191,6 +195,7 @@ func (n *node) child(ctx context.Context, rel string, sx *unix.Statx_t, out *fus
 	}
 	f.fillAttr(sx, &out.Attr)
 	f.setEntry(sx, out)
+	n.madeEntryAt(rel)
 	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(sx))
 	c := in.Operations().(*node)
 	c.perm.Store(uint32(sx.Mode) & 0o7777)
@@ -213,6 +218,10 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	if err != nil {
 		return nil, f.refused(ctx, f.event(ctx, "lookup", rel), err)
+	}
+	if n.knownAbsent(name) {
+		f.absentLookups.Add(1)
+		return nil, syscall.ENOENT
 	}
 	parent, base, err := n.parentOf(rel)
 	if err != nil {
@@ -566,6 +575,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	pfd := int(parent.Fd())
 	perm := policy.OwnerPerm(mode)
+	drops := f.drops.Load()
 	if err := unix.Mkdirat(pfd, base, perm); err != nil {
 		f.ws.AdjustAt(rel, 0, -1)
 		return nil, f.failed(ctx, ev, err)
@@ -580,7 +590,11 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
-	return n.child(ctx, rel, &sx, out)
+	in, e := n.child(ctx, rel, &sx, out)
+	if e == 0 {
+		f.madeDir(in.Operations().(*node), drops)
+	}
+	return in, e
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -766,6 +780,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if replaced && !exchange && dst.Ino != src.Ino {
 		done = np.removing(newBase, &dst, newRel)
 	}
+	np.madeEntry(newBase)
 	if err := unix.Renameat2(int(oldDir.Fd()), oldBase, int(newDir.Fd()), newBase, uint(flags)); err != nil {
 		done(false)
 		undo()
