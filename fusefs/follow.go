@@ -51,10 +51,9 @@ type follower struct {
 	done     chan struct{}
 	stopOnce sync.Once
 
-	// passes counts the journal reads made, drops the paths dropped
-	// (counted before the kernel is told); tests use them.
+	// passes counts the journal reads made; tests use it. The paths
+	// dropped are counted in fsys.drops.
 	passes int
-	drops  atomic.Int64
 
 	// others is the Workspace's JournalLinesExcept(mineSources...) when
 	// the watch last woke the follower for its own file.
@@ -337,7 +336,6 @@ func (fl *follower) forgetGone() {
 // attributes and listing. A path the kernel never looked up costs a walk
 // of the mount's inode tree and nothing more.
 func (fl *follower) drop(rel string, subtree bool) {
-	fl.drops.Add(1)
 	fl.f.drops.Add(1)
 	root := fl.f.root.EmbeddedInode()
 	if rel == "." {

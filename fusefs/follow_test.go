@@ -220,7 +220,7 @@ func TestOwnChangesNotDropped(t *testing.T) {
 	waitReleased(t, e.m)
 	fl := e.m.follower
 	fl.catchUp()
-	own := fl.drops.Load()
+	own := fl.f.drops.Load()
 	if own != 0 {
 		t.Fatalf("%d of the mount's own changes dropped from the kernel", own)
 	}
@@ -228,7 +228,7 @@ func TestOwnChangesNotDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	fl.catchUp()
-	tools := fl.drops.Load()
+	tools := fl.f.drops.Load()
 	if tools != 1 {
 		t.Fatalf("%d paths dropped for one tool write, want 1", tools)
 	}

@@ -63,8 +63,9 @@ type fsys struct {
 	// (dirHandle.backing); tests use it.
 	dirOpens atomic.Int64
 	// drops counts the follower's drops (a line of another writer each,
-	// or all at once): what the mount knows of the directories it made
-	// holds only while it stands still (newdir.go).
+	// or all at once), before the kernel is told: what the mount knows of
+	// the directories it made holds only while it stands still
+	// (newdir.go); tests use it too.
 	drops atomic.Int64
 	// absentLookups counts the lookups answered from what the mount knows
 	// of a directory it made (newdir.go); tests use it.

@@ -158,7 +158,7 @@ func TestUnmountWhileFollowerWaitsOnAWrite(t *testing.T) {
 		wrote <- err
 	}()
 	time.Sleep(200 * time.Millisecond) // the write is in the daemon
-	before := m.follower.drops.Load()
+	before := m.fsys.drops.Load()
 	if err := os.Chmod(filepath.Join(m2, "f"), 0o640); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestUnmountWhileFollowerWaitsOnAWrite(t *testing.T) {
 		}
 		return true
 	}
-	for deadline := time.Now().Add(5 * time.Second); m.follower.drops.Load() == before || !inPass(); {
+	for deadline := time.Now().Add(5 * time.Second); m.fsys.drops.Load() == before || !inPass(); {
 		if time.Now().After(deadline) {
 			m.Unmount()
 			t.Fatal("the follower never waited for the write: the test proves nothing")
