@@ -52,7 +52,7 @@ run() {
 	for _ in 1 2 3 4 5; do dev=$(losetup -f --show "$img" 2>/dev/null) && break; sleep 0.2; done
 	mount "$dev" "$mnt"
 	mkdir -m 1777 "$mnt/tmp"
-	local cmd=("$bin" -test.run '^$' -test.bench "BenchmarkAudit/audit=$variant\$" -test.benchtime "${CYCLES}x")
+	local cmd=("$bin" -test.run '^$' -test.bench "^BenchmarkAudit\$/^audit=$variant\$" -test.benchtime "${CYCLES}x")
 	[ "$pin" = pinned ] && cmd=(taskset -c 0 "${cmd[@]}")
 	TMPDIR=$mnt/tmp "${cmd[@]}" | awk '/^BenchmarkAudit/ {print $3, $5}'
 	umount "$mnt"
