@@ -32,16 +32,7 @@ func sharedCapPolicy(t *testing.T, scopeBytes int64) *policy.Policy {
 // files.
 func (e *testEnv) openOwn(t *testing.T, sc store.Scope, pol *policy.Policy) *store.Workspace {
 	t.Helper()
-	vol, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
-	if err != nil {
-		t.Fatalf("OpenVolume: %v", err)
-	}
-	t.Cleanup(func() { vol.Close() })
-	ws, err := vol.Open(context.Background(), sc, pol)
-	if err != nil {
-		t.Fatalf("Open(%s): %v", sc, err)
-	}
-	t.Cleanup(func() { ws.Close() })
+	ws := e.openAnewWith(t, sc, pol)
 	// Made on disk, so that no process holds a grant of tmp/'s account
 	// before its first write there.
 	for _, d := range []string{"src", "tmp"} {

@@ -169,12 +169,18 @@ func (e *testEnv) open(t *testing.T, sc store.Scope, pol *policy.Policy) *store.
 // would: nothing is shared with e's handles but the files.
 func (e *testEnv) openAnew(t *testing.T, sc store.Scope) *store.Workspace {
 	t.Helper()
+	return e.openAnewWith(t, sc, nil)
+}
+
+// openAnewWith is openAnew under the policy pol (nil: the default).
+func (e *testEnv) openAnewWith(t *testing.T, sc store.Scope, pol *policy.Policy) *store.Workspace {
+	t.Helper()
 	vol, err := store.OpenVolume(context.Background(), store.Config{Root: e.root})
 	if err != nil {
 		t.Fatalf("OpenVolume: %v", err)
 	}
 	t.Cleanup(func() { vol.Close() })
-	ws, err := vol.Open(context.Background(), sc, nil)
+	ws, err := vol.Open(context.Background(), sc, pol)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", sc, err)
 	}
