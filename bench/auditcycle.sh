@@ -15,6 +15,9 @@
 # VARIANTS (default "off on queued") are BenchmarkAudit's sub-benchmarks;
 # BIN may name test binaries built beforehand as NAME=PATH pairs
 # ("old=/path/to/fusefs.test new=..."), to compare builds in one series.
+# PINS (default "unpinned pinned") picks the pinnings to run; BENCH
+# (default BenchmarkAudit) the benchmark: BenchmarkAuditClient makes the
+# cycle from a client process of its own (variants off and queued).
 # Needs root (loop mount). BENCHMARKS.md records the figures with this
 # command.
 set -euo pipefail
@@ -22,6 +25,8 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-15}
 CYCLES=${CYCLES:-4000}
 VARIANTS=${VARIANTS:-off on queued}
+PINS=${PINS:-unpinned pinned}
+BENCH=${BENCH:-BenchmarkAudit}
 work=$(mktemp -d)
 img=/dev/shm/loomfs-auditcycle.$$.img
 mnt=$work/mnt
@@ -52,9 +57,9 @@ run() {
 	for _ in 1 2 3 4 5; do dev=$(losetup -f --show "$img" 2>/dev/null) && break; sleep 0.2; done
 	mount "$dev" "$mnt"
 	mkdir -m 1777 "$mnt/tmp"
-	local cmd=("$bin" -test.run '^$' -test.bench "^BenchmarkAudit\$/^audit=$variant\$" -test.benchtime "${CYCLES}x")
+	local cmd=("$bin" -test.run '^$' -test.bench "^$BENCH\$/^audit=$variant\$" -test.benchtime "${CYCLES}x")
 	[ "$pin" = pinned ] && cmd=(taskset -c 0 "${cmd[@]}")
-	TMPDIR=$mnt/tmp "${cmd[@]}" | awk '/^BenchmarkAudit/ {print $3, $5}'
+	TMPDIR=$mnt/tmp "${cmd[@]}" | awk '/^Benchmark/ {print $3, $5}'
 	umount "$mnt"
 	losetup -d "$dev"
 	dev=
@@ -62,7 +67,7 @@ run() {
 }
 
 results=$work/results
-for pin in unpinned pinned; do
+for pin in $PINS; do
 	for r in $(seq "$ROUNDS"); do
 		for job in $(for b in "${bins[@]}"; do for v in $VARIANTS; do echo "${b%%=*}:$v"; done; done | shuf); do
 			name=${job%%:*} variant=${job#*:}

@@ -2,8 +2,10 @@
 # tar -x through a loomfs mount against directly on the same filesystem,
 # on each root given, in alternating rounds: the wall time of the untar
 # (medians of ROUNDS), the CPU time of the mount's daemon, and with
-# STRACE=1 one more round under strace -f -c counting the daemon's system
-# calls per extracted file. BASELINE=BINARY adds a second loomfs (built
+# STRACE=1 one more round under strace -f -c -w counting the daemon's
+# system calls per extracted file and the wall time they took (the time
+# from entry to return, waits on the backing filesystem's server
+# included). BASELINE=BINARY adds a second loomfs (built
 # from the revision before a change) to the same rounds, so before and
 # after are measured side by side.
 #
@@ -57,6 +59,20 @@ median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1
 untar() { tar --no-same-owner --no-same-permissions -xf "$work/files.tar" -C "$1"; }
 # cpu PID: user+system seconds the process has used.
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f", ($14 + $15) / hz}' "/proc/$1/stat"; }
+
+# perfile FILE: an strace -c -w summary per extracted file: calls and the
+# wall time they took.
+perfile() {
+	awk -v n="$files" '
+		$NF ~ /^(openat2|openat|statx|fstat|newfstatat|fcntl|write|pwrite64|pread64|utimensat|fchmod|fchown|close|getdents64|mkdirat|mkdir|unlinkat|renameat|renameat2|fsync|lseek)$/ {
+			c[$NF] = $4; total += $4 # $4: calls, whether or not errors has a column
+			us[$NF] = $2 * 1e6; totus += $2 * 1e6 # $2: seconds, wall time with -w
+		}
+		END {
+			for (k in c) printf "  %-11s %6.2f %8.1f µs\n", k, c[k] / n, us[k] / n
+			printf "  %-11s %6.2f %8.1f µs (the calls above; futex, epoll, nanosleep and the FUSE channel'"'"'s read and writev left out)\n", "total", total / n, totus / n
+		}' "$1" | sort
+}
 
 # mount BIN ROOT SCOPE MNT [strace -o FILE]: serve SCOPE at MNT in the
 # background (daemon: its pid).
@@ -119,22 +135,27 @@ for root in "${roots[@]}"; do
 	done
 	if [ -n "${STRACE:-}" ]; then
 		# System calls of the daemon per file, over a whole untar (the mount's
-		# own start and stop included, a few hundred calls).
+		# own start and stop included, a few hundred calls), then tar's own,
+		# directly and through each mount: where tar waits.
 		for b in "${bins[@]}"; do
-			mount_scope "$b" "$base" "bench/$b/strace" "$mnt" strace -f -c -o "$work/strace-$b.txt"
+			mount_scope "$b" "$base" "bench/$b/strace" "$mnt" strace -f -c -w -o "$work/strace-$b.txt"
 			untar "$mnt"
 			kill "$(pgrep -P "$daemon")"
 			wait "$daemon" || true
 			daemon=""
-			echo "system calls per file through $b (strace -f -c):"
-			awk -v n="$files" '
-				$NF ~ /^(openat2|openat|statx|fstat|newfstatat|fcntl|write|pwrite64|pread64|utimensat|fchmod|close|getdents64|mkdirat|unlinkat|renameat|renameat2|fsync|lseek)$/ {
-					c[$NF] = $4; total += $4 # $4: calls, whether or not errors has a column
-				}
-				END {
-					for (k in c) printf "  %-11s %6.2f\n", k, c[k] / n
-					printf "  %-11s %6.2f (the calls above; futex, epoll, nanosleep and the FUSE channel'"'"'s read and writev left out)\n", "total", total / n
-				}' "$work/strace-$b.txt" | sort
+			echo "system calls of the daemon per file through $b, and µs they took per file (strace -f -c -w):"
+			perfile "$work/strace-$b.txt"
+		done
+		mkdir -p "$base/direct-strace"
+		strace -f -c -w -o "$work/strace-tar-direct.txt" tar --no-same-owner --no-same-permissions -xf "$work/files.tar" -C "$base/direct-strace"
+		echo "system calls of tar per file directly (strace -f -c -w):"
+		perfile "$work/strace-tar-direct.txt"
+		for b in "${bins[@]}"; do
+			mount_scope "$b" "$base" "bench/$b/strace-tar" "$mnt"
+			strace -f -c -w -o "$work/strace-tar-$b.txt" tar --no-same-owner --no-same-permissions -xf "$work/files.tar" -C "$mnt"
+			unmount_scope
+			echo "system calls of tar per file through $b (strace -f -c -w):"
+			perfile "$work/strace-tar-$b.txt"
 		done
 	fi
 	rm -rf "${base:?}"

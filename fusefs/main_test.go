@@ -17,6 +17,13 @@ import (
 
 // The tests mount real FUSE filesystems: without /dev/fuse they fail.
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(cycleClientEnv); spec != "" {
+		if err := cycleClient(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "cycle client:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		fmt.Fprintln(os.Stderr, "fusefs tests need /dev/fuse:", err)
 		os.Exit(1)
