@@ -98,7 +98,9 @@
 // # Caching, kept coherent by the change journals
 //
 // Every change either door makes, on any node, is noted in the scope's
-// change journals (store/journal.go) before the change returns. A mount
+// change journals (store/journal.go) before the change returns, but for
+// the lines of an open for writing, which may reach the file up to 10 ms
+// after it (store.JournalLag, see Change journal). A mount
 // follows them (follow.go): inotify on the journal directory wakes it when
 // a writer on this node appends, and it reads them every
 // Options.JournalPoll (DefaultJournalPoll, 500 ms) in any case, since lines
@@ -205,8 +207,10 @@
 // each time until the release: RELEASE comes after close(2) has returned,
 // and nothing is sent at close(2) itself (FOPEN_NOFLUSH: a FLUSH would be
 // one more round trip per file; only files that have held POSIX locks are
-// sent one, see Locks). The release's line waits up to 10 ms to go out
-// with the next line (tar -x: one append per file, not two). A change is
+// sent one, see Locks). The open's line and the release's wait up to 10
+// ms to go out with the next line (tar -x: an append for several files,
+// not two for each; a snapshot reads the journals only once they are
+// written, store.AwaitJournalLines). A change is
 // refused (EIO, volume_unavailable) when the journal can't be opened to
 // take its line.
 // Each line also says what the change was and that this projection made

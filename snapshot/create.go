@@ -88,6 +88,12 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	// it.
 	view := ws.Unfiltered()
 	old := repo.loadState()
+	// A mount's lines of an open reach its journal file a little after
+	// the open (store.JournalLag): read once every change made before the
+	// snapshot began is there.
+	if err := store.AwaitJournalLines(ctx, start); err != nil {
+		return nil, err
+	}
 	journals, walk := changes(view, old, opt.Full, created)
 	var d *delta
 	if walk == "" {

@@ -24,9 +24,9 @@ func RotateJournalAt(t testing.TB, size int64) {
 	t.Cleanup(func() { journalRotate = old })
 }
 
-// LingerJournalEnds makes the x lines of the calling test wait up to d
-// for the next line.
-func LingerJournalEnds(t testing.TB, d time.Duration) {
+// LingerJournalOpens makes the lines of opens (o and x) of the calling
+// test wait up to d for the next line.
+func LingerJournalOpens(t testing.TB, d time.Duration) {
 	old := journalLinger
 	journalLinger = d
 	t.Cleanup(func() { journalLinger = old })

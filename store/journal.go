@@ -54,11 +54,17 @@ import (
 // The writes of an open are not noted one by one (a line per write(2)
 // would cost a system call each), nor when the file is closed: the
 // mount's daemon hears of a close only after close(2) has returned. So
-// the x line of an open is no change's line, and it waits, up to
-// journalLinger, to go out with the next line in one write(2) (tar -x
-// makes one append per file instead of two, each a round trip on a
-// shared filesystem); a reader in the writer's own process gets it at
-// once. So
+// the x line of an open is no change's line. The two lines of an open,
+// its o line and its x line, wait up to journalLinger to go out with the
+// next line in one write(2) (tar -x makes one append for several files
+// instead of two for each, each a round trip on a shared filesystem;
+// every other line goes out at once, after those waiting). Nothing is
+// lost by the wait: a writer that dies with lines waiting leaves its file
+// unlocked and unfinished, which no reader trusts. A reader in another
+// process sees a waiting line up to journalLinger late, so a reader that
+// must see every change made before some moment (a snapshot) reads the
+// journals no earlier than JournalLag after it (AwaitJournalLines); a
+// reader in the writer's own process gets them at once. So
 // a reader must look at the path of every open still going each time it
 // reads, and the offset a reader keeps in a live file stops at the first
 // o line not yet matched by an x (JournalFile.Size). The lines are
@@ -88,11 +94,33 @@ const (
 	journalEnd    = "end\n"
 )
 
-// journalLinger is the longest an x line waits for another line to go
-// out with: well under the follower's pass gap on one node (25 ms) and
+// journalLinger is the longest an open's line waits for another line to
+// go out with: well under the follower's pass gap on one node (25 ms) and
 // its poll between nodes (500 ms), so a reader in another process sees
-// the end of an open hardly later than before. A variable for tests.
+// an open hardly later than before. A variable for tests.
 var journalLinger = 10 * time.Millisecond
+
+// JournalLag bounds how late a line reaches its journal file after its
+// change: twice journalLinger, for a writer whose timer fires late.
+func JournalLag() time.Duration { return 2 * journalLinger }
+
+// AwaitJournalLines waits until JournalLag has passed since t, so that
+// the journals then hold the line of every change made before t by a
+// writer still running.
+func AwaitJournalLines(ctx context.Context, t time.Time) error {
+	d := time.Until(t.Add(JournalLag()))
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // journal is one process's change journal for one scope.
 type journal struct {
@@ -107,11 +135,11 @@ type journal struct {
 	// (JournalLinesExcept).
 	lines map[string]uint64
 
-	// ends holds the x lines of opens that ended, for f, not yet
+	// waiting holds the lines of opens (o and x) for f not yet
 	// written: they go out before the next line, in the same write(2),
 	// or when linger fires.
-	ends   []byte
-	linger *time.Timer
+	waiting []byte
+	linger  *time.Timer
 }
 
 // Open is an open for writing that NoteOpen put in the change journal.
@@ -243,37 +271,45 @@ func (w *Workspace) NoteClose(o *Open) {
 	}
 	delete(j.opens, o)
 	j.count(o.by)
-	if j.f == nil {
-		j.write(w, 'x', o.path(), o.by)
+	j.later(w, 'x', o.path(), o.by)
+}
+
+// later notes the line of kind for rel to go out with the next line, or
+// when linger fires. With no file to write to (a failed write abandoned
+// the last) or a full one, it writes at once, starting the next file;
+// j.mu is held.
+func (j *journal) later(w *Workspace, kind byte, rel string, c Change) {
+	if j.f == nil || j.size >= journalRotate {
+		j.write(w, kind, rel, c)
 		return
 	}
-	if len(j.ends) == 0 {
+	if len(j.waiting) == 0 {
 		if j.linger == nil {
-			j.linger = time.AfterFunc(journalLinger, j.flushEnds)
+			j.linger = time.AfterFunc(journalLinger, j.flushWaiting)
 		} else {
 			j.linger.Reset(journalLinger)
 		}
 	}
-	j.ends = appendLine(j.ends, 'x', o.path(), o.by)
+	j.waiting = appendLine(j.waiting, kind, rel, c)
 }
 
-// flushEnds writes the x lines waiting, if any.
-func (j *journal) flushEnds() {
+// flushWaiting writes the lines waiting, if any.
+func (j *journal) flushWaiting() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.writeEnds()
+	j.writeWaiting()
 }
 
-// writeEnds writes the x lines waiting to the file they are for; j.mu is
+// writeWaiting writes the lines waiting to the file they are for; j.mu is
 // held.
-func (j *journal) writeEnds() {
-	if len(j.ends) == 0 || j.f == nil || j.closed {
+func (j *journal) writeWaiting() {
+	if len(j.waiting) == 0 || j.f == nil || j.closed {
 		return
 	}
-	j.writeRaw(j.ends)
+	j.writeRaw(j.waiting)
 }
 
-// flushJournal writes the x lines waiting, so a reader in this process
+// flushJournal writes the lines waiting, so a reader in this process
 // finds every line this Workspace noted, and returns the name and size of
 // the file it writes now ("" for none): a reader needs neither to ask
 // whether its writer is alive nor, for its size, to open it (each a round
@@ -286,7 +322,7 @@ func (w *Workspace) flushJournal() (current string, size int64) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.writeEnds()
+	j.writeWaiting()
 	if j.f == nil || j.closed {
 		return "", 0
 	}
@@ -305,7 +341,11 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 		return
 	}
 	j.count(c)
-	j.write(w, kind, rel, c)
+	if kind == 'o' {
+		j.later(w, kind, rel, c)
+	} else {
+		j.write(w, kind, rel, c)
+	}
 	if open != nil {
 		if j.opens == nil {
 			j.opens = map[*Open]struct{}{}
@@ -369,9 +409,9 @@ func (j *journal) coveredByOpen(rel string, c Change) bool {
 // failed write abandoned the last) or the current one is full.
 func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 	if j.f != nil && j.size >= journalRotate {
-		// The x lines waiting end opens of this file; a failure to write
-		// them abandons it.
-		if j.writeEnds(); j.f != nil {
+		// The lines waiting are of this file; a failure to write them
+		// abandons it.
+		if j.writeWaiting(); j.f != nil {
 			old := j.f
 			if err := j.open(w); err == nil {
 				j.end(old)
@@ -388,9 +428,9 @@ func (j *journal) write(w *Workspace, kind byte, rel string, c Change) {
 	j.append(kind, rel, c)
 }
 
-// append writes one line to the current file, after the x lines waiting.
+// append writes one line to the current file, after the lines waiting.
 func (j *journal) append(kind byte, rel string, c Change) bool {
-	j.buf = appendLine(append(j.buf[:0], j.ends...), kind, rel, c)
+	j.buf = appendLine(append(j.buf[:0], j.waiting...), kind, rel, c)
 	return j.writeRaw(j.buf)
 }
 
@@ -406,12 +446,13 @@ func appendLine(b []byte, kind byte, rel string, c Change) []byte {
 	return append(b, '\n')
 }
 
-// writeRaw writes whole lines b, which hold the x lines waiting, to the
+// writeRaw writes whole lines b, which hold the lines waiting, to the
 // current file. A failed write abandons the file, unlocked and
 // unfinished: readers take it as the trace of a writer that may have
-// missed a line. Either way the x lines are gone: they were for that file.
+// missed a line. Either way the lines waiting are gone: they were for
+// that file.
 func (j *journal) writeRaw(b []byte) bool {
-	j.ends = j.ends[:0]
+	j.waiting = j.waiting[:0]
 	n, err := unix.Write(int(j.f.Fd()), b)
 	if err != nil || n != len(b) {
 		j.f.Close()
@@ -469,7 +510,7 @@ func (j *journal) open(w *Workspace) error {
 
 // finish ends the current file.
 func (j *journal) finish() {
-	j.writeEnds()
+	j.writeWaiting()
 	if j.linger != nil {
 		j.linger.Stop()
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -341,12 +342,12 @@ func TestJournalOpenCoversItsWriter(t *testing.T) {
 	}
 }
 
-// TestJournalEndWaitsForNextLine: the x line of an open that ended is no
-// change's line, so it goes out with the next line, in one write, or on
-// its own a little later; a reader in the same process finds it at once,
-// and JournalFiles gives the size of this process's file as it is on
-// disk without opening it.
-func TestJournalEndWaitsForNextLine(t *testing.T) {
+// TestJournalOpenWaitsForNextLine: the lines of an open (its o line and
+// its x line) go out with the next line, in one write, or on their own a
+// little later; a reader in the same process finds them at once, and
+// JournalFiles gives the size of this process's file as it is on disk
+// without opening it.
+func TestJournalOpenWaitsForNextLine(t *testing.T) {
 	e := newEnv(t)
 	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
 	ws := e.open(t, sc, nil)
@@ -372,15 +373,18 @@ func TestJournalEndWaitsForNextLine(t *testing.T) {
 		}
 		return strings.Join(kinds, ",")
 	}
-	store.LingerJournalEnds(t, time.Hour)
+	store.LingerJournalOpens(t, time.Hour)
 	a := ws.NoteOpen(func() string { return "a" })
+	if got := onDisk(); got != "" {
+		t.Fatalf("after the open: %q, want its o line held back", got)
+	}
 	ws.NoteClose(a)
-	if got := onDisk(); got != "o a" {
-		t.Fatalf("after the close: %q, want the x line held back", got)
+	if got := onDisk(); got != "" {
+		t.Fatalf("after the close: %q, want both lines held back", got)
 	}
 	ws.NoteChange("b", false)
 	if got := onDisk(); got != "o a,x a,c b" {
-		t.Fatalf("after the next change: %q, want the x line first", got)
+		t.Fatalf("after the next change: %q, want the open's lines first", got)
 	}
 
 	c := ws.NoteOpen(func() string { return "c" })
@@ -398,14 +402,43 @@ func TestJournalEndWaitsForNextLine(t *testing.T) {
 		t.Fatalf("JournalFiles says %d bytes, the file has %v (%v)", files[0].Size, st.Size(), err)
 	}
 
-	store.LingerJournalEnds(t, time.Millisecond)
+	store.LingerJournalOpens(t, time.Millisecond)
 	d := ws.NoteOpen(func() string { return "d" })
 	ws.NoteClose(d)
 	deadline := time.Now().Add(5 * time.Second)
 	for onDisk() != "o a,x a,c b,o c,x c,o d,x d" {
 		if time.Now().After(deadline) {
-			t.Fatalf("the lone x line was never written: %q", onDisk())
+			t.Fatalf("the lone open's lines were never written: %q", onDisk())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSnapshotAfterAnOpenJustNoted: a snapshot taken, as by another
+// process, right after a mount created a file finds it, although the
+// open's line is still waiting to be written: the snapshot reads the
+// journals only once store.JournalLag has passed since it began.
+func TestSnapshotAfterAnOpenJustNoted(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	store.LingerJournalOpens(t, 300*time.Millisecond)
+	mount := e.open(t, mainScope, nil)
+	admin := e.openAnew(t, mainScope)
+	first, err := snapshot.Create(ctx, admin, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.ReadyToChange(); err != nil {
+		t.Fatal(err)
+	}
+	mkfile(t, filepath.Join(e.dir(mainScope), "new"), "made through the mount")
+	o := mount.NoteOpen(func() string { return "new" })
+	t.Cleanup(func() { mount.NoteClose(o) })
+	m, err := snapshot.Create(ctx, admin, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Walk != "journal" || m.Files != first.Files+1 {
+		t.Fatalf("snapshot right after the open: walk %q, %d files, want the journal's and %d", m.Walk, m.Files, first.Files+1)
 	}
 }
