@@ -132,6 +132,10 @@ for root in "${roots[@]}"; do
 	for b in "${bins[@]}"; do
 		m=$(median ${T[$b]})
 		echo "tar -x through $b: median $m s (${T[$b]% }), $(awk -v l="$m" -v d="$d" 'BEGIN {printf "%.2f", l / d}')x direct; daemon CPU median $(median ${C[$b]}) s (${C[$b]% })"
+		# Each round's ratio to direct in the same round, whose median
+		# the drift between rounds weighs on less.
+		paired=$(awk -v l="${T[$b]}" -v d="${T[direct]}" 'BEGIN {n = split(l, a, " "); split(d, b, " "); for (i = 1; i <= n; i++) printf "%.3f ", a[i] / b[i]}')
+		echo "  $b ÷ direct, round by round: median $(median $paired)x ($paired)"
 	done
 	if [ -n "${STRACE:-}" ]; then
 		# System calls of the daemon per file, over a whole untar (the mount's
