@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/ofdlock"
 )
 
 // File names. A node's chain is <node>.<day>.<n>.jsonl, n counting the
@@ -215,45 +218,28 @@ func parseLineFields(line []byte) (lineFields, error) {
 // running writer from one that is gone.
 const writerLockBase = 1 << 40
 
-// lockRange takes a write lock on the range, polling rather than
-// sleeping in F_OFD_SETLKW: a request left blocked in a FUSE client such
-// as ceph-fuse was seen to stall another client's write to the same file
-// for good, and an append lock is only ever held for a moment.
+// appendBackoff paces a wait for an append lock, which is only ever held
+// for a moment: the first retry after 20 µs.
+var appendBackoff = ofdlock.Backoff{First: 20 * time.Microsecond, Most: 5 * time.Millisecond}
+
+// lockRange takes a write lock on the range, polling (package ofdlock).
 func lockRange(f *os.File, start, length int64) error {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: start, Len: length}
-	wait := 20 * time.Microsecond
-	for {
-		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
-		switch err {
-		case nil:
-			return nil
-		case unix.EAGAIN, unix.EACCES, unix.EINTR:
-			time.Sleep(wait)
-			wait = min(2*wait, 5*time.Millisecond)
-		default:
-			return fmt.Errorf("lock %s: %w", f.Name(), err)
-		}
+	if err := ofdlock.Wait(context.Background(), f.Fd(), lk, appendBackoff); err != nil {
+		return fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
+	return nil
 }
 
 // waitUnlocked waits until no writer holds a lock on f (a read lock,
 // taken and let go, so it can be asked on a read-only file).
 func waitUnlocked(f *os.File) error {
 	lk := unix.Flock_t{Type: unix.F_RDLCK, Whence: io.SeekStart}
-	wait := 20 * time.Microsecond
-	for {
-		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
-		switch err {
-		case nil:
-			unlockRange(f, 0, 0)
-			return nil
-		case unix.EAGAIN, unix.EACCES, unix.EINTR:
-			time.Sleep(wait)
-			wait = min(2*wait, 5*time.Millisecond)
-		default:
-			return fmt.Errorf("lock %s: %w", f.Name(), err)
-		}
+	if err := ofdlock.Wait(context.Background(), f.Fd(), lk, appendBackoff); err != nil {
+		return fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
+	unlockRange(f, 0, 0)
+	return nil
 }
 
 func tryLockRange(f *os.File, start, length int64) error {

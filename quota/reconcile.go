@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -161,22 +162,14 @@ func inspect(dirfd, lockfd int, self string, node nodeID) (State, error) {
 	return s, err
 }
 
-// shareLock takes a shared OFD lock on all of fd, trying for up to wait,
-// and reports whether it did. It polls rather than waits in the kernel:
-// a wait there can't be bounded.
+// shareLock takes a shared OFD lock on all of fd, trying for up to wait
+// (package ofdlock: a wait in the kernel can't be bounded), and reports
+// whether it did.
 func shareLock(fd int, wait time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
 	lk := unix.Flock_t{Type: unix.F_RDLCK}
-	deadline := time.Now().Add(wait)
-	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
-		err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
-		if err == nil {
-			return true
-		}
-		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(delay)
-	}
+	return ofdlock.Wait(ctx, uintptr(fd), lk, ofdlock.Backoff{First: time.Millisecond, Most: 50 * time.Millisecond}) == nil
 }
 
 func inspectOnce(dirfd int, self string, node nodeID) (State, error) {

@@ -7,8 +7,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
+
+// scopeLockBackoff paces a wait for the scope lock: a tool write holds it
+// for milliseconds, a command for up to its whole timeout.
+var scopeLockBackoff = ofdlock.Backoff{First: time.Millisecond, Most: 64 * time.Millisecond}
 
 // LockFile is the scope lock's name in the scope's state directory,
 // .agentloom-locks/<scope-hash>/, outside every projection (SPEC §7.2).
@@ -48,28 +53,13 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 		return nil, policy.FromErrno(err, "open lock", LockFile)
 	}
 	f := os.NewFile(uintptr(fd), LockFile)
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
-	delay := time.Millisecond
-	for {
-		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
-		if err == nil {
-			break
-		}
-		if err != unix.EAGAIN && err != unix.EACCES && err != unix.EINTR {
-			f.Close()
-			return nil, policy.FromErrno(err, "lock", w.scope.String())
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := ofdlock.Wait(ctx, f.Fd(), lk, scopeLockBackoff); err != nil {
+		f.Close()
+		if ctx.Err() != nil {
 			return nil, policy.Errorf(policy.Timeout, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
-		case <-t.C:
 		}
-		if delay < 50*time.Millisecond {
-			delay *= 2
-		}
+		return nil, policy.FromErrno(err, "lock", w.scope.String())
 	}
 	unlock = func() {
 		un := unix.Flock_t{Type: unix.F_UNLCK}
