@@ -94,30 +94,42 @@ func BenchmarkWriteLarge(b *testing.B) {
 	})
 }
 
+// auditVariant is one way the audit benchmarks audit a mount: off
+// (Discard), or a real hash-chained log on the same disk, synchronous or
+// queued (Queue places).
+type auditVariant struct {
+	name  string
+	on    bool
+	queue int
+}
+
+var (
+	auditOff    = auditVariant{"off", false, 0}
+	auditOn     = auditVariant{"on", true, 0}
+	auditQueued = auditVariant{"queued", true, audit.DefaultQueue}
+)
+
+// sink opens the variant's log, closed when the benchmark ends.
+func (v auditVariant) sink(b *testing.B) audit.Sink {
+	if !v.on {
+		return audit.Discard
+	}
+	log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench", Queue: v.queue})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { log.Close() })
+	return log
+}
+
 // BenchmarkAudit: the small-file cycle with the audit log off (Discard)
 // and on (a real hash-chained log on the same disk), synchronous and
 // queued as a mount opens it (audit.DefaultQueue), side by side.
 func BenchmarkAudit(b *testing.B) {
 	data := make([]byte, 100)
-	for _, bc := range []struct {
-		name  string
-		on    bool
-		queue int
-	}{
-		{"off", false, 0},
-		{"on", true, 0},
-		{"queued", true, audit.DefaultQueue},
-	} {
-		var sink audit.Sink = audit.Discard
-		if bc.on {
-			log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench", Queue: bc.queue})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { log.Close() })
-			sink = log
-		}
-		b.Run("audit="+bc.name, func(b *testing.B) {
+	for _, v := range []auditVariant{auditOff, auditOn, auditQueued} {
+		sink := v.sink(b)
+		b.Run("audit="+v.name, func(b *testing.B) {
 			e := newEnv(b, withOptions(func(o *Options) { o.Audit = sink }))
 			cpu := cpuTime(b)
 			for i := 0; b.Loop(); i++ {
@@ -141,24 +153,9 @@ func BenchmarkAudit(b *testing.B) {
 // ns/op is the client's loop per cycle (its start left out), cpu-ns/op the
 // server's and the client's CPU together.
 func BenchmarkAuditClient(b *testing.B) {
-	for _, bc := range []struct {
-		name  string
-		on    bool
-		queue int
-	}{
-		{"off", false, 0},
-		{"queued", true, audit.DefaultQueue},
-	} {
-		var sink audit.Sink = audit.Discard
-		if bc.on {
-			log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench", Queue: bc.queue})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { log.Close() })
-			sink = log
-		}
-		b.Run("audit="+bc.name, func(b *testing.B) {
+	for _, v := range []auditVariant{auditOff, auditQueued} {
+		sink := v.sink(b)
+		b.Run("audit="+v.name, func(b *testing.B) {
 			e := newEnv(b, withOptions(func(o *Options) { o.Audit = sink }))
 			dir := filepath.Join(e.mnt, fmt.Sprintf("n%d", b.N))
 			if err := os.Mkdir(dir, 0o700); err != nil {
@@ -227,11 +224,7 @@ func cycleClient(spec string) error {
 func BenchmarkAuditInterleaved(b *testing.B) {
 	const block = 50
 	data := make([]byte, 100)
-	log, err := audit.Open(b.TempDir(), audit.Options{Node: "bench", Queue: audit.DefaultQueue})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { log.Close() })
+	log := auditQueued.sink(b)
 	off := newEnv(b, withOptions(func(o *Options) { o.Audit = audit.Discard }))
 	on := newEnv(b, withOptions(func(o *Options) { o.Audit = log }))
 	n := 0
