@@ -100,7 +100,7 @@
 // Every change either door makes, on any node, is noted in the scope's
 // change journals (store/journal.go) before the change returns, but for
 // the lines of an open for writing, which may reach the file up to 10 ms
-// after it (store.JournalLag, see Change journal). A mount
+// after it (see Change journal). A mount
 // follows them (follow.go): inotify on the journal directory wakes it when
 // a writer on this node appends, and it reads them every
 // Options.JournalPoll (DefaultJournalPoll, 500 ms) in any case, since lines

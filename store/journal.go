@@ -100,13 +100,15 @@ const (
 // an open hardly later than before. A variable for tests.
 var journalLinger = 10 * time.Millisecond
 
-// JournalLag bounds how late a line reaches its journal file after its
-// change: twice journalLinger, for a writer whose timer fires late.
+// JournalLag is how long after its change a line is taken to have
+// reached its journal file: twice journalLinger, which leaves a writer's
+// timer as long again to fire.
 func JournalLag() time.Duration { return 2 * journalLinger }
 
 // AwaitJournalLines waits until JournalLag has passed since t, so that
 // the journals then hold the line of every change made before t by a
-// writer still running.
+// writer still running, unless that writer was kept from running for
+// longer than journalLinger.
 func AwaitJournalLines(ctx context.Context, t time.Time) error {
 	d := time.Until(t.Add(JournalLag()))
 	if d <= 0 {
