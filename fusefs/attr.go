@@ -281,7 +281,7 @@ func (n *node) truncate(ctx context.Context, ev audit.Event, fd int, via *handle
 	}
 	delta := size - st.Size
 	if delta > 0 {
-		if err := f.grow(rel, size, delta); err != nil {
+		if err := f.grow(ctx, rel, size, delta); err != nil {
 			return f.refused(ctx, ev, err)
 		}
 	}

@@ -268,7 +268,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		fuseFlags |= keep
 	}
 	if flags&unix.O_TRUNC != 0 {
-		if err := n.resize(h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
+		if err := n.resize(ctx, h.fd, rel, 0, func() error { return unix.Ftruncate(h.fd, 0) }); err != nil {
 			h.close()
 			return nil, 0, policy.Errno(err)
 		}
@@ -351,7 +351,7 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 	rel := h.rel
 	if grow > 0 {
 		rel = h.path()
-		if err := f.grow(rel, end, grow); err != nil {
+		if err := f.grow(ctx, rel, end, grow); err != nil {
 			ev := f.event(ctx, "write", rel)
 			ev.Bytes = int64(size)
 			detail(&ev, "offset", off)
@@ -382,11 +382,11 @@ func (h *handle) write(ctx context.Context, data [][]byte, size int, off int64) 
 // grow checks that the file at rel may grow to end bytes, by grow bytes,
 // and reserves the growth in the usage the tools count too: the scope's
 // and that of every capped subtree rel is in.
-func (f *fsys) grow(rel string, end, grow int64) error {
+func (f *fsys) grow(ctx context.Context, rel string, end, grow int64) error {
 	if err := f.pol.Limits.CheckFileSize(rel, end); err != nil {
 		return err
 	}
-	return f.reserve(rel, grow, 0)
+	return f.reserve(ctx, rel, grow, 0)
 }
 
 // sizeNow describes, for a change of its size through via (nil for none),
@@ -411,7 +411,7 @@ func (n *node) sizeNow(fd int, via *handle) (unix.Stat_t, error) {
 // resize sets the size of the file open as fd to size by apply, checking
 // and counting growth first and counting shrinkage after. The caller has
 // admitted the change.
-func (n *node) resize(fd int, rel string, size int64, apply func() error) error {
+func (n *node) resize(ctx context.Context, fd int, rel string, size int64, apply func() error) error {
 	f := n.fsys
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -421,7 +421,7 @@ func (n *node) resize(fd int, rel string, size int64, apply func() error) error 
 	}
 	delta := size - st.Size
 	if delta > 0 {
-		if err := f.grow(rel, size, delta); err != nil {
+		if err := f.grow(ctx, rel, size, delta); err != nil {
 			return err
 		}
 	}
@@ -543,7 +543,7 @@ func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uin
 	}
 	grow := end - st.Size
 	if grow > 0 {
-		if err := f.grow(ev.Path, end, grow); err != nil {
+		if err := f.grow(ctx, ev.Path, end, grow); err != nil {
 			return f.refused(ctx, ev, err)
 		}
 	}
@@ -593,7 +593,7 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn fs.FileHandle, offIn uint
 	grow := end - cur.Size
 	if grow > 0 {
 		ev.Bytes = size
-		if err := f.grow(ev.Path, end, grow); err != nil {
+		if err := f.grow(ctx, ev.Path, end, grow); err != nil {
 			return 0, f.refused(ctx, ev, err)
 		}
 	}

@@ -401,12 +401,12 @@ func (f *fsys) crossMount(rel string, sx *unix.Statx_t) error {
 // file is counted but never refused: it is loomfs's own, a few bytes gone
 // at once, and a workspace the agent filled must still pass its probe, so
 // that a command can run to free space.
-func (f *fsys) reserve(rel string, addBytes, addFiles int64) error {
+func (f *fsys) reserve(ctx context.Context, rel string, addBytes, addFiles int64) error {
 	if p := f.probing.Load(); p != nil && *p == rel {
 		f.ws.AdjustAt(rel, addBytes, addFiles)
 		return nil
 	}
-	return f.ws.ReserveAt(rel, addBytes, addFiles)
+	return f.ws.ReserveAt(ctx, rel, addBytes, addFiles)
 }
 
 // by says a change at rel is this projection's, made for its command's

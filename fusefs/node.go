@@ -373,7 +373,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	}
 	defer parent.Close()
 	size := int64(len(target))
-	if err := f.reserve(rel, size, 1); err != nil {
+	if err := f.reserve(ctx, rel, size, 1); err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -469,7 +469,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.reserve(rel, 0, 1); err != nil {
+	if err := f.reserve(ctx, rel, 0, 1); err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -566,7 +566,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.reserve(rel, 0, 1); err != nil {
+	if err := f.reserve(ctx, rel, 0, 1); err != nil {
 		return nil, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -824,24 +824,27 @@ func (n *node) reserveMove(ctx context.Context, oldRel, newRel string, src, dst 
 	if err != nil {
 		return undo, err
 	}
-	if err := f.ws.ReserveMove(oldRel, newRel, su.Bytes, su.Files); err != nil {
+	if err := f.ws.ReserveMove(ctx, oldRel, newRel, su.Bytes, su.Files); err != nil {
 		return undo, err
 	}
-	undo = func() { f.ws.ReserveMove(newRel, oldRel, su.Bytes, su.Files) }
+	// An undo gives back what was counted; the request's end must not cut
+	// it short.
+	back := context.WithoutCancel(ctx)
+	undo = func() { f.ws.ReserveMove(back, newRel, oldRel, su.Bytes, su.Files) }
 	if !exchange {
 		return undo, nil
 	}
 	du, err := usageOf(newRel, dst)
 	if err == nil {
-		err = f.ws.ReserveMove(newRel, oldRel, du.Bytes, du.Files)
+		err = f.ws.ReserveMove(ctx, newRel, oldRel, du.Bytes, du.Files)
 	}
 	if err != nil {
 		undo()
 		return func() {}, err
 	}
 	return func() {
-		f.ws.ReserveMove(oldRel, newRel, du.Bytes, du.Files)
-		f.ws.ReserveMove(newRel, oldRel, su.Bytes, su.Files)
+		f.ws.ReserveMove(back, oldRel, newRel, du.Bytes, du.Files)
+		f.ws.ReserveMove(back, newRel, oldRel, su.Bytes, su.Files)
 	}, nil
 }
 

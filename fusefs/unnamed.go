@@ -217,7 +217,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 		return nil, nil, 0, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.reserve(rel, 0, 1); err != nil {
+	if err := f.reserve(ctx, rel, 0, 1); err != nil {
 		return nil, nil, 0, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
@@ -295,15 +295,15 @@ func (n *node) linkUnnamed(ctx context.Context, t *node, name string, out *fuse.
 		return nil, true, f.failed(ctx, ev, err)
 	}
 	defer parent.Close()
-	if err := f.ws.ReserveMove(t.held.at(), rel, st.Size, 1); err != nil {
+	if err := f.ws.ReserveMove(ctx, t.held.at(), rel, st.Size, 1); err != nil {
 		return nil, true, f.refused(ctx, ev, err)
 	}
 	if e := f.begin(ctx, ev); e != 0 {
-		f.ws.ReserveMove(rel, t.held.at(), st.Size, 1)
+		f.ws.ReserveMove(context.WithoutCancel(ctx), rel, t.held.at(), st.Size, 1) // undo
 		return nil, true, e
 	}
 	if err := unix.Linkat(fd, "", int(parent.Fd()), base, unix.AT_EMPTY_PATH); err != nil {
-		f.ws.ReserveMove(rel, t.held.at(), st.Size, 1)
+		f.ws.ReserveMove(context.WithoutCancel(ctx), rel, t.held.at(), st.Size, 1) // undo
 		return nil, true, f.failed(ctx, ev, err)
 	}
 	t.held.unnamed.Store(false)

@@ -156,8 +156,10 @@ func (a *Account) limited() (bytes, files bool) {
 // its grant back within Options.Idle, and one still writing spends it or is
 // refused too. So a write that fits is not refused because another
 // process wrote a moment before. This holder's other changes go on
-// meanwhile: a file deleted here to make room counts at once.
-func (a *Account) Reserve(bytes, files int64) error {
+// meanwhile: a file deleted here to make room counts at once. When ctx
+// ends first (an interrupted request, a tool call's budget spent), it
+// stops waiting and answers the refusal it waited to lift.
+func (a *Account) Reserve(ctx context.Context, bytes, files int64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lb, lf := a.limited()
@@ -181,8 +183,11 @@ func (a *Account) Reserve(bytes, files int64) error {
 			return err
 		}
 		a.mu.Unlock()
-		time.Sleep(a.opts.Idle / 10)
+		done := sleep(ctx, a.opts.Idle/10)
 		a.mu.Lock()
+		if !done {
+			return err // stopped waiting: the refusal it waited to lift
+		}
 	}
 	a.spend(bytes, files)
 	return nil
@@ -199,6 +204,18 @@ func (a *Account) Adjust(bytes, files int64) {
 }
 
 var errClosed = errors.New("quota account closed")
+
+// sleep waits d and reports true, or false as soon as ctx ends.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
 
 // spend counts a change in the record: growth comes out of the grant.
 // a.mu is held.

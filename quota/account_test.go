@@ -68,7 +68,7 @@ func TestHoldersShareOneQuota(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				err := a.Reserve(4096, 0)
+				err := a.Reserve(context.Background(), 4096, 0)
 				if err != nil {
 					refused.Store(&err)
 					return
@@ -92,7 +92,7 @@ func TestHoldersShareOneQuota(t *testing.T) {
 	}
 	// What one gives back, another may take.
 	accts[1].Adjust(-8192, 0)
-	if err := accts[2].Reserve(8192, 0); err != nil {
+	if err := accts[2].Reserve(context.Background(), 8192, 0); err != nil {
 		t.Errorf("after 8 KiB given back: %v", err)
 	}
 }
@@ -105,17 +105,17 @@ func TestFileQuota(t *testing.T) {
 	sc.files.Store(3)
 	a := open(t, dir, quota.Options{Limits: limits(0, 5), Walk: sc.walk})
 	b := open(t, dir, quota.Options{Limits: limits(0, 5), Walk: sc.walk})
-	if err := a.Reserve(0, 1); err != nil {
+	if err := a.Reserve(context.Background(), 0, 1); err != nil {
 		t.Fatal(err)
 	}
-	err := b.Reserve(0, 2)
+	err := b.Reserve(context.Background(), 0, 2)
 	if err == nil || err.Error() != "quota exceeded: workspace file count 5 (used 4, 2 new refused)" {
 		t.Errorf("refusal %v", err)
 	}
-	if err := b.Reserve(0, -3); err != nil {
+	if err := b.Reserve(context.Background(), 0, -3); err != nil {
 		t.Errorf("shrinking: %v", err)
 	}
-	if err := b.Reserve(0, 2); err != nil {
+	if err := b.Reserve(context.Background(), 0, 2); err != nil {
 		t.Errorf("after shrinking: %v", err)
 	}
 }
@@ -129,7 +129,7 @@ func TestIdleHolderReturnsGrant(t *testing.T) {
 	sc := &scope{}
 	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 50 * time.Millisecond}
 	a := open(t, dir, opts)
-	if err := a.Reserve(100, 0); err != nil {
+	if err := a.Reserve(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
 	st, _ := quota.Inspect(dir)
@@ -148,7 +148,7 @@ func TestIdleHolderReturnsGrant(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	b := open(t, dir, opts)
-	if err := b.Reserve(900, 0); err != nil {
+	if err := b.Reserve(context.Background(), 900, 0); err != nil {
 		t.Errorf("the rest of the quota: %v", err)
 	}
 }
@@ -178,15 +178,15 @@ func TestKilledHolderGrantsReturn(t *testing.T) {
 	}
 	sc := &scope{}
 	a := open(t, dir, quota.Options{Limits: limits(1000, 0), Walk: sc.walk})
-	if err := a.Reserve(701, 0); err == nil {
+	if err := a.Reserve(context.Background(), 701, 0); err == nil {
 		t.Errorf("admitted 701 bytes beside a live holder's grant")
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	if err := a.Reserve(700, 0); err != nil {
+	if err := a.Reserve(context.Background(), 700, 0); err != nil {
 		t.Errorf("the killed holder's grant did not come back: %v", err)
 	}
-	if err := a.Reserve(1, 0); err == nil {
+	if err := a.Reserve(context.Background(), 1, 0); err == nil {
 		t.Errorf("the killed holder's 300 bytes were forgotten")
 	}
 	st, _ = quota.Inspect(dir)
@@ -217,7 +217,7 @@ func TestHelperHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 30 {
-		if err := a.Reserve(10, 0); err != nil {
+		if err := a.Reserve(context.Background(), 10, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -248,7 +248,7 @@ func TestReconcile(t *testing.T) {
 	sc := &scope{}
 	opts := quota.Options{Limits: limits(1000, 10), Walk: sc.walk, Idle: 20 * time.Millisecond}
 	a := open(t, dir, opts)
-	if err := a.Reserve(100, 1); err != nil {
+	if err := a.Reserve(context.Background(), 100, 1); err != nil {
 		t.Fatal(err)
 	}
 	if rep, _ := a.Reconcile(context.Background(), nil); !rep.Busy {
@@ -267,7 +267,7 @@ func TestReconcile(t *testing.T) {
 
 	// Another holder changing the scope holds the correction back.
 	b := open(t, dir, quota.Options{Limits: limits(1000, 10), Walk: sc.walk, Idle: time.Hour})
-	if err := b.Reserve(10, 0); err != nil {
+	if err := b.Reserve(context.Background(), 10, 0); err != nil {
 		t.Fatal(err)
 	}
 	sc.bytes.Store(0)
@@ -305,7 +305,7 @@ func TestTornLedgerIsCounted(t *testing.T) {
 	if u, err := a.Usage(context.Background()); err != nil || u != (policy.Usage{Bytes: 500, Files: 2}) {
 		t.Errorf("Usage = %+v, %v", u, err)
 	}
-	if err := a.Reserve(501, 0); err == nil || err.Error() != "quota exceeded: workspace total 1000 B (used 500 B, write of "+strconv.Itoa(501)+" B refused)" {
+	if err := a.Reserve(context.Background(), 501, 0); err == nil || err.Error() != "quota exceeded: workspace total 1000 B (used 500 B, write of "+strconv.Itoa(501)+" B refused)" {
 		t.Errorf("refusal %v", err)
 	}
 }
@@ -318,11 +318,11 @@ func TestCheckWordsTheRefusal(t *testing.T) {
 	tmp := policy.Subtree{Prefix: "tmp", MaxBytes: 1000, MaxFiles: 10}
 	opts := quota.Options{Limits: limits(tmp.MaxBytes, tmp.MaxFiles), Walk: sc.walk, Check: tmp.CheckCap}
 	a, b := open(t, dir, opts), open(t, dir, opts)
-	if err := a.Reserve(600, 1); err != nil {
+	if err := a.Reserve(context.Background(), 600, 1); err != nil {
 		t.Fatal(err)
 	}
 	a.Close() // folds its 600 bytes and gives back its grant
-	err := b.Reserve(500, 1)
+	err := b.Reserve(context.Background(), 500, 1)
 	want := "quota exceeded: tmp/ total 1000 B (used 600 B, write of 500 B refused); free space there or write elsewhere"
 	if policy.CodeOf(err) != policy.QuotaExceeded || err.Error() != want {
 		t.Fatalf("Reserve over the cap = %v, want %q", err, want)
@@ -353,7 +353,7 @@ func TestInspectWhileHoldersFold(t *testing.T) {
 				return
 			}
 			if i%2 == 0 {
-				err = a.Reserve(100, 1)
+				err = a.Reserve(context.Background(), 100, 1)
 			} else {
 				a.Adjust(-100, -1)
 			}
@@ -394,7 +394,7 @@ func TestWriteWaitsForAnIdleGrant(t *testing.T) {
 	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 200 * time.Millisecond}
 	a := open(t, dir, opts)
 	b := open(t, dir, opts)
-	if err := a.Reserve(100, 0); err != nil {
+	if err := a.Reserve(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
 	st, _ := quota.Inspect(dir)
@@ -403,11 +403,37 @@ func TestWriteWaitsForAnIdleGrant(t *testing.T) {
 	}
 	// 900 bytes are left, but not all of them free while A holds its grant.
 	start := time.Now()
-	if err := b.Reserve(900, 0); err != nil {
+	if err := b.Reserve(context.Background(), 900, 0); err != nil {
 		t.Errorf("900 bytes, with 100 of 1000 used: %v", err)
 	}
 	t.Logf("B waited %v for A's grant", time.Since(start).Round(time.Millisecond))
-	if err := b.Reserve(1, 0); policy.CodeOf(err) != policy.QuotaExceeded {
+	if err := b.Reserve(context.Background(), 1, 0); policy.CodeOf(err) != policy.QuotaExceeded {
 		t.Errorf("one byte over the quota: %v", err)
+	}
+}
+
+// TestWaitForAGrantEndsWithTheRequest: a change waiting for another
+// holder's grant stops waiting when its context ends (an interrupted
+// write, a tool call out of budget) and answers the refusal it waited to
+// lift, long before the holder goes idle.
+func TestWaitForAGrantEndsWithTheRequest(t *testing.T) {
+	dir := openDir(t, t.TempDir())
+	sc := &scope{}
+	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 5 * time.Second}
+	a := open(t, dir, opts)
+	b := open(t, dir, opts)
+	if err := a.Reserve(context.Background(), 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := b.Reserve(ctx, 900, 0)
+	waited := time.Since(start)
+	if policy.CodeOf(err) != policy.QuotaExceeded {
+		t.Fatalf("900 bytes while A holds its grant, the request ending: %v, want quota_exceeded", err)
+	}
+	if waited > time.Second {
+		t.Fatalf("waited %v after the request's end at 50 ms (A goes idle after 5 s)", waited)
 	}
 }

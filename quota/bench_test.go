@@ -1,6 +1,7 @@
 package quota_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/agentloom/loomfs/quota"
@@ -15,7 +16,7 @@ func BenchmarkReserve(b *testing.B) {
 	}
 	defer a.Close()
 	for b.Loop() {
-		if err := a.Reserve(128<<10, 0); err != nil {
+		if err := a.Reserve(context.Background(), 128<<10, 0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -29,7 +30,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 	}
 	defer a.Close()
 	for b.Loop() {
-		if err := a.Reserve(0, 1); err != nil {
+		if err := a.Reserve(context.Background(), 0, 1); err != nil {
 			b.Fatal(err)
 		}
 		a.Adjust(-2, -1)

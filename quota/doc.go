@@ -20,7 +20,8 @@
 // asks for them; an idle holder (no change for Options.Idle) folds what it
 // spent into the ledger and returns what is left of its grant. A change
 // that fits only once another holder's unspent grant comes back waits for
-// it, up to twice Options.Idle, rather than being refused.
+// it, up to twice Options.Idle and never past its context's end, rather
+// than being refused.
 //
 // A holder keeps its record locked (an OFD lock) for as long as it is
 // open, and writes into it, through a shared mapping, what it has spent

@@ -50,7 +50,7 @@ func TestForeignHolder(t *testing.T) {
 	}
 	walked = policy.Usage{Bytes: 250} // it wrote 150 more since its sync
 
-	if err := a.Reserve(601, 0); err == nil {
+	if err := a.Reserve(context.Background(), 601, 0); err == nil {
 		t.Errorf("admitted 601 bytes beside 400 held on another node")
 	}
 	rep, err := a.Reconcile(context.Background(), nil)
@@ -61,7 +61,7 @@ func TestForeignHolder(t *testing.T) {
 	// It dies: the next grant folds its whole grant in and, nobody else
 	// being active, counts the scope again: 250 bytes.
 	unix.Close(fd)
-	if err := a.Reserve(750, 0); err != nil {
+	if err := a.Reserve(context.Background(), 750, 0); err != nil {
 		t.Errorf("after the other node's holder died: %v", err)
 	}
 	if u, _ := a.Usage(context.Background()); u.Bytes != 1000 {

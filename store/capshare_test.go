@@ -139,7 +139,7 @@ func TestCapRefusalGivesBack(t *testing.T) {
 		{"a deeper cap refuses", "tmp/inner/x", 3 << 10, "tmp/inner/ total"},
 	}
 	for _, c := range cases {
-		err := a.ReserveAt(c.rel, c.bytes, 1)
+		err := a.ReserveAt(context.Background(), c.rel, c.bytes, 1)
 		if policy.CodeOf(err) != policy.QuotaExceeded || !strings.Contains(err.Error(), c.says) {
 			t.Fatalf("%s: ReserveAt(%s) = %v", c.name, c.rel, err)
 		}
@@ -165,7 +165,7 @@ func TestCapMoveOutFreesRoom(t *testing.T) {
 	codeIs(t, "another process writing into a full tmp/", err, policy.QuotaExceeded)
 
 	// A rename as a door makes it: checked and counted, then done.
-	if err := a.ReserveMove("tmp/full", "src/full", 10<<10-100, 1); err != nil {
+	if err := a.ReserveMove(context.Background(), "tmp/full", "src/full", 10<<10-100, 1); err != nil {
 		t.Fatal(err)
 	}
 	dir := e.dir(mainScope)
@@ -176,7 +176,7 @@ func TestCapMoveOutFreesRoom(t *testing.T) {
 		t.Fatalf("after the move out of tmp/: %v", err)
 	}
 	// And moving it back is checked against what the other wrote.
-	err = a.ReserveMove("src/full", "tmp/full", 10<<10-100, 1)
+	err = a.ReserveMove(context.Background(), "src/full", "tmp/full", 10<<10-100, 1)
 	codeIs(t, "moving the file back into tmp/", err, policy.QuotaExceeded)
 }
 

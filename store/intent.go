@@ -120,7 +120,7 @@ func (w *Workspace) ApplyChanges(ctx context.Context, changes []FileChange) ([]W
 		}
 		mkdirs = append(mkdirs, dirs...)
 	}
-	undo, err := w.reserve(plan)
+	undo, err := w.reserve(ctx, plan)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +266,7 @@ func (w *Workspace) plan(c FileChange) (*planned, []string, error) {
 
 // reserve counts the whole set in the quotas, deletes first, and returns
 // how to undo it.
-func (w *Workspace) reserve(plan []*planned) (undo func(), err error) {
+func (w *Workspace) reserve(ctx context.Context, plan []*planned) (undo func(), err error) {
 	type held struct {
 		rel          string
 		bytes, files int64
@@ -289,7 +289,7 @@ func (w *Workspace) reserve(plan []*planned) (undo func(), err error) {
 			case !p.exists:
 				h.files = 1
 			}
-			if err := w.ReserveAt(h.rel, h.bytes, h.files); err != nil {
+			if err := w.ReserveAt(ctx, h.rel, h.bytes, h.files); err != nil {
 				undo()
 				return nil, err
 			}

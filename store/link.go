@@ -34,7 +34,7 @@ func (w *Workspace) Symlink(ctx context.Context, rel, target string) (Info, erro
 	}
 	defer parent.Close()
 	size := int64(len(target))
-	if err := w.ReserveAt(rel, size, 1); err != nil {
+	if err := w.ReserveAt(ctx, rel, size, 1); err != nil {
 		return Info{}, err
 	}
 	info, err := w.PlaceLink(parent, name, rel, target)

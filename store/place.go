@@ -61,7 +61,7 @@ func (w *Workspace) PlaceFile(ctx context.Context, rel string, r io.Reader, size
 	if !exists {
 		addFiles = 1
 	}
-	if err := w.ReserveAt(rel, size-old, addFiles); err != nil {
+	if err := w.ReserveAt(ctx, rel, size-old, addFiles); err != nil {
 		return WriteResult{}, err
 	}
 	undo := func() { w.AdjustAt(rel, old-size, -addFiles) }

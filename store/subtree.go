@@ -136,16 +136,16 @@ func (q *scopeQuota) closeCaps() {
 // them in each. A refusal gives back what was taken. A caller whose
 // change then fails gives them back with AdjustAt. Reserve is ReserveAt
 // for a change no capped subtree can see.
-func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
+func (w *Workspace) ReserveAt(ctx context.Context, rel string, addBytes, addFiles int64) error {
 	caps := w.pol.Caps(rel)
 	if len(caps) == 0 {
-		return w.Reserve(addBytes, addFiles)
+		return w.Reserve(ctx, addBytes, addFiles)
 	}
-	taken, err := w.reserveCaps(caps, addBytes, addFiles)
+	taken, err := w.reserveCaps(ctx, caps, addBytes, addFiles)
 	if err != nil {
 		return err
 	}
-	if err := w.Reserve(addBytes, addFiles); err != nil {
+	if err := w.Reserve(ctx, addBytes, addFiles); err != nil {
 		for _, a := range taken {
 			a.Adjust(-addBytes, -addFiles)
 		}
@@ -156,12 +156,12 @@ func (w *Workspace) ReserveAt(rel string, addBytes, addFiles int64) error {
 
 // reserveCaps reserves a change in the account of each of caps, all or
 // none, and returns the accounts.
-func (w *Workspace) reserveCaps(caps []policy.Subtree, addBytes, addFiles int64) ([]*quota.Account, error) {
+func (w *Workspace) reserveCaps(ctx context.Context, caps []policy.Subtree, addBytes, addFiles int64) ([]*quota.Account, error) {
 	taken := make([]*quota.Account, 0, len(caps))
 	for _, c := range caps {
 		a, err := w.capAccount(c)
 		if err == nil {
-			err = a.Reserve(addBytes, addFiles)
+			err = a.Reserve(ctx, addBytes, addFiles)
 		}
 		if err != nil {
 			for _, a := range taken {
@@ -193,7 +193,7 @@ func (w *Workspace) adjustCaps(caps []policy.Subtree, addBytes, addFiles int64) 
 // files (for a directory, everything in it) from one cleaned path to
 // another. The scope total does not change, but a move into a capped
 // subtree is checked against its cap and a move out of one frees room.
-func (w *Workspace) ReserveMove(from, to string, bytes, files int64) error {
+func (w *Workspace) ReserveMove(ctx context.Context, from, to string, bytes, files int64) error {
 	var into, outOf []policy.Subtree
 	for _, c := range w.pol.Caps(to) {
 		if !c.Contains(from) {
@@ -205,7 +205,7 @@ func (w *Workspace) ReserveMove(from, to string, bytes, files int64) error {
 			outOf = append(outOf, c)
 		}
 	}
-	if _, err := w.reserveCaps(into, bytes, files); err != nil {
+	if _, err := w.reserveCaps(ctx, into, bytes, files); err != nil {
 		return err
 	}
 	w.adjustCaps(outOf, -bytes, -files)

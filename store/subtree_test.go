@@ -47,7 +47,7 @@ func TestReserveAt(t *testing.T) {
 		{"and makes room", "tmp/d", 5 << 10, 1, ""},
 	}
 	for _, s := range steps {
-		err := ws.ReserveAt(s.rel, s.bytes, s.file)
+		err := ws.ReserveAt(context.Background(), s.rel, s.bytes, s.file)
 		if got := policy.CodeOf(err); got != s.code {
 			t.Fatalf("%s: ReserveAt(%s, %d, %d) = %v, want %q", s.name, s.rel, s.bytes, s.file, err, s.code)
 		}
@@ -62,16 +62,16 @@ func TestReserveAt(t *testing.T) {
 		t.Fatalf("tmp/ usage after AdjustAt %+v", u)
 	}
 	// A move into a capped subtree is checked; out of one frees room.
-	if err := ws.ReserveMove("src/x", "tmp/big", 7<<10, 1); policy.CodeOf(err) != policy.QuotaExceeded {
+	if err := ws.ReserveMove(context.Background(), "src/x", "tmp/big", 7<<10, 1); policy.CodeOf(err) != policy.QuotaExceeded {
 		t.Fatalf("moving 7 KiB into tmp/: %v", err)
 	}
-	if err := ws.ReserveMove("src/x", "tmp/small", 1<<10, 1); err != nil {
+	if err := ws.ReserveMove(context.Background(), "src/x", "tmp/small", 1<<10, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := ws.ReserveMove("tmp/small", "src/y", 1<<10, 1); err != nil {
+	if err := ws.ReserveMove(context.Background(), "tmp/small", "src/y", 1<<10, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := ws.ReserveMove("tmp/inner/b", "tmp/b", 1<<10, 1); err != nil {
+	if err := ws.ReserveMove(context.Background(), "tmp/inner/b", "tmp/b", 1<<10, 1); err != nil {
 		t.Fatal(err)
 	}
 	if u, _ := ws.SubtreeUsage(context.Background(), "tmp/inner"); u != (policy.Usage{Bytes: 3 << 10, Files: 2}) {

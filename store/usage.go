@@ -227,12 +227,12 @@ func (w *Workspace) RefreshUsage() {
 // Reserve checks that adding addBytes and addFiles stays within the scope
 // quota and counts them. A caller whose change then fails gives them back
 // with Adjust.
-func (w *Workspace) Reserve(addBytes, addFiles int64) error {
+func (w *Workspace) Reserve(ctx context.Context, addBytes, addFiles int64) error {
 	a, err := w.account()
 	if err != nil {
 		return err
 	}
-	return a.Reserve(addBytes, addFiles)
+	return a.Reserve(ctx, addBytes, addFiles)
 }
 
 // Adjust counts a change without checking it (shrinking, or undoing a

@@ -107,12 +107,12 @@ func TestReserveAdjust(t *testing.T) {
 	if err != nil || got != (policy.Usage{Bytes: 40, Files: 1}) {
 		t.Fatalf("Usage = %+v, %v; want 40 bytes in 1 file", got, err)
 	}
-	if err := ws.Reserve(60, 1); err != nil {
+	if err := ws.Reserve(context.Background(), 60, 1); err != nil {
 		t.Fatalf("Reserve up to the limit: %v", err)
 	}
-	codeIs(t, "Reserve one byte over", ws.Reserve(1, 0), policy.QuotaExceeded)
-	codeIs(t, "Reserve one file over", ws.Reserve(0, 2), policy.QuotaExceeded)
-	if err := ws.Reserve(-50, -1); err != nil {
+	codeIs(t, "Reserve one byte over", ws.Reserve(context.Background(), 1, 0), policy.QuotaExceeded)
+	codeIs(t, "Reserve one file over", ws.Reserve(context.Background(), 0, 2), policy.QuotaExceeded)
+	if err := ws.Reserve(context.Background(), -50, -1); err != nil {
 		t.Fatalf("a shrinking Reserve: %v", err)
 	}
 	ws.Adjust(-10, 0)
@@ -129,7 +129,7 @@ func TestReserveAdjust(t *testing.T) {
 	if got, _ := ws.Usage(ctx); got != (policy.Usage{Bytes: 45, Files: 3}) {
 		t.Fatalf("after RefreshUsage, Usage = %+v; want 45 bytes in 3 entries", got)
 	}
-	codeIs(t, "Reserve a file over after the refresh", ws.Reserve(0, 1), policy.QuotaExceeded)
+	codeIs(t, "Reserve a file over after the refresh", ws.Reserve(context.Background(), 0, 1), policy.QuotaExceeded)
 }
 
 // TestHashFile covers the sha256 workspace_stat reports.

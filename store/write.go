@@ -59,7 +59,7 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 		addFiles = 1
 	}
 	// ReserveAt, not Reserve: the cap of a subtree (tmp/) counts too.
-	if err := w.ReserveAt(rel, int64(len(data))-info.Size, addFiles); err != nil {
+	if err := w.ReserveAt(ctx, rel, int64(len(data))-info.Size, addFiles); err != nil {
 		return WriteResult{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -297,7 +297,7 @@ func (w *Workspace) Mkdir(ctx context.Context, rel string, parents bool) (create
 	if err := w.ReadyToChange(); err != nil {
 		return false, err
 	}
-	if err := w.ReserveAt(rel, 0, 1); err != nil {
+	if err := w.ReserveAt(ctx, rel, 0, 1); err != nil {
 		return false, err
 	}
 	if err := unix.Mkdirat(int(parent.Fd()), name, policy.DirPerm); err != nil {
