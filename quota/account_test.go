@@ -385,22 +385,30 @@ func TestInspectWhileHoldersFold(t *testing.T) {
 	t.Logf("%d reads, %d wrong", reads, bad)
 }
 
-// TestWriteWaitsForAnIdleGrant: a change that fits in what is left once
-// another holder's unspent grant comes back is not refused: it waits for
-// that holder to go idle. One that does not fit even then is refused.
-func TestWriteWaitsForAnIdleGrant(t *testing.T) {
+// besideAGrant opens two holders B and A of a 1000-byte quota going idle
+// after idle, has A spend 100 bytes, so that it holds a grant of what is
+// left, and returns B.
+func besideAGrant(t *testing.T, idle time.Duration) *quota.Account {
+	t.Helper()
 	dir := openDir(t, t.TempDir())
 	sc := &scope{}
-	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 200 * time.Millisecond}
+	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: idle}
 	a := open(t, dir, opts)
 	b := open(t, dir, opts)
 	if err := a.Reserve(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
-	st, _ := quota.Inspect(dir)
-	if st.Granted.Bytes == 0 {
+	if st, _ := quota.Inspect(dir); st.Granted.Bytes == 0 {
 		t.Fatalf("A holds no grant: %+v", st)
 	}
+	return b
+}
+
+// TestWriteWaitsForAnIdleGrant: a change that fits in what is left once
+// another holder's unspent grant comes back is not refused: it waits for
+// that holder to go idle. One that does not fit even then is refused.
+func TestWriteWaitsForAnIdleGrant(t *testing.T) {
+	b := besideAGrant(t, 200*time.Millisecond)
 	// 900 bytes are left, but not all of them free while A holds its grant.
 	start := time.Now()
 	if err := b.Reserve(context.Background(), 900, 0); err != nil {
@@ -417,14 +425,7 @@ func TestWriteWaitsForAnIdleGrant(t *testing.T) {
 // write, a tool call out of budget) and answers the refusal it waited to
 // lift, long before the holder goes idle.
 func TestWaitForAGrantEndsWithTheRequest(t *testing.T) {
-	dir := openDir(t, t.TempDir())
-	sc := &scope{}
-	opts := quota.Options{Limits: limits(1000, 0), Walk: sc.walk, Idle: 5 * time.Second}
-	a := open(t, dir, opts)
-	b := open(t, dir, opts)
-	if err := a.Reserve(context.Background(), 100, 0); err != nil {
-		t.Fatal(err)
-	}
+	b := besideAGrant(t, 5*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
