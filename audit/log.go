@@ -10,7 +10,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -413,7 +412,11 @@ func (l *Log) Record(ctx context.Context, e Event) error {
 		return l.fail(err)
 	}
 	defer l.keep()
-	recs := [1]queued{{t: l.opts.Clock().UTC(), e: e}}
+	e, d, err := frozen(e)
+	if err != nil {
+		return err
+	}
+	recs := [1]queued{{t: l.opts.Clock().UTC(), e: e, detail: d}}
 	if _, err := l.write(recs[:]); err != nil {
 		return l.fail(err)
 	}
@@ -435,14 +438,14 @@ func (l *Log) write(recs []queued) (int, error) {
 	seq, prev := l.seq, l.prev
 	for i := range recs {
 		r := &recs[i]
-		line, err := l.encodeEvent(r.t, &r.e, seq+1, prev)
+		line, err := l.encodeEvent(r, seq+1, prev)
 		if err != nil {
 			if ferr := l.flush(buf, i-from, seq, prev); ferr != nil {
 				return from, ferr
 			}
 			return i, err
 		}
-		if end := l.size + int64(len(buf)); end > 0 && (end+int64(line.Len()) > l.opts.MaxFileBytes || r.t.Format(dayLayout) != l.fileDay) {
+		if end := l.size + int64(len(buf)); end > 0 && (end+int64(line.Len()) > l.opts.MaxFileBytes || !l.today(r.t)) {
 			line.Free()
 			if err := l.flush(buf, i-from, seq, prev); err != nil {
 				return from, err
@@ -452,7 +455,7 @@ func (l *Log) write(recs []queued) (int, error) {
 				return i, err
 			}
 			seq, prev = l.seq, l.prev
-			if line, err = l.encodeEvent(r.t, &r.e, seq+1, prev); err != nil {
+			if line, err = l.encodeEvent(r, seq+1, prev); err != nil {
 				return i, err
 			}
 		}
@@ -750,7 +753,8 @@ func (l *Log) checkpoint(now time.Time, reason string, count uint64, next string
 	return l.append(buf.Bytes(), lineFields{Kind: KindCheckpoint, Seq: l.seq + 1, Reason: reason, Next: next})
 }
 
-func (l *Log) encodeEvent(now time.Time, e *Event, seq uint64, prev string) (*buffer.Buffer, error) {
+func (l *Log) encodeEvent(r *queued, seq uint64, prev string) (*buffer.Buffer, error) {
+	e := &r.e
 	f := append(l.fields[:0],
 		zap.String("kind", KindEvent),
 		zap.Uint64("seq", seq),
@@ -776,15 +780,22 @@ func (l *Log) encodeEvent(now time.Time, e *Event, seq uint64, prev string) (*bu
 	if e.Duration != 0 {
 		f = append(f, zap.Int64("duration_ns", int64(e.Duration)))
 	}
-	if len(e.Detail) > 0 {
-		f = append(f, zap.Object("detail", detailFields(e.Detail)))
+	if len(r.detail) > 0 {
+		f = append(f, zap.Object("detail", r.detail))
 	}
 	l.fields = f
-	buf, err := l.enc.EncodeEntry(zapcore.Entry{Time: now}, f)
+	buf, err := l.enc.EncodeEntry(zapcore.Entry{Time: r.t}, f)
 	if err != nil {
 		return nil, fmt.Errorf("encode record: %w", err)
 	}
 	return buf, nil
+}
+
+// today reports whether t falls on the day of the chain's current file
+// (without Format's allocation: it is asked for every record).
+func (l *Log) today(t time.Time) bool {
+	var b [len(dayLayout)]byte
+	return string(t.AppendFormat(b[:0], dayLayout)) == l.fileDay
 }
 
 func appendString(f []zapcore.Field, key, val string) []zapcore.Field {
@@ -807,34 +818,33 @@ func appendPath(f []zapcore.Field, key, val string) []zapcore.Field {
 	return f
 }
 
-// detailFields encodes an event's detail without reflection for the
-// values doors put there (a release through the mount has one, and there
-// is one for every file written), keys sorted as encoding/json sorts them.
-type detailFields map[string]any
+// detailList is an event's detail, sorted by key, encoded without
+// reflection for the values doors put there (a release through the mount
+// has one, and there is one for every file written).
+type detailList []detailField
 
-func (d detailFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	var buf [8]string
-	keys := buf[:0]
-	for k := range d {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		switch v := d[k].(type) {
+type detailField struct {
+	key string
+	val any
+}
+
+func (d detailList) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	for _, f := range d {
+		switch v := f.val.(type) {
 		case string:
-			enc.AddString(k, v)
+			enc.AddString(f.key, v)
 		case bool:
-			enc.AddBool(k, v)
+			enc.AddBool(f.key, v)
 		case int:
-			enc.AddInt(k, v)
+			enc.AddInt(f.key, v)
 		case int64:
-			enc.AddInt64(k, v)
+			enc.AddInt64(f.key, v)
 		case uint32:
-			enc.AddUint32(k, v)
+			enc.AddUint32(f.key, v)
 		case uint64:
-			enc.AddUint64(k, v)
+			enc.AddUint64(f.key, v)
 		default:
-			if err := enc.AddReflected(k, v); err != nil {
+			if err := enc.AddReflected(f.key, v); err != nil {
 				return err
 			}
 		}

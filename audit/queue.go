@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -93,10 +95,12 @@ type queue struct {
 	status Status
 }
 
-// queued is a record waiting for its write, stamped when it was recorded.
+// queued is a record waiting for its write, stamped when it was recorded;
+// e's detail is in detail.
 type queued struct {
-	t time.Time
-	e Event
+	t      time.Time
+	e      Event
+	detail detailList
 }
 
 func newQueue(max int) *queue {
@@ -126,7 +130,7 @@ func (q *queue) rush() {
 // a write that hangs (storage that does not answer) makes it wait long.
 // While the last write failed it refuses.
 func (l *Log) enqueue(e Event) error {
-	e, err := frozen(e)
+	e, d, err := frozen(e)
 	if err != nil {
 		return err
 	}
@@ -145,7 +149,7 @@ func (l *Log) enqueue(e Event) error {
 		}
 		q.room.Wait()
 	}
-	q.recs = append(q.recs, queued{t: l.opts.Clock().UTC(), e: e})
+	q.recs = append(q.recs, queued{t: l.opts.Clock().UTC(), e: e, detail: d})
 	switch len(q.recs) {
 	case 1:
 		if !q.ticking {
@@ -157,31 +161,35 @@ func (l *Log) enqueue(e Event) error {
 	return nil
 }
 
-// frozen checks that e's detail can be encoded and copies it, so the
-// record written later is the event as it was recorded even if the caller
-// changes its map. A value of a type the encoder does not know is kept as
-// its JSON, the bytes the encoder would have written.
-func frozen(e Event) (Event, error) {
+// frozen checks that e's detail can be encoded and copies it, sorted by
+// key as encoding/json sorts them, so the record written later is the
+// event as it was recorded even if the caller changes its map. A value of
+// a type the encoder does not know is kept as its JSON, the bytes the
+// encoder would have written. The copy is a slice, not another map: a
+// release through the mount has a detail, and copying it into a map cost
+// a record as much as its hash.
+func frozen(e Event) (Event, detailList, error) {
 	if len(e.Detail) == 0 {
-		return e, nil
+		return e, nil, nil
 	}
-	d := make(map[string]any, len(e.Detail))
+	d := make(detailList, 0, len(e.Detail))
 	for k, v := range e.Detail {
 		switch v.(type) {
 		case string, bool, int, int64, uint32, uint64:
-			d[k] = v
 		default:
 			var b bytes.Buffer
 			enc := json.NewEncoder(&b)
 			enc.SetEscapeHTML(false)
 			if err := enc.Encode(v); err != nil {
-				return e, fmt.Errorf("%w: encode record: detail %q: %w", ErrUnavailable, k, err)
+				return e, nil, fmt.Errorf("%w: encode record: detail %q: %w", ErrUnavailable, k, err)
 			}
-			d[k] = json.RawMessage(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
+			v = json.RawMessage(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
 		}
+		d = append(d, detailField{k, v})
 	}
-	e.Detail = d
-	return e, nil
+	slices.SortFunc(d, func(a, b detailField) int { return strings.Compare(a.key, b.key) })
+	e.Detail = nil
+	return e, d, nil
 }
 
 // run is a queued Log's writer: it takes everything queued, appends it
