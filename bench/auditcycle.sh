@@ -17,7 +17,7 @@
 # ("old=/path/to/fusefs.test new=..."), to compare builds in one series.
 # PINS (default "unpinned pinned") picks the pinnings to run; BENCH
 # (default BenchmarkAudit) the benchmark: BenchmarkAuditClient makes the
-# cycle from a client process of its own (variants off and queued).
+# cycle from a client process of its own (variants off, on and queued).
 # Needs root (loop mount). BENCHMARKS.md records the figures with this
 # command.
 set -euo pipefail

@@ -144,16 +144,17 @@ func BenchmarkAudit(b *testing.B) {
 
 // BenchmarkAuditClient: the cycle of BenchmarkAudit made by a client
 // process of its own, as tar or git in a sandbox are, against a mount
-// served by this process with the audit off and queued. In BenchmarkAudit
-// the client's system calls and the server share one Go scheduler, and
-// pinned to one core (GOMAXPROCS 1) a request's reply often waits for the
-// runtime to take the only P back from the client's blocked thread; every
-// goroutine the server adds, such as the audit writer, makes that wait
-// more frequent, so there the audit's cost is partly the benchmark's.
+// served by this process with the audit off, synchronous (on) and
+// queued. In BenchmarkAudit the client's system calls and the server
+// share one Go scheduler, and pinned to one core (GOMAXPROCS 1) a
+// request's reply often waits for the runtime to take the only P back
+// from the client's blocked thread; every goroutine the server adds, such
+// as the audit writer, makes that wait more frequent, so there the
+// audit's cost is partly the benchmark's.
 // ns/op is the client's loop per cycle (its start left out), cpu-ns/op the
 // server's and the client's CPU together.
 func BenchmarkAuditClient(b *testing.B) {
-	for _, v := range []auditVariant{auditOff, auditQueued} {
+	for _, v := range []auditVariant{auditOff, auditOn, auditQueued} {
 		sink := v.sink(b)
 		b.Run("audit="+v.name, func(b *testing.B) {
 			e := newEnv(b, withOptions(func(o *Options) { o.Audit = sink }))
