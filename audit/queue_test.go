@@ -316,6 +316,41 @@ func TestQueuedDetailFrozen(t *testing.T) {
 	}
 }
 
+// A detail that can't be encoded is refused by a synchronous Log too, which
+// writes nothing of it and goes on with the next record.
+func TestSyncDetailRefused(t *testing.T) {
+	root := t.TempDir()
+	l := openLog(t, root, Options{Node: "n"})
+	bad := sampleEvent()
+	bad.Detail = map[string]any{"f": func() {}}
+	if err := l.Record(context.Background(), bad); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Record of an unencodable detail: %v, want ErrUnavailable", err)
+	}
+	e := sampleEvent()
+	e.Detail = map[string]any{"b": 2, "a": "x"}
+	if err := l.Record(context.Background(), e); err != nil {
+		t.Fatalf("Record after the refusal: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recs := queryAll(t, Dir(root), Filter{})
+	if len(recs) != 1 || fmt.Sprint(recs[0].Detail) != "map[a:x b:2]" {
+		t.Fatalf("records %+v, want the one with detail a, b", recs)
+	}
+	// Keys sorted as encoding/json sorts them, in the line itself.
+	chain, _ := filepath.Glob(filepath.Join(Dir(root), "n.*.000001.jsonl"))
+	if len(chain) != 1 {
+		t.Fatalf("chain files %v, want one", chain)
+	}
+	if b, err := os.ReadFile(chain[0]); err != nil || !strings.Contains(string(b), `"detail":{"a":"x","b":2}`) {
+		t.Errorf("chain file (%v):\n%s\nwant the detail's keys in order", err, b)
+	}
+	if rep, err := Verify(Dir(root)); err != nil || !rep.OK() {
+		t.Errorf("verify after the refusal: %v, %v", rep, err)
+	}
+}
+
 // TestHolds: the queued writer holds the chain lock as on a local disk
 // where the lock is cheap, longer in proportion where it is dear, and
 // never past the bounds.
