@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -148,34 +149,26 @@ func (h *handle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, flag
 		}
 		return h.node.locksOf().set(h, owner, lk)
 	}
-	delay := time.Millisecond
-	var timer *time.Timer
-	for {
-		err := try()
-		if err == nil {
-			return 0
-		}
-		busy := errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES)
-		if !wait || !busy {
-			if busy {
-				return syscall.EAGAIN
-			}
-			return policy.Errno(err)
-		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			return syscall.EINTR
-		case <-timer.C:
-		}
-		delay = min(2*delay, 50*time.Millisecond)
+	var err error
+	if wait {
+		err = ofdlock.Poll(ctx, lockBackoff, try)
+	} else {
+		err = try()
 	}
+	switch {
+	case err == nil:
+		return 0
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return syscall.EINTR
+	case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES):
+		return syscall.EAGAIN
+	}
+	return policy.Errno(err)
 }
+
+// lockBackoff paces a waiting lock's tries: a millisecond after the
+// first, doubling up to 50 ms.
+var lockBackoff = ofdlock.Backoff{First: time.Millisecond, Most: 50 * time.Millisecond}
 
 func (h *handle) flock(typ uint32) error {
 	var op int

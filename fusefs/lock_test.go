@@ -336,3 +336,64 @@ print("rows:", b.execute("select count(*) from t").fetchone()[0])
 		})
 	}
 }
+
+// TestInterruptedLockWait: a process waiting for a lock through the mount
+// that a signal interrupts (flock -w and a Python lockf under alarm, both
+// SIGALRM) is answered at once, gives up without the lock, and leaves the
+// holder's lock as it was.
+func TestInterruptedLockWait(t *testing.T) {
+	e := newEnv(t)
+	mustWrite(t, e.path("held"), "x")
+	for _, tc := range []struct {
+		name string
+		lock func(*os.File) error
+		cmd  []string
+	}{
+		{"flock", func(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_EX) },
+			[]string{"flock", "-w", "0.3", e.path("held"), "true"}},
+		{"posix", func(f *os.File) error { return setlk(f, unix.F_WRLCK, 0, 0) },
+			// The handler raises: Python retries a call its handler lets
+			// return (PEP 475).
+			[]string{"python3", "-c", "import fcntl, signal, sys\n" +
+				"def alarm(*a): raise TimeoutError\n" +
+				"signal.signal(signal.SIGALRM, alarm)\n" +
+				"f = open(sys.argv[1], 'r+')\n" +
+				"signal.setitimer(signal.ITIMER_REAL, 0.3)\n" +
+				"try:\n    fcntl.lockf(f, fcntl.LOCK_EX)\nexcept TimeoutError:\n    sys.exit(1)\n",
+				e.path("held")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holder := openRW(t, e.path("held"))
+			if err := tc.lock(holder); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			cmd := exec.Command(tc.cmd[0], tc.cmd[1:]...)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if code := cmd.ProcessState.ExitCode(); code != 1 {
+					t.Fatalf("%s exited %d (%v), want 1: interrupted without the lock", tc.name, code, err)
+				}
+			case <-time.After(10 * time.Second):
+				// Not waited for: its request ends once the holder's
+				// cleanup lets the lock go.
+				cmd.Process.Kill()
+				t.Fatalf("%s still waiting %v after its signal", tc.name, time.Since(start))
+			}
+			// Another open still finds the lock held.
+			other := openRW(t, e.path("held"))
+			if tc.name == "flock" {
+				wantErrno(t, unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB), syscall.EWOULDBLOCK)
+			} else if got := helper(t, "setlk", nil, e.path("held")); got != "EAGAIN" {
+				t.Fatalf("another process after the interrupted wait: %s, want EAGAIN", got)
+			}
+			holder.Close()
+			other.Close()
+		})
+	}
+}

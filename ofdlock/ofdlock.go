@@ -8,7 +8,9 @@
 // request left blocked in a FUSE client such as ceph-fuse was seen to
 // stall another client's write to the same file for good, and a polling
 // wait can end when the caller's context does, which a blocked fcntl
-// can't.
+// can't. Poll is the same wait for a lock taken some other way: the
+// projection's flock(2) and POSIX record locks, whose waits end when the
+// kernel interrupts the request.
 package ofdlock
 
 import (
@@ -38,6 +40,15 @@ func Busy(err error) bool {
 // once the lock is held, the fcntl error when the call fails for any
 // other reason, and ctx's error, wrapped, when ctx ends first.
 func Wait(ctx context.Context, fd uintptr, lk unix.Flock_t, b Backoff) error {
+	return Poll(ctx, b, func() error { return unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk) })
+}
+
+// Poll calls take, which asks for a lock without blocking, until it
+// returns nil or an error that is not Busy, sleeping b between calls: the
+// wait of Wait for locks taken another way than one fcntl (flock(2), the
+// projection's POSIX locks). It returns what take last returned, or ctx's
+// error, wrapped, when ctx ends first.
+func Poll(ctx context.Context, b Backoff, take func() error) error {
 	delay := b.First
 	var timer *time.Timer
 	defer func() {
@@ -46,7 +57,7 @@ func Wait(ctx context.Context, fd uintptr, lk unix.Flock_t, b Backoff) error {
 		}
 	}()
 	for {
-		err := unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk)
+		err := take()
 		if err == nil || !Busy(err) {
 			return err
 		}
