@@ -207,14 +207,10 @@ var errClosed = errors.New("quota account closed")
 
 // sleep waits d and reports true, or false as soon as ctx ends.
 func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	wait, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	<-wait.Done()
+	return ctx.Err() == nil
 }
 
 // spend counts a change in the record: growth comes out of the grant.

@@ -110,18 +110,10 @@ func JournalLag() time.Duration { return 2 * journalLinger }
 // writer still running, unless that writer was kept from running for
 // longer than journalLinger.
 func AwaitJournalLines(ctx context.Context, t time.Time) error {
-	d := time.Until(t.Add(JournalLag()))
-	if d <= 0 {
-		return nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	wait, cancel := context.WithDeadline(ctx, t.Add(JournalLag()))
+	defer cancel()
+	<-wait.Done()
+	return ctx.Err()
 }
 
 // journal is one process's change journal for one scope.
