@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,9 +20,8 @@ import (
 // through its node's lock and the scope's usage counter.
 type handle struct {
 	node *node
-	// file is what the store returned, or nil for a file created here,
-	// whose fd is held bare: os.NewFile costs an fcntl per create.
-	file     *os.File
+	// fd is the backing file, held bare (no *os.File: one per open(2)
+	// served would add an fcntl and a cleanup to each).
 	fd       int
 	rel      string // path when opened, for records
 	flags    uint32
@@ -94,13 +92,12 @@ func handleOf(fh fs.FileHandle) *handle {
 	return nil
 }
 
-// newHandle wraps an opened backing file, fd (held by file unless that is
-// nil), and returns the FOPEN flags to answer with. foreign: fd is not the
+// newHandle wraps an opened backing file, fd, which the handle now owns,
+// and returns the FOPEN flags to answer with. foreign: fd is not the
 // node's own file (fsys.readsCurrent).
-func newHandle(n *node, fd int, file *os.File, rel string, flags uint32, created, foreign bool) (*handle, uint32) {
+func newHandle(n *node, fd int, rel string, flags uint32, created, foreign bool) (*handle, uint32) {
 	h := &handle{
 		node:     n,
-		file:     file,
 		fd:       fd,
 		rel:      rel,
 		flags:    flags,
@@ -156,11 +153,7 @@ func (h *handle) close() {
 	h.node.closing(h)
 	h.fdMu.Lock()
 	defer h.fdMu.Unlock()
-	if h.file != nil {
-		h.file.Close()
-	} else {
-		unix.Close(h.fd)
-	}
+	unix.Close(h.fd)
 }
 
 // path is where the file is now, or where it was opened if it was removed.
@@ -218,20 +211,16 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 	if write && acc == unix.O_RDONLY {
 		bflags = unix.O_RDWR // O_RDONLY|O_TRUNC: the truncate needs a writable fd
 	}
-	file, _, err := f.ws.Open(op, rel, bflags)
+	o, err := f.ws.OpenFD(op, rel, bflags)
 	if err != nil {
 		return nil, 0, f.openFailed(ctx, ev, err)
 	}
-	sx, err := statAt(int(file.Fd()), "")
-	if err != nil {
-		file.Close()
-		return nil, 0, policy.Errno(err)
-	}
+	fd, sx := o.FD, o.Statx
 	current := sameObject(n.StableAttr(), &sx)
 	if !current && !f.readsCurrent(n, &sx, flags) {
 		// The path holds another file than this node's: make the kernel
 		// look it up again.
-		file.Close()
+		unix.Close(fd)
 		return nil, 0, syscall.ESTALE
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
@@ -247,17 +236,17 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		want |= policy.MayWrite
 	}
 	if err := f.access(ctx, rel, objectOf(&sx), want); err != nil {
-		file.Close()
+		unix.Close(fd)
 		return nil, 0, f.refused(ctx, ev, err)
 	}
 	if write {
 		detail(&ev, "flags", flags)
 		if e := f.begin(ctx, ev); e != 0 {
-			file.Close()
+			unix.Close(fd)
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, int(file.Fd()), file, rel, flags, false, !current)
+	h, fuseFlags := newHandle(n, fd, rel, flags, false, !current)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.

@@ -76,7 +76,12 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		// a link; a new link is a new file): the kernel may keep it.
 		EnableSymlinkCaching: ws.Policy().EmulatesLinks() && !opts.NoFollowLinks,
 		MaxWrite:             1 << 20,
-		Debug:                opts.Debug,
+		// Reads answer with the bytes read (handle.Read), never with an
+		// fd to splice from; go-fuse would still write each reply's
+		// header into a pipe, find nothing to splice and drain it: three
+		// system calls per read for nothing.
+		DisableSplice: true,
+		Debug:         opts.Debug,
 	}
 	if opts.ReadOnly {
 		mo.DirectMountFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY

@@ -508,7 +508,7 @@ func (n *node) create(ctx context.Context, op, name string, flags, mode uint32, 
 		return nil, nil, 0, e
 	}
 	c := child.Operations().(*node)
-	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true, false)
+	h, fuseFlags := newHandle(c, fd, rel, flags, true, false)
 	c.mu.Lock()
 	c.fresh = h
 	c.mu.Unlock()

@@ -243,7 +243,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	in := n.NewInode(ctx, &node{fsys: f}, stableAttr(&sx))
 	c := in.Operations().(*node)
 	c.perm.Store(uint32(sx.Mode) & 0o7777)
-	h, fuseFlags := newHandle(c, fd, nil, rel, flags, true, false)
+	h, fuseFlags := newHandle(c, fd, rel, flags, true, false)
 	c.mu.Lock()
 	c.held.unnamed.Store(true)
 	c.held.countAt(rel)

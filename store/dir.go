@@ -99,5 +99,5 @@ func (w *Workspace) walkFD(ctx context.Context, dir *os.File, rel string, fn Wal
 // OpenInDir opens the entry name of an open directory for reading, with the
 // same checks as Open. Walkers use it to avoid resolving paths again.
 func (w *Workspace) OpenInDir(op policy.Op, dir *os.File, rel, name string) (*os.File, Info, error) {
-	return w.openChecked(op, rel, unix.O_RDONLY, &Dir{int(dir.Fd())}, name) // borrowed, not closed here
+	return w.openFile(op, rel, unix.O_RDONLY, &Dir{int(dir.Fd())}, name) // borrowed, not closed here
 }

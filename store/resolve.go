@@ -149,15 +149,28 @@ func (w *Workspace) infoOf(name string, st *unix.Stat_t, mnt uint64) Info {
 // the id of the mount the object is on; an empty name describes dirfd.
 // Only the mount id tells a bind mount of the same filesystem apart.
 func lstatAt(dirfd int, name string) (unix.Stat_t, uint64, error) {
+	sx, err := statxAt(dirfd, name, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID)
+	if err != nil {
+		return unix.Stat_t{}, 0, err
+	}
+	return statOf(&sx), sx.Mnt_id, nil
+}
+
+// statxAt is statx(2) of name in dirfd without following it, for the
+// fields of mask; an empty name describes dirfd itself.
+func statxAt(dirfd int, name string, mask int) (unix.Statx_t, error) {
 	var sx unix.Statx_t
 	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_SYNC_AS_STAT
 	if name == "" {
 		flags |= unix.AT_EMPTY_PATH
 	}
+	err := unix.Statx(dirfd, name, flags, mask, &sx)
+	return sx, err
+}
+
+// statOf is the stat(2) view of sx.
+func statOf(sx *unix.Statx_t) unix.Stat_t {
 	var st unix.Stat_t
-	if err := unix.Statx(dirfd, name, flags, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &sx); err != nil {
-		return st, 0, err
-	}
 	st.Dev = unix.Mkdev(sx.Dev_major, sx.Dev_minor)
 	st.Ino = sx.Ino
 	st.Nlink = uint64(sx.Nlink)
@@ -170,7 +183,7 @@ func lstatAt(dirfd int, name string) (unix.Stat_t, uint64, error) {
 	st.Atim = unix.Timespec{Sec: sx.Atime.Sec, Nsec: int64(sx.Atime.Nsec)}
 	st.Mtim = unix.Timespec{Sec: sx.Mtime.Sec, Nsec: int64(sx.Mtime.Nsec)}
 	st.Ctim = unix.Timespec{Sec: sx.Ctime.Sec, Nsec: int64(sx.Ctime.Nsec)}
-	return st, sx.Mnt_id, nil
+	return st
 }
 
 // mountID returns the id of the mount fd is on.

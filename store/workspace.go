@@ -140,58 +140,92 @@ func (w *Workspace) Lstat(rel string) (Info, error) {
 // refused call) and again on the fd after it (so a swap in between is
 // caught). The file is returned with its Info.
 func (w *Workspace) Open(op policy.Op, rel string, flags int) (*os.File, Info, error) {
+	o, err := w.OpenFD(op, rel, flags)
+	return asFile(rel, o, err)
+}
+
+// Opened is a file OpenFD opened: its bare descriptor, which the caller
+// closes, and what the descriptor's statx said once it was open.
+type Opened struct {
+	FD   int
+	Info Info
+	// Statx carries the birth time too (where the filesystem reports one),
+	// which Info's Stat has no room for.
+	Statx unix.Statx_t
+}
+
+// OpenFD is Open for a caller that keeps the bare descriptor: the FUSE
+// door opens a backing file for every open(2) it serves, and an *os.File
+// would add an allocation, a cleanup and an fcntl of its own to each, and
+// the caller's own statx of what was opened another call.
+func (w *Workspace) OpenFD(op policy.Op, rel string, flags int) (Opened, error) {
 	if rel == "." {
 		return w.openChecked(op, rel, flags, nil, ".")
 	}
 	parent, name, err := w.Parent(rel)
 	if err != nil {
-		return nil, Info{}, err
+		return Opened{}, err
 	}
 	defer parent.Close()
 	return w.openChecked(op, rel, flags, parent, name)
 }
 
-// OpenAt is Open for a caller that already holds the parent directory.
-func (w *Workspace) OpenAt(op policy.Op, rel string, flags int, parent *Dir, name string) (*os.File, Info, error) {
-	return w.openChecked(op, rel, flags, parent, name)
+// openFile is Open for a caller that holds the parent directory.
+func (w *Workspace) openFile(op policy.Op, rel string, flags int, parent *Dir, name string) (*os.File, Info, error) {
+	o, err := w.openChecked(op, rel, flags, parent, name)
+	return asFile(rel, o, err)
 }
 
-func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir, name string) (*os.File, Info, error) {
+// asFile wraps what openChecked opened as an *os.File.
+func asFile(rel string, o Opened, err error) (*os.File, Info, error) {
+	if err != nil {
+		return nil, Info{}, err
+	}
+	return os.NewFile(uintptr(o.FD), rel), o.Info, nil
+}
+
+// openChecked opens name in parent (the scope itself when parent is nil)
+// after checking what is there for op, and checks again what it opened:
+// the object may have been replaced in between. The open does not block
+// (a FIFO swapped in would hold the caller forever), and a regular file
+// is put back into blocking mode for ordinary reads and writes.
+func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir, name string) (Opened, error) {
 	dirfd := w.DirFD()
 	if parent != nil {
 		if err := checkEntry(rel, name); err != nil {
-			return nil, Info{}, err
+			return Opened{}, err
 		}
 		dirfd = int(parent.Fd())
 		pre, mnt, err := lstatAt(dirfd, name)
 		if err != nil {
-			return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+			return Opened{}, policy.FromErrno(err, op.String(), rel)
 		}
 		if err := policy.CheckObject(op, rel, w.infoOf(name, &pre, mnt).Object()); err != nil {
-			return nil, Info{}, err
+			return Opened{}, err
 		}
 	}
 	fd, err := unix.Openat(dirfd, name, flags|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+		return Opened{}, policy.FromErrno(err, op.String(), rel)
 	}
-	st, mnt, err := lstatAt(fd, "")
+	sx, err := statxAt(fd, "", unix.STATX_BASIC_STATS|unix.STATX_BTIME|unix.STATX_MNT_ID)
 	if err != nil {
 		unix.Close(fd)
-		return nil, Info{}, policy.FromErrno(err, op.String(), rel)
+		return Opened{}, policy.FromErrno(err, op.String(), rel)
 	}
-	info := w.infoOf(name, &st, mnt)
+	st := statOf(&sx)
+	info := w.infoOf(name, &st, sx.Mnt_id)
 	if err := policy.CheckObject(op, rel, info.Object()); err != nil {
 		unix.Close(fd)
-		return nil, Info{}, err
+		return Opened{}, err
 	}
 	if info.Kind == policy.KindRegular {
-		// Back to blocking mode for ordinary reads and writes.
-		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil {
-			unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^unix.O_NONBLOCK)
-		}
+		// F_SETFL sets only the status flags (O_APPEND, O_DIRECT,
+		// O_NOATIME, O_ASYNC, O_NONBLOCK), so the caller's, without
+		// O_NONBLOCK, are all it needs: no F_GETFL first.
+		unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_NONBLOCK)
 	}
-	return os.NewFile(uintptr(fd), rel), info, nil
+	return Opened{FD: fd, Info: info, Statx: sx}, nil
 }
 
 // ReadFile reads the whole regular file at rel, refusing one over the text
@@ -236,7 +270,7 @@ func (w *Workspace) HashFile(rel string) (string, error) {
 // currentHash returns the sha256 of the file name in parent, or "" if it
 // does not exist. Objects that may not be written are refused.
 func (w *Workspace) currentHash(parent *Dir, rel, name string) (hash string, info Info, exists bool, err error) {
-	f, info, err := w.openChecked(policy.OpWrite, rel, unix.O_RDONLY, parent, name)
+	f, info, err := w.openFile(policy.OpWrite, rel, unix.O_RDONLY, parent, name)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
 			return "", Info{}, false, nil
