@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -387,4 +388,66 @@ func TestGathering(t *testing.T) {
 			t.Errorf("gathering(%v) = %v, want %v", tc.cost, got, tc.want)
 		}
 	}
+}
+
+// A queued Log's writer runs on a thread of its own at nice writerNice
+// when the process has more than one P, and at the process's priority
+// with one; the thread goes with the writer at Close.
+func TestQueuedWriterPriority(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			before := threadsAtNice(t, writerNice)
+			l := openLog(t, t.TempDir(), Options{Node: "n", Queue: 4})
+			if err := l.Record(context.Background(), sampleEvent()); err != nil {
+				t.Fatal(err)
+			}
+			want := before
+			if procs > 1 {
+				want++
+			}
+			// The writer lowers its priority when it starts, which Record
+			// does not wait for.
+			deadline := time.Now().Add(5 * time.Second)
+			for threadsAtNice(t, writerNice) != want && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if got := threadsAtNice(t, writerNice); got != want {
+				t.Fatalf("%d threads at nice %d with the log open, want %d", got, writerNice, want)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			deadline = time.Now().Add(5 * time.Second)
+			for threadsAtNice(t, writerNice) != before && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if got := threadsAtNice(t, writerNice); got != before {
+				t.Fatalf("%d threads at nice %d after Close, want %d", got, writerNice, before)
+			}
+		})
+	}
+}
+
+// threadsAtNice counts the process's threads whose nice value is nice.
+func threadsAtNice(t *testing.T, nice int) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", task.Name(), "stat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The fields after the command's closing parenthesis: state is
+		// the first, nice the 17th.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 16 && f[16] == strconv.Itoa(nice) {
+			n++
+		}
+	}
+	return n
 }

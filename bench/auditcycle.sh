@@ -18,6 +18,10 @@
 # PINS (default "unpinned pinned") picks the pinnings to run; BENCH
 # (default BenchmarkAudit) the benchmark: BenchmarkAuditClient makes the
 # cycle from a client process of its own (variants off, on and queued).
+# PROCS (default "mount") gives the serving process the GOMAXPROCS that
+# loomfs mount takes by default for its pinning (3 pinned to one core, 1
+# otherwise: cmd/loomfs servingProcs); "go" leaves Go's own (a P per CPU
+# the process may run on); a number sets it.
 # Needs root (loop mount). BENCHMARKS.md records the figures with this
 # command.
 set -euo pipefail
@@ -27,6 +31,7 @@ CYCLES=${CYCLES:-4000}
 VARIANTS=${VARIANTS:-off on queued}
 PINS=${PINS:-unpinned pinned}
 BENCH=${BENCH:-BenchmarkAudit}
+PROCS=${PROCS:-mount}
 work=$(mktemp -d)
 img=/dev/shm/loomfs-auditcycle.$$.img
 mnt=$work/mnt
@@ -59,6 +64,11 @@ run() {
 	mkdir -m 1777 "$mnt/tmp"
 	local cmd=("$bin" -test.run '^$' -test.bench "^$BENCH\$/^audit=$variant\$" -test.benchtime "${CYCLES}x")
 	[ "$pin" = pinned ] && cmd=(taskset -c 0 "${cmd[@]}")
+	case $PROCS in
+	mount) if [ "$pin" = pinned ]; then cmd=(env GOMAXPROCS=3 "${cmd[@]}"); else cmd=(env GOMAXPROCS=1 "${cmd[@]}"); fi ;;
+	go) ;;
+	*) cmd=(env GOMAXPROCS="$PROCS" "${cmd[@]}") ;;
+	esac
 	TMPDIR=$mnt/tmp "${cmd[@]}" | awk '/^Benchmark/ {print $3, $5}'
 	umount "$mnt"
 	losetup -d "$dev"
