@@ -361,3 +361,43 @@ func TestWarmOpendir(t *testing.T) {
 		t.Fatal("the listing after the tool door's change opened no backing directory")
 	}
 }
+
+// TestEndedWriterTrusted: a writer of the scope that ends (a loomfs tool
+// call, a session's process) drops what its lines name and nothing else,
+// on the pass that reads its end line and on every pass after, when its
+// file is read at its end: the pages the mount's kernel keeps of another
+// file stay kept.
+func TestEndedWriterTrusted(t *testing.T) {
+	e := newEnv(t)
+	mustWrite(t, e.path("kept"), "kept pages")
+	waitReleased(t, e.m)
+	fl := e.m.follower
+	fl.catchUp()
+	reads := func() int64 {
+		if err := wantContent(e.path("kept"), "kept pages"); err != nil {
+			t.Fatal(err)
+		}
+		return e.m.fsys.daemonReads.Load()
+	}
+	reads() // the first read fills the kernel's pages, which it keeps after
+
+	// Another process's writer makes a change and ends.
+	ws2 := secondWorkspace(t, e, nil)
+	if _, err := ws2.WriteFile(context.Background(), "other", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ws2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fl.catchUp()
+	before := reads()
+	// Another change, so that the next pass reads the journals again,
+	// the ended file at its end.
+	if _, err := e.ws.WriteFile(context.Background(), "more", []byte("y"), nil); err != nil {
+		t.Fatal(err)
+	}
+	fl.catchUp()
+	if n := reads() - before; n != 0 {
+		t.Errorf("%d reads of an unchanged file reached the daemon after an ended writer's journal was read again: the mount dropped its whole cache", n)
+	}
+}

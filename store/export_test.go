@@ -46,3 +46,7 @@ func RefuseRenameNoReplace(t testing.TB) {
 
 // MountTypeOf is mountTypeOf, for tests.
 var MountTypeOf = mountTypeOf
+
+// JournalFileOpens is how many times this process opened a journal file
+// to describe or read it.
+func JournalFileOpens() int64 { return journalOpens.Load() }

@@ -639,6 +639,7 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.
 		return nil, err
 	}
 	defer unix.Close(dfd)
+	w.settled.keep(names)
 	present := make(map[string]bool, len(names))
 	var out []JournalFile
 	for _, name := range names {
@@ -647,12 +648,21 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.
 			continue // done with, whether or not it is still there
 		}
 		var skipBefore time.Time
-		if _, named := from[name]; !named {
+		off, named := from[name]
+		if !named {
 			skipBefore = done
 		}
-		jf, err := readJournalFile(dfd, name, from[name], changes, skipBefore, name == current)
+		if s, ok := w.settled.get(name); ok && named && off == s.end {
+			// Read to its end line before: nothing can follow it.
+			out = append(out, JournalFile{Name: name, Size: s.end, End: s.end, Ended: true, ModTime: s.mod})
+			continue
+		}
+		jf, size, err := readJournalFile(dfd, name, off, changes, skipBefore, name == current)
 		if err != nil {
 			return nil, err
+		}
+		if jf.Ended && !jf.Live && !jf.Skipped {
+			w.settled.put(name, settledJournal{size: size, end: jf.End, mod: jf.ModTime})
 		}
 		out = append(out, jf)
 	}
@@ -802,42 +812,49 @@ func journalNames(dfd int) ([]string, error) {
 	return names, nil
 }
 
-// readJournalFile reads name past offset. Whether its writer is alive is
-// asked before reading (unless live says this process writes it), so a
-// writer that ends it meanwhile is seen as alive (and its end line, if
-// read, as ended): never the reverse.
-func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time, live bool) (JournalFile, error) {
+// readJournalFile reads name past offset, and returns what it found and
+// the file's size. Whether its writer is alive is asked before reading
+// (unless live says this process writes it), so a writer that ends it
+// meanwhile is seen as alive (and its end line, if read, as ended): never
+// the reverse.
+func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time, live bool) (JournalFile, int64, error) {
 	jf := JournalFile{Name: name, Size: offset, End: offset}
+	journalOpens.Add(1)
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		// Removed between listing and opening: only a reader removes
 		// files, and only those it has finished with.
-		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
+		return jf, 0, fmt.Errorf("%s: %w", name, ErrJournalGone)
 	}
 	if err != nil {
-		return jf, fmt.Errorf("journal %s: %w", name, err)
+		return jf, 0, fmt.Errorf("journal %s: %w", name, err)
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	if jf.Live = live; !live {
 		if jf.Live, err = lockHeld(fd); err != nil {
-			return jf, fmt.Errorf("journal %s lock: %w", name, err)
+			return jf, 0, fmt.Errorf("journal %s lock: %w", name, err)
 		}
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return jf, fmt.Errorf("journal %s: %w", name, err)
+		return jf, 0, fmt.Errorf("journal %s: %w", name, err)
 	}
 	if st.Size < offset {
-		return jf, fmt.Errorf("%s: %w", name, ErrJournalGone)
+		return jf, st.Size, fmt.Errorf("%s: %w", name, ErrJournalGone)
 	}
 	jf.ModTime = time.Unix(st.Mtim.Sec, st.Mtim.Nsec)
 	if !jf.Live && jf.ModTime.Before(skipBefore) {
 		jf.Skipped, jf.Size, jf.End = true, st.Size, st.Size
-		return jf, nil
+		return jf, st.Size, nil
 	}
 	if st.Size == offset {
-		return jf, nil
+		if !jf.Live {
+			// Read to its end before: whether that end is the end line
+			// decides whether the file can be trusted.
+			jf.Ended = endsClean(f, offset)
+		}
+		return jf, st.Size, nil
 	}
 	buf := make([]byte, st.Size-offset)
 	n, err := f.ReadAt(buf, offset)
@@ -865,11 +882,11 @@ func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefor
 		}
 		kind, p, ok := strings.Cut(line, " ")
 		if !ok || len(kind) != 1 || !strings.Contains("ctox", kind) {
-			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
+			return jf, st.Size, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		p, meta, _ := strings.Cut(p, "\t")
 		if p, err = ParsePathLine(p); err != nil {
-			return jf, fmt.Errorf("journal %s: malformed line %q", name, line)
+			return jf, st.Size, fmt.Errorf("journal %s: malformed line %q", name, line)
 		}
 		if changes {
 			c := JournalChange{Path: p, Subtree: kind == "t", Kind: kind[0], End: pos}
@@ -892,7 +909,27 @@ func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefor
 	if open > 0 && jf.Live && !jf.Ended {
 		jf.Size = held
 	}
-	return jf, nil
+	return jf, st.Size, nil
+}
+
+// endsClean reports whether the journal file f, size bytes long, ends
+// with the end line its writer writes when it closes it.
+func endsClean(f *os.File, size int64) bool {
+	n := int64(len(journalEnd))
+	if size < n {
+		return false
+	}
+	// The end line, and the end of the line before it (or the start of
+	// the file): a path line can't end in "end".
+	buf := make([]byte, n+1)
+	from := size - n - 1
+	if from < 0 {
+		buf, from = buf[1:], 0
+	}
+	if k, _ := f.ReadAt(buf, from); k != len(buf) {
+		return false
+	}
+	return string(buf[len(buf)-int(n):]) == journalEnd && (len(buf) == int(n) || buf[0] == '\n')
 }
 
 // JournalFiles describes every journal file of scope s, as
@@ -926,12 +963,18 @@ func (w *Workspace) JournalFiles() ([]JournalFile, error) {
 		return nil, err
 	}
 	defer unix.Close(dfd)
+	w.settled.keep(names)
 	var out []JournalFile
 	for _, name := range names {
 		if name == current {
 			out = append(out, JournalFile{Name: name, Live: true, Size: size})
 			continue
 		}
+		if s, ok := w.settled.get(name); ok {
+			out = append(out, JournalFile{Name: name, Size: s.size})
+			continue
+		}
+		journalOpens.Add(1)
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -440,5 +441,81 @@ func TestSnapshotAfterAnOpenJustNoted(t *testing.T) {
 	}
 	if m.Walk != "journal" || m.Files != first.Files+1 {
 		t.Fatalf("snapshot right after the open: walk %q, %d files, want the journal's and %d", m.Walk, m.Files, first.Files+1)
+	}
+}
+
+// TestJournalEndedSettled: a journal file its writer ended is trusted by a
+// reader whose cursor is at its end, and, once read to its end line, is
+// not opened again by the same Workspace; a file whose writer died
+// without ending it is looked at every time, and never trusted.
+func TestJournalEndedSettled(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	writer := e.open(t, sc, nil)
+	if _, err := writer.WriteFile(ctx, "a", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.JournalDir)
+	const dead = "dead.1.000000.log"
+	if err := os.WriteFile(filepath.Join(dir, dead), []byte("c b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	reader := e.open(t, sc, nil)
+	files, err := reader.ReadJournal(nil)
+	if err != nil || len(files) != 2 {
+		t.Fatalf("first read: %+v %v", files, err)
+	}
+	cursor := map[string]int64{}
+	var ended string
+	for _, f := range files {
+		cursor[f.Name] = f.End
+		if f.Name != dead {
+			ended = f.Name
+		}
+	}
+	trusted := func(files []store.JournalFile) map[string]bool {
+		m := map[string]bool{}
+		for _, f := range files {
+			m[f.Name] = f.Trusted()
+		}
+		return m
+	}
+	want := map[string]bool{ended: true, dead: false}
+
+	// A reader of its own (nothing kept) at the end of each file.
+	fresh := e.open(t, sc, nil)
+	again, err := fresh.ReadJournal(cursor)
+	if err != nil || !maps.Equal(trusted(again), want) {
+		t.Fatalf("read at the files' ends: %+v %v, want trusted %v", again, err, want)
+	}
+
+	// The reader that read them: the ended file is not opened again.
+	before := store.JournalFileOpens()
+	sizes, err := reader.JournalFiles()
+	if err != nil || len(sizes) != 2 {
+		t.Fatalf("sizes: %+v %v", sizes, err)
+	}
+	again, err = reader.ReadJournal(cursor)
+	if err != nil || !maps.Equal(trusted(again), want) {
+		t.Fatalf("read again: %+v %v, want trusted %v", again, err, want)
+	}
+	if opened := store.JournalFileOpens() - before; opened != 2 {
+		t.Errorf("%d journal files opened to describe and read two, one ended: want 2 (the dead one's)", opened)
+	}
+
+	// Removed, it is gone from the reader's view too.
+	if err := e.vol.RemoveJournal(sc, ended); err != nil {
+		t.Fatal(err)
+	}
+	if sizes, err := reader.JournalFiles(); err != nil || len(sizes) != 1 || sizes[0].Name != dead {
+		t.Errorf("after the ended file's removal: %+v %v", sizes, err)
+	}
+	if _, err := reader.ReadJournal(cursor); !errors.Is(err, store.ErrJournalGone) {
+		t.Errorf("a cursor naming the removed file: %v", err)
 	}
 }

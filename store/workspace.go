@@ -29,8 +29,9 @@ type Workspace struct {
 
 	quota *scopeQuota // the scope's shared quota accounts (usage.go, subtree.go)
 
-	journal *journal // changes for snapshots (journal.go); nil on read-only views
-	calls   callLog  // call records (calls.go)
+	journal *journal        // changes for snapshots (journal.go); nil on read-only views
+	settled settledJournals // journal files no writer holds any more (settled.go)
+	calls   callLog         // call records (calls.go)
 
 	layoutMade []string       // layout directories Open made (layout.go)
 	late       sync.WaitGroup // lock waits that outlived their caller's budget (budget.go)
