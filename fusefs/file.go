@@ -450,9 +450,11 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 
 // Release closes the backing file and records what was read and written
 // through it.
-
 func (h *handle) Release(ctx context.Context) syscall.Errno {
-	if _, ok := h.node.fsys.open.LoadAndDelete(h); ok {
+	f := h.node.fsys
+	f.releasing.Add(1)
+	defer f.releasing.Add(-1)
+	if _, ok := f.open.LoadAndDelete(h); ok {
 		h.release(ctx, "")
 	}
 	return 0

@@ -81,6 +81,10 @@ type fsys struct {
 	// daemonReads counts read requests the daemon served (not the
 	// kernel through passthrough); tests use it.
 	daemonReads atomic.Int64
+	// releasing counts the releases being served: a handle leaves open
+	// before its release has noted its end and written its record, and
+	// a test that waits for every release waits for these too.
+	releasing atomic.Int64
 }
 
 func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {

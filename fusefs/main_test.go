@@ -240,14 +240,15 @@ func (r *recorder) find(op, result, path string) []audit.Event {
 }
 
 // waitReleased waits until the kernel has released every file opened in
-// m (RELEASE comes after close(2) has returned, without being waited for).
+// m (RELEASE comes after close(2) has returned, without being waited for)
+// and the daemon has served each release (noted its end, recorded it).
 func waitReleased(t *testing.T, m *Mounted) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		open := 0
 		m.fsys.open.Range(func(any, any) bool { open++; return true })
-		if open == 0 {
+		if open == 0 && m.fsys.releasing.Load() == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
