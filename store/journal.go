@@ -919,8 +919,10 @@ func endsClean(f *os.File, size int64) bool {
 	if size < n {
 		return false
 	}
-	// The end line, and the end of the line before it (or the start of
-	// the file): a path line can't end in "end".
+	// The end line, and the newline before it (or the start of the
+	// file): a line of a change ends in "end" only after a path
+	// ("c backend"), never right after a newline, since it starts with
+	// its kind.
 	buf := make([]byte, n+1)
 	from := size - n - 1
 	if from < 0 {

@@ -30,7 +30,7 @@ type Workspace struct {
 	quota *scopeQuota // the scope's shared quota accounts (usage.go, subtree.go)
 
 	journal *journal        // changes for snapshots (journal.go); nil on read-only views
-	settled settledJournals // journal files no writer holds any more (settled.go)
+	settled settledJournals // journal files their writers ended, as read (settled.go)
 	calls   callLog         // call records (calls.go)
 
 	layoutMade []string       // layout directories Open made (layout.go)
