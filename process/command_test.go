@@ -302,6 +302,40 @@ func TestSessionCommandSandboxEnds(t *testing.T) {
 	}
 }
 
+// A command that comes while this node's own session sandbox of the scope
+// is stopping waits for the stop, which lets the session lease go last,
+// and runs in a new sandbox: it is not told that another worker holds it.
+func TestSessionCommandWhileStopping(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/cmd-stopping", "commands: session\n")
+	e.useSessionCommands()
+	first, err := e.command(map[string]any{"command": "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc.mu.Lock()
+	b := e.svc.boxes[e.ws.Scope().Hash()]
+	e.svc.mu.Unlock()
+	if b == nil {
+		t.Fatal("no session sandbox after a session command")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(context.Background(), "test", "") }()
+	waitFor(t, "the stop to begin", 10*time.Second, func() bool { return !b.alive() })
+	r, err := e.command(map[string]any{"command": "echo again"})
+	if err != nil || r.Stdout != "again\n" {
+		t.Fatalf("a command while the sandbox stops: %+v %v", r, err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if r.Container == first.Container {
+		t.Fatalf("ran in the stopped sandbox %s", first.Container)
+	}
+	if !e.containerGone(first.Container) {
+		t.Errorf("the stopped sandbox's container %s is still there", first.Container)
+	}
+}
+
 // A session command is audited as the tool call it is, with the exec's
 // start, kill and exit under its call id, and the FUSE records of what it
 // did carry that call id too.

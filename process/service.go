@@ -170,8 +170,19 @@ func (s *Service) sandbox(ctx context.Context, ws *store.Workspace, callID strin
 	s.mu.Lock()
 	b := s.boxes[hash]
 	s.mu.Unlock()
-	if b != nil && b.alive() {
-		return b, nil
+	if b != nil {
+		if b.alive() {
+			return b, nil
+		}
+		// This service's own sandbox of the scope is stopping (idle, its
+		// lifetime, a Stop): it lets the session lease go last, so wait
+		// for that rather than tell the caller that another worker holds
+		// it. Stop takes no scope lock, and bounds its own waits.
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return nil, policy.Errorf(policy.Timeout, "the workspace's session sandbox was still stopping when the call's budget ran out; nothing was run, retry")
+		}
 	}
 	b, err := startSandbox(ctx, s, ws.Scope(), callID)
 	if err != nil {
