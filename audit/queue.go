@@ -204,7 +204,7 @@ const writerNice = 10
 // on: at the same priority the kernel lets the writer, woken by its
 // timer, preempt the request being served on a shared CPU (a daemon
 // pinned to one core took 5 to 12% longer per create/stat/delete cycle
-// with the audit on, against 1 to 5% with the writer at nice 10:
+// with the audit on, against 1 to 7% with the writer at nice 10:
 // BENCHMARKS.md). The queue is bounded, so the writer is never starved:
 // once it is full the requests wait for it. With one P (GOMAXPROCS 1) it
 // stays as it is, since a thread the kernel runs less would hold the only

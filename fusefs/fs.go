@@ -272,18 +272,15 @@ func (f *fsys) failed(ctx context.Context, e audit.Event, err error) syscall.Err
 
 // Objects and attributes.
 
-const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME | unix.STATX_MNT_ID
+// statxMask is what the daemon asks statx for: the birth time with the
+// rest, which a node's generation is taken from (store.StatxMask, what
+// the store's opens describe, so an open and a lookup agree).
+const statxMask = store.StatxMask
 
 // statAt describes name in dirfd without following it; an empty name
 // describes dirfd itself.
 func statAt(dirfd int, name string) (unix.Statx_t, error) {
-	var sx unix.Statx_t
-	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_SYNC_AS_STAT
-	if name == "" {
-		flags |= unix.AT_EMPTY_PATH
-	}
-	err := unix.Statx(dirfd, name, flags, statxMask, &sx)
-	return sx, err
+	return store.StatxAt(dirfd, name, statxMask)
 }
 
 // statChanged describes the object open as fd just after it was created

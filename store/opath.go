@@ -27,7 +27,7 @@ func (w *Workspace) OpenPath(op policy.Op, rel string) (int, unix.Statx_t, error
 	if err != nil {
 		return -1, sx, policy.FromErrno(err, op.String(), rel)
 	}
-	err = unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, unix.STATX_BASIC_STATS|unix.STATX_BTIME|unix.STATX_MNT_ID, &sx)
+	sx, err = StatxAt(fd, "", StatxMask)
 	if err != nil {
 		unix.Close(fd)
 		return -1, sx, policy.FromErrno(err, op.String(), rel)

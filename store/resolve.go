@@ -149,16 +149,21 @@ func (w *Workspace) infoOf(name string, st *unix.Stat_t, mnt uint64) Info {
 // the id of the mount the object is on; an empty name describes dirfd.
 // Only the mount id tells a bind mount of the same filesystem apart.
 func lstatAt(dirfd int, name string) (unix.Stat_t, uint64, error) {
-	sx, err := statxAt(dirfd, name, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID)
+	sx, err := StatxAt(dirfd, name, unix.STATX_BASIC_STATS|unix.STATX_MNT_ID)
 	if err != nil {
 		return unix.Stat_t{}, 0, err
 	}
 	return statOf(&sx), sx.Mnt_id, nil
 }
 
-// statxAt is statx(2) of name in dirfd without following it, for the
+// StatxMask is the fields an open's statx holds (Opened.Statx): the
+// basic ones, the birth time where the filesystem reports one, and the
+// mount id.
+const StatxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME | unix.STATX_MNT_ID
+
+// StatxAt is statx(2) of name in dirfd without following it, for the
 // fields of mask; an empty name describes dirfd itself.
-func statxAt(dirfd int, name string, mask int) (unix.Statx_t, error) {
+func StatxAt(dirfd int, name string, mask int) (unix.Statx_t, error) {
 	var sx unix.Statx_t
 	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_SYNC_AS_STAT
 	if name == "" {

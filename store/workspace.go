@@ -209,7 +209,7 @@ func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir
 	if err != nil {
 		return Opened{}, policy.FromErrno(err, op.String(), rel)
 	}
-	sx, err := statxAt(fd, "", unix.STATX_BASIC_STATS|unix.STATX_BTIME|unix.STATX_MNT_ID)
+	sx, err := StatxAt(fd, "", StatxMask)
 	if err != nil {
 		unix.Close(fd)
 		return Opened{}, policy.FromErrno(err, op.String(), rel)
