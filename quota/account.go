@@ -172,7 +172,7 @@ func (a *Account) Reserve(ctx context.Context, bytes, files int64) error {
 		if !(lb && pb > a.r.grant.Bytes || lf && pf > a.r.grant.Files) {
 			break
 		}
-		held, err := a.refill(pb, pf)
+		held, err := a.refill(ctx, pb, pf)
 		if err == nil {
 			break
 		}
@@ -257,10 +257,10 @@ func (a *Account) idleCheck() {
 // whether the ledger changed, and after, if not nil, runs once the ledger
 // is written. a.mu is held.
 func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) (bool, error), after func() error) error {
-	if err := lockFD(a.ledger, unix.F_WRLCK); err != nil {
+	if err := lockLedger(ctx, a.ledger); err != nil {
 		return fmt.Errorf("lock quota ledger: %w", err)
 	}
-	defer lockFD(a.ledger, unix.F_UNLCK)
+	defer unlockFD(a.ledger)
 	names, err := listDir(a.dir)
 	if err != nil {
 		return err
@@ -363,9 +363,10 @@ func (a *Account) count(ctx context.Context, hs []holder) (ledger, error) {
 
 // refill takes a grant of at least pb bytes and pf files, or refuses with
 // the figures; held says the refusal is only for what other holders hold
-// as grants, unspent. a.mu is held.
-func (a *Account) refill(pb, pf int64) (held bool, err error) {
-	err = a.locked(context.Background(), func(l *ledger, live []holder) (bool, error) {
+// as grants, unspent. Its wait for the ledger's lock ends with ctx. a.mu
+// is held.
+func (a *Account) refill(ctx context.Context, pb, pf int64) (held bool, err error) {
+	err = a.locked(ctx, func(l *ledger, live []holder) (bool, error) {
 		taken := policy.Usage{Bytes: l.Bytes + a.r.spent.Bytes, Files: l.Files + a.r.spent.Files}
 		var others policy.Usage
 		for _, h := range live {
@@ -405,16 +406,23 @@ func grant(free, need, most, holders int64) int64 {
 	return min(need+spare, free)
 }
 
+// settleWait bounds settle's wait for the ledger's lock: a holder that
+// can't fold its spending in leaves its record as it stands, which is
+// read, or folded in by whoever finds it dead, as it stands.
+const settleWait = 10 * time.Second
+
 // settle folds what this holder spent into the ledger and returns its
 // grant. a.mu is held.
 func (a *Account) settle() error {
 	if a.r == (record{}) {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), settleWait)
+	defer cancel()
 	// The ledger is written before the record is cleared: a crash in
 	// between counts the spending twice (refusing early, until a
 	// reconcile) rather than not at all.
-	return a.locked(context.Background(), func(l *ledger, _ []holder) (bool, error) {
+	return a.locked(ctx, func(l *ledger, _ []holder) (bool, error) {
 		l.Bytes += a.r.spent.Bytes
 		l.Files += a.r.spent.Files
 		return true, nil

@@ -438,3 +438,49 @@ func TestWaitForAGrantEndsWithTheRequest(t *testing.T) {
 		t.Fatalf("waited %v after the request's end at 50 ms (A goes idle after 5 s)", waited)
 	}
 }
+
+// TestLedgerLockWaitEndsWithTheRequest: a change that needs a grant while
+// another open file holds the ledger's lock (on CephFS, a node that died
+// holding it keeps it for about a minute) waits for it only as long as
+// its context lasts and answers timeout, leaving the account usable: the
+// next change, once the lock is free, is admitted.
+func TestLedgerLockWaitEndsWithTheRequest(t *testing.T) {
+	path := t.TempDir()
+	a := open(t, openDir(t, path), quota.Options{Limits: limits(1000, 0), Walk: (&scope{}).walk})
+	if _, err := a.Usage(context.Background()); err != nil { // makes the ledger
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	// Let the lock go after 3 s whatever happens, so that a wait that
+	// can't end early fails the test instead of hanging it.
+	freed := time.AfterFunc(3*time.Second, func() {
+		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+	})
+	defer freed.Stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = a.Reserve(ctx, 10, 0)
+	waited := time.Since(start)
+	if policy.CodeOf(err) != policy.Timeout {
+		t.Errorf("a grant while the ledger's lock is held, the request ending at 100 ms: %v, want timeout", err)
+	}
+	if waited > time.Second {
+		t.Errorf("waited %v for the ledger's lock; the request ended at 100 ms", waited)
+	}
+	if !freed.Stop() {
+		t.Fatal("the lock was let go before the check")
+	}
+	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+	if err := a.Reserve(context.Background(), 10, 0); err != nil {
+		t.Errorf("once the lock is free: %v", err)
+	}
+}

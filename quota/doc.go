@@ -12,7 +12,10 @@
 //
 // The account is a ledger file, changed only under an open file
 // description lock on it, and one record file per holder (an open
-// Account). A holder takes a grant from the ledger (bytes and files it
+// Account). The lock is asked for without blocking, again and again until
+// the caller's context ends (package ofdlock): a node that died holding it
+// on CephFS keeps it until the metadata server gives up on the node, and
+// a write that needs a grant meanwhile answers timeout at its budget. A holder takes a grant from the ledger (bytes and files it
 // may add without asking again), spends it locally with no system call,
 // and takes another when it runs out, as Lustre's quota slaves take
 // grants from the quota master. A grant is sized to a fraction of what is

@@ -40,7 +40,7 @@ func TestForeignHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lockFD(fd, unix.F_WRLCK); err != nil {
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
 		t.Fatal(err)
 	}
 	unix.Pwrite(fd, b, 0)

@@ -2,15 +2,18 @@ package quota
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -297,15 +300,30 @@ func (h holder) remove(dfd int) {
 	unix.Unlinkat(dfd, h.id+liveSuffix, 0)
 }
 
-// lockFD takes (waiting) or drops an OFD write lock on all of fd.
-func lockFD(fd int, typ int16) error {
-	lk := unix.Flock_t{Type: typ}
-	for {
-		err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &lk)
-		if err != unix.EINTR {
-			return err
-		}
+// ledgerBackoff paces a wait for the ledger lock, which is held only
+// while a grant is taken or spending folded in: a read of the ledger, a
+// listing of the records and, if it changed, a new ledger written.
+var ledgerBackoff = ofdlock.Backoff{First: 100 * time.Microsecond, Most: 20 * time.Millisecond}
+
+// lockLedger takes the OFD write lock on all of fd (the ledger's lock
+// file), polling until ctx ends (package ofdlock), never waiting in
+// F_OFD_SETLKW: on CephFS a lock held by a node that died stays held until
+// the metadata server gives up on that node's session, about a minute, and
+// a write or a tool call that needs a grant meanwhile answers at its
+// budget instead of sitting in the kernel, holding the account's mutex
+// and with it every other change this process makes to the scope.
+func lockLedger(ctx context.Context, fd int) error {
+	err := ofdlock.Wait(ctx, uintptr(fd), unix.Flock_t{Type: unix.F_WRLCK}, ledgerBackoff)
+	if err != nil && ctx.Err() != nil {
+		return policy.Errorf(policy.Timeout, "the workspace's quota account is busy (another process or node holds its ledger's lock, or the storage did not answer); retry later")
 	}
+	return err
+}
+
+// unlockFD drops the OFD lock this open file holds on all of fd.
+func unlockFD(fd int) {
+	lk := unix.Flock_t{Type: unix.F_UNLCK}
+	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &lk)
 }
 
 // openLedgerLock opens (creating) the ledger's lock file.

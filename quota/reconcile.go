@@ -147,7 +147,7 @@ var inspectWait = 2 * time.Second
 func inspect(dirfd, lockfd int, self string, node nodeID) (State, error) {
 	locked := lockfd >= 0 && shareLock(lockfd, inspectWait)
 	if locked {
-		defer lockFD(lockfd, unix.F_UNLCK)
+		defer unlockFD(lockfd)
 	}
 	var s State
 	var err error

@@ -473,7 +473,7 @@ func TestStateOfEndedSessions(t *testing.T) {
 	ws := v.open(t, "sp/ag/old")
 	for i := range 3 {
 		id := fmt.Sprintf("c-%d", i)
-		if _, err := ws.BeginCall(id, "workspace_write", []byte("{}")); err != nil {
+		if _, err := ws.BeginCall(context.Background(), id, "workspace_write", []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 		if err := ws.FinishCall(id, "workspace_write", []byte("{}"), []byte(`{}`), nil); err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -78,7 +80,10 @@ type callLog struct {
 // was seen before it returns that record instead and records nothing; the
 // caller replays a done record and decides what an unfinished one means.
 // Reusing an id for another tool or input is a conflict.
-func (w *Workspace) BeginCall(id, tool string, input []byte) (*CallRecord, error) {
+//
+// The wait for CallsLock ends with ctx: on CephFS a node that died holding
+// it keeps it for about a minute.
+func (w *Workspace) BeginCall(ctx context.Context, id, tool string, input []byte) (*CallRecord, error) {
 	if id == "" {
 		return nil, nil
 	}
@@ -95,7 +100,7 @@ func (w *Workspace) BeginCall(id, tool string, input []byte) (*CallRecord, error
 	c := &w.calls
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	unlock, err := lockCalls(dfd)
+	unlock, err := lockCalls(ctx, dfd)
 	if err != nil {
 		return nil, fmt.Errorf("record call %s: %w", id, err)
 	}
@@ -140,22 +145,22 @@ func (w *Workspace) FinishCall(id, tool string, input []byte, result json.RawMes
 	return nil
 }
 
-// lockCalls takes the OFD write lock of CallsLock in dfd, waiting for it:
-// it is only ever held while logs are read and one line appended.
-func lockCalls(dfd int) (unlock func(), err error) {
+// callsLockBackoff paces a wait for CallsLock, held only while the logs
+// are read and one line appended.
+var callsLockBackoff = ofdlock.Backoff{First: 100 * time.Microsecond, Most: 20 * time.Millisecond}
+
+// lockCalls takes the OFD write lock of CallsLock in dfd, waiting for it
+// until ctx ends (polling, package ofdlock).
+func lockCalls(ctx context.Context, dfd int) (unlock func(), err error) {
 	fd, err := unix.Openat(dfd, CallsLock, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", CallsLock, err)
 	}
-	lk := unix.Flock_t{Type: unix.F_WRLCK}
-	for {
-		err = unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLKW, &lk)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
+	if err := ofdlock.Wait(ctx, uintptr(fd), unix.Flock_t{Type: unix.F_WRLCK}, callsLockBackoff); err != nil {
 		unix.Close(fd)
+		if ctx.Err() != nil {
+			return nil, policy.Errorf(policy.Timeout, "the workspace's call record is busy (another process or node holds its lock, or the storage did not answer); retry later with the same call id")
+		}
 		return nil, fmt.Errorf("lock %s: %w", CallsLock, err)
 	}
 	return func() {

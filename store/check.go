@@ -14,9 +14,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentloom/loomfs/nodeid"
-
 	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/nodeid"
+	"github.com/agentloom/loomfs/ofdlock"
 )
 
 // The deployment check (SPEC §7.1). By default it only looks: the root
@@ -373,7 +374,7 @@ func probe(ctx context.Context, r *CheckReport, root string, opts CheckOptions) 
 	}
 	r.add("probe_lock", true, "an OFD write lock was taken, refused to a second open file description while held, and released (this node only)")
 	if opts.Peer != "" {
-		detail, err := probePeer(nfd, opts, where)
+		detail, err := probePeer(ctx, nfd, opts, where)
 		r.add("probe_peer", err == nil, "%s", firstOf(err, detail))
 	}
 	return true
@@ -397,8 +398,10 @@ const (
 // same volume: every replace made here is read there at once, a lock held
 // here is refused there, and increments made under the lock from both
 // sides at once lose nothing. A one-path probe can't see a client that
-// serves a file's old content after another client's rename.
-func probePeer(nfd int, opts CheckOptions, where string) (string, error) {
+// serves a file's old content after another client's rename. The
+// increments wait for the lock as loomfs does (package ofdlock), until
+// ctx ends.
+func probePeer(ctx context.Context, nfd int, opts CheckOptions, where string) (string, error) {
 	peer, err := filepath.Abs(opts.Peer)
 	if err != nil {
 		return "", fmt.Errorf("peer: %w", err)
@@ -504,8 +507,7 @@ func probePeer(nfd int, opts CheckOptions, where string) (string, error) {
 		go func() {
 			errs <- func() error {
 				for range peerIncrements {
-					l := wr
-					if err := unix.FcntlFlock(uintptr(side[1]), unix.F_OFD_SETLKW, &l); err != nil {
+					if err := ofdlock.Wait(ctx, uintptr(side[1]), wr, scopeLockBackoff); err != nil {
 						return err
 					}
 					got, err := read(side[0])

@@ -62,10 +62,10 @@ func TestNoRenameNoReplace(t *testing.T) {
 		run  func() error
 	}{
 		{"call record", func() error {
-			if rec, err := ws.BeginCall("c1", "workspace_write", []byte("{}")); err != nil || rec != nil {
+			if rec, err := ws.BeginCall(context.Background(), "c1", "workspace_write", []byte("{}")); err != nil || rec != nil {
 				return errors.Join(err, errors.New("BeginCall returned a record on first use"))
 			}
-			rec, err := ws.BeginCall("c1", "workspace_write", []byte("{}"))
+			rec, err := ws.BeginCall(context.Background(), "c1", "workspace_write", []byte("{}"))
 			if err == nil && rec == nil {
 				return errors.New("the second BeginCall of c1 found no record")
 			}

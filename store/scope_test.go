@@ -228,7 +228,7 @@ func TestReplay(t *testing.T) {
 	ws := e.open(t, mainScope, nil)
 	input := []byte(`{"path":"a.txt","content":"x"}`)
 
-	rec, err := ws.BeginCall("call-1", "workspace_write", input)
+	rec, err := ws.BeginCall(context.Background(), "call-1", "workspace_write", input)
 	if err != nil || rec != nil {
 		t.Fatalf("first BeginCall = %+v, %v; want nothing recorded before", rec, err)
 	}
@@ -238,7 +238,7 @@ func TestReplay(t *testing.T) {
 	}
 
 	t.Run("a recorded call id returns the recorded result", func(t *testing.T) {
-		rec, err := ws.BeginCall("call-1", "workspace_write", input)
+		rec, err := ws.BeginCall(context.Background(), "call-1", "workspace_write", input)
 		if err != nil || rec == nil {
 			t.Fatalf("replay = %+v, %v", rec, err)
 		}
@@ -251,40 +251,40 @@ func TestReplay(t *testing.T) {
 	})
 	t.Run("a recorded refusal is replayed", func(t *testing.T) {
 		in := []byte(`{"path":"../x"}`)
-		if _, err := ws.BeginCall("call-err", "workspace_read", in); err != nil {
+		if _, err := ws.BeginCall(context.Background(), "call-err", "workspace_read", in); err != nil {
 			t.Fatal(err)
 		}
 		perr := policy.Errorf(policy.InvalidPath, "invalid path")
 		if err := ws.FinishCall("call-err", "workspace_read", in, nil, perr); err != nil {
 			t.Fatal(err)
 		}
-		rec, err := ws.BeginCall("call-err", "workspace_read", in)
+		rec, err := ws.BeginCall(context.Background(), "call-err", "workspace_read", in)
 		if err != nil || rec == nil || rec.Error == nil || rec.Error.Code != policy.InvalidPath {
 			t.Fatalf("replay of a refusal = %+v, %v", rec, err)
 		}
 	})
 	t.Run("a call started but never finished returns the started record", func(t *testing.T) {
 		in := []byte(`{"path":"b.txt","content":"y"}`)
-		if rec, err := ws.BeginCall("call-2", "workspace_write", in); err != nil || rec != nil {
+		if rec, err := ws.BeginCall(context.Background(), "call-2", "workspace_write", in); err != nil || rec != nil {
 			t.Fatalf("BeginCall = %+v, %v", rec, err)
 		}
 		// The process dies here. Another one, on another handle, replays.
 		ws2 := e.openAnew(t, mainScope)
-		rec, err := ws2.BeginCall("call-2", "workspace_write", in)
+		rec, err := ws2.BeginCall(context.Background(), "call-2", "workspace_write", in)
 		if err != nil || rec == nil || rec.State != store.CallStarted || rec.Result != nil {
 			t.Fatalf("replay of an unfinished call = %+v, %v; want the started record", rec, err)
 		}
 	})
 	t.Run("the same id with a different input is a conflict", func(t *testing.T) {
-		_, err := ws.BeginCall("call-1", "workspace_write", []byte(`{"path":"a.txt","content":"other"}`))
+		_, err := ws.BeginCall(context.Background(), "call-1", "workspace_write", []byte(`{"path":"a.txt","content":"other"}`))
 		codeIs(t, "BeginCall with another input", err, policy.Conflict)
 	})
 	t.Run("the same id for another tool is a conflict", func(t *testing.T) {
-		_, err := ws.BeginCall("call-1", "workspace_delete", input)
+		_, err := ws.BeginCall(context.Background(), "call-1", "workspace_delete", input)
 		codeIs(t, "BeginCall for another tool", err, policy.Conflict)
 	})
 	t.Run("no call id records nothing", func(t *testing.T) {
-		if rec, err := ws.BeginCall("", "workspace_write", input); rec != nil || err != nil {
+		if rec, err := ws.BeginCall(context.Background(), "", "workspace_write", input); rec != nil || err != nil {
 			t.Fatalf("BeginCall(\"\") = %+v, %v", rec, err)
 		}
 		if err := ws.FinishCall("", "workspace_write", input, result, nil); err != nil {
@@ -292,12 +292,12 @@ func TestReplay(t *testing.T) {
 		}
 	})
 	t.Run("an over-long call id is refused", func(t *testing.T) {
-		_, err := ws.BeginCall(strings.Repeat("x", 257), "workspace_write", input)
+		_, err := ws.BeginCall(context.Background(), strings.Repeat("x", 257), "workspace_write", input)
 		codeIs(t, "BeginCall with a 257-byte id", err, policy.InvalidInput)
 	})
 	t.Run("call ids are scoped", func(t *testing.T) {
 		other := e.open(t, childScope, nil)
-		if rec, err := other.BeginCall("call-1", "workspace_write", input); err != nil || rec != nil {
+		if rec, err := other.BeginCall(context.Background(), "call-1", "workspace_write", input); err != nil || rec != nil {
 			t.Fatalf("another scope sees call-1: %+v, %v", rec, err)
 		}
 	})
@@ -307,7 +307,7 @@ func TestReplay(t *testing.T) {
 		t.Errorf("the scope lists %v, %v; call records must live outside it", names(ents), err)
 	}
 	var pe *policy.Error
-	if _, err := ws.BeginCall("call-1", "workspace_delete", input); !errors.As(err, &pe) || !strings.Contains(pe.Message, "new call id") {
+	if _, err := ws.BeginCall(context.Background(), "call-1", "workspace_delete", input); !errors.As(err, &pe) || !strings.Contains(pe.Message, "new call id") {
 		t.Errorf("conflict message %v does not tell the model what to do", err)
 	}
 }
@@ -328,7 +328,7 @@ func TestBeginCallRace(t *testing.T) {
 		wg.Go(func() {
 			for i := range ids {
 				id := fmt.Sprintf("c-%d", i)
-				rec, err := ws.BeginCall(id, "workspace_write", []byte("{}"))
+				rec, err := ws.BeginCall(context.Background(), id, "workspace_write", []byte("{}"))
 				if err != nil {
 					t.Error(err)
 					return
@@ -357,7 +357,7 @@ func TestCallLogTornLine(t *testing.T) {
 	e := newEnv(t)
 	ws := e.open(t, mainScope, nil)
 	in := []byte("{}")
-	if rec, err := ws.BeginCall("c-1", "workspace_write", in); err != nil || rec != nil {
+	if rec, err := ws.BeginCall(context.Background(), "c-1", "workspace_write", in); err != nil || rec != nil {
 		t.Fatalf("BeginCall = %+v, %v", rec, err)
 	}
 	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir)
@@ -372,14 +372,14 @@ func TestCallLogTornLine(t *testing.T) {
 	f.WriteString(`{"call_id":"c-1","tool":"workspace_write","state":"done","res`)
 	f.Close()
 	ws2 := e.openAnew(t, mainScope)
-	rec, err := ws2.BeginCall("c-1", "workspace_write", in)
+	rec, err := ws2.BeginCall(context.Background(), "c-1", "workspace_write", in)
 	if err != nil || rec == nil || rec.State != store.CallStarted {
 		t.Fatalf("after a torn line BeginCall = %+v, %v; want the started record", rec, err)
 	}
 	// The writer is gone: the next one takes its log over, and its lines
 	// are whole after the torn one.
 	ws.Close()
-	if rec, err := ws2.BeginCall("c-2", "workspace_write", in); err != nil || rec != nil {
+	if rec, err := ws2.BeginCall(context.Background(), "c-2", "workspace_write", in); err != nil || rec != nil {
 		t.Fatalf("BeginCall c-2 = %+v, %v", rec, err)
 	}
 	if err := ws2.FinishCall("c-2", "workspace_write", in, json.RawMessage(`{"ok":1}`), nil); err != nil {
@@ -389,10 +389,10 @@ func TestCallLogTornLine(t *testing.T) {
 		t.Errorf("call logs %v; want the ended writer's log taken over", now)
 	}
 	ws3 := e.open(t, mainScope, nil)
-	if rec, err := ws3.BeginCall("c-2", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallDone || string(rec.Result) != `{"ok":1}` {
+	if rec, err := ws3.BeginCall(context.Background(), "c-2", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallDone || string(rec.Result) != `{"ok":1}` {
 		t.Errorf("c-2 after the torn line = %+v, %v; want its done record", rec, err)
 	}
-	if rec, err := ws3.BeginCall("c-1", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallStarted {
+	if rec, err := ws3.BeginCall(context.Background(), "c-1", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallStarted {
 		t.Errorf("c-1 = %+v, %v; want still started", rec, err)
 	}
 }
@@ -405,7 +405,7 @@ func TestCallLogsBounded(t *testing.T) {
 	for i := range 50 {
 		ws := e.open(t, mainScope, nil)
 		id := fmt.Sprintf("c-%d", i)
-		if rec, err := ws.BeginCall(id, "workspace_write", []byte("{}")); err != nil || rec != nil {
+		if rec, err := ws.BeginCall(context.Background(), id, "workspace_write", []byte("{}")); err != nil || rec != nil {
 			t.Fatalf("BeginCall %s = %+v, %v", id, rec, err)
 		}
 		if err := ws.FinishCall(id, "workspace_write", []byte("{}"), json.RawMessage(`{}`), nil); err != nil {
@@ -415,12 +415,12 @@ func TestCallLogsBounded(t *testing.T) {
 	}
 	a, b := e.open(t, mainScope, nil), e.open(t, mainScope, nil)
 	for _, ws := range []*store.Workspace{a, b} {
-		if rec, err := ws.BeginCall("c-0", "workspace_write", []byte("{}")); err != nil || rec == nil || rec.State != store.CallDone {
+		if rec, err := ws.BeginCall(context.Background(), "c-0", "workspace_write", []byte("{}")); err != nil || rec == nil || rec.State != store.CallDone {
 			t.Fatalf("c-0 = %+v, %v; want done", rec, err)
 		}
 	}
 	for i, ws := range []*store.Workspace{a, b} {
-		if _, err := ws.BeginCall(fmt.Sprintf("live-%d", i), "workspace_write", []byte("{}")); err != nil {
+		if _, err := ws.BeginCall(context.Background(), fmt.Sprintf("live-%d", i), "workspace_write", []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -259,7 +259,7 @@ func TestPermissions(t *testing.T) {
 				t.Fatal(err)
 			}
 			unlock()
-			if rec, err := ws.BeginCall("call-1", "workspace_write", []byte("{}")); err != nil || rec != nil {
+			if rec, err := ws.BeginCall(context.Background(), "call-1", "workspace_write", []byte("{}")); err != nil || rec != nil {
 				t.Fatalf("BeginCall: %v, %v", rec, err)
 			}
 

@@ -311,7 +311,7 @@ func TestReplayThroughCLI(t *testing.T) {
 	}
 	defer ws.Close()
 	in2 := `{"path":"u","content":"x"}`
-	if _, err := ws.BeginCall("c-2", "workspace_write", []byte(in2)); err != nil {
+	if _, err := ws.BeginCall(context.Background(), "c-2", "workspace_write", []byte(in2)); err != nil {
 		t.Fatal(err)
 	}
 	if m, code := c.tool("sp/ag/s", "workspace_write", in2, "--call-id", "c-2"); code != 1 || errCode(m) != "unknown_outcome" {

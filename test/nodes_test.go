@@ -52,11 +52,13 @@ func init() {
 }
 
 // holdSharedLock opens the shared volume at one node's path, takes the
-// scope lock as a running command does, says "locked", holds it until its
-// stdin is closed, releases it and says "released".
+// scope lock as a running command does or, given a fourth argument, the
+// OFD lock of that file of the scope's state directory (the quota
+// ledger's, the call record's), says "locked", holds it until its stdin is
+// closed, releases it and says "released".
 func holdSharedLock(args []string) error {
-	if len(args) != 3 {
-		return fmt.Errorf("want root, volume id, scope; got %q", args)
+	if len(args) != 3 && len(args) != 4 {
+		return fmt.Errorf("want root, volume id, scope and maybe a state file; got %q", args)
 	}
 	ctx := context.Background()
 	vol, err := store.OpenVolume(ctx, store.Config{Backend: store.BackendSharedPOSIX, Root: args[0], VolumeID: args[1]})
@@ -71,7 +73,12 @@ func holdSharedLock(args []string) error {
 	if err != nil {
 		return err
 	}
-	unlock, err := ws.Lock(ctx)
+	var unlock func()
+	if len(args) == 4 {
+		unlock, err = lockStateFile(filepath.Join(args[0], store.LocksDir, sc.Hash(), args[3]))
+	} else {
+		unlock, err = ws.Lock(ctx)
+	}
 	if err != nil {
 		return err
 	}
@@ -80,6 +87,82 @@ func holdSharedLock(args []string) error {
 	unlock()
 	fmt.Println("released")
 	return nil
+}
+
+// lockStateFile takes the OFD write lock of the file at path.
+func lockStateFile(path string) (unlock func(), err error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// lockHolder runs holdSharedLock with args in a process of its own and
+// returns once it holds the lock.
+func lockHolder(t *testing.T, args ...string) *holder {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holdEnv+"="+strings.Join(args, "\t"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	h := &holder{t: t, stdin: stdin, lines: make(chan string, 4)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			h.lines <- sc.Text()
+		}
+		close(h.lines)
+	}()
+	h.expect("locked")
+	return h
+}
+
+// holder is a lockHolder's process.
+type holder struct {
+	t     *testing.T
+	stdin io.Closer
+	once  sync.Once
+	lines chan string
+}
+
+// letGo tells the holder to let its lock go, without waiting; it may be
+// called from any goroutine, more than once.
+func (h *holder) letGo() { h.once.Do(func() { h.stdin.Close() }) }
+
+// release lets the lock go and returns when the holder says it did.
+func (h *holder) release() time.Time {
+	h.t.Helper()
+	h.letGo()
+	return h.expect("released")
+}
+
+func (h *holder) expect(want string) time.Time {
+	h.t.Helper()
+	select {
+	case l := <-h.lines:
+		if l != want {
+			h.t.Fatalf("holder said %q, want %q", l, want)
+		}
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("holder did not say %q", want)
+	}
+	return time.Now()
 }
 
 // node is one loomfs "node": its own mount path of the volume, its own
@@ -351,42 +434,7 @@ func TestNodesCASCounter(t *testing.T) {
 func TestNodesScopeLock(t *testing.T) {
 	src, a, b := sharedVolume(t)
 	const scope = "acme/coder/s1"
-	holder := exec.Command(os.Args[0], "-test.run=^$")
-	holder.Env = append(os.Environ(), holdEnv+"="+a.root+"\t"+a.volumeID+"\t"+scope)
-	stdin, err := holder.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := holder.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder.Stderr = os.Stderr
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
-	lines := make(chan string, 4)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	expect := func(want string) time.Time {
-		t.Helper()
-		select {
-		case l := <-lines:
-			if l != want {
-				t.Fatalf("holder said %q, want %q", l, want)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("holder did not say %q", want)
-		}
-		return time.Now()
-	}
-	expect("locked")
+	h := lockHolder(t, a.root, a.volumeID, scope)
 
 	writer := b.command("tool", "workspace_write", "--scope", scope, "--input", `{"path":"w.txt","content":"after the command"}`)
 	var out bytes.Buffer
@@ -404,8 +452,7 @@ func TestNodesScopeLock(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(src, store.Scope{Space: "acme", Agent: "coder", Session: "s1"}.Dir(), "w.txt")); !os.IsNotExist(err) {
 		t.Fatalf("the file was written while the lock was held: %v", err)
 	}
-	stdin.Close()
-	released := expect("released")
+	released := h.release()
 	var done time.Time
 	select {
 	case done = <-finished:
@@ -420,6 +467,61 @@ func TestNodesScopeLock(t *testing.T) {
 	}
 	if m := a.mustTool(scope, "workspace_read", `{"path":"w.txt"}`); m["content"] != "after the command" {
 		t.Errorf("node A reads %v", m["content"])
+	}
+}
+
+// TestNodesStateLocksBounded: while a process on node A holds the lock of
+// the scope's quota ledger, or the one that decides who begins a call (as
+// a node that died holding it would, on CephFS, for about a minute), a
+// tool call on node B that needs it answers timeout at its budget instead
+// of waiting in the kernel, and once the lock is let go the same call
+// goes through.
+func TestNodesStateLocksBounded(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	const scope = "acme/coder/locks"
+	pol := quotaPolicy(t, "1 MiB")
+	tool := func(n *node, budget string, args ...string) (code string, took time.Duration, r result) {
+		t.Helper()
+		start := time.Now()
+		r = n.run(append([]string{"--policy", pol, "tool", "workspace_write", "--scope", scope, "--timeout", budget}, args...)...)
+		took = time.Since(start)
+		var m struct {
+			Error *struct{ Code string } `json:"error"`
+		}
+		json.Unmarshal(r.stdout, &m)
+		if m.Error != nil {
+			code = m.Error.Code
+		}
+		return code, took, r
+	}
+	// The first write makes the ledger and the call record.
+	if code, _, r := tool(b, "60s", "--call-id", "c-0", "--input", `{"path":"w0.txt","content":"x"}`); r.code != 0 {
+		t.Fatalf("first write on B: %s exit %d %s %s", code, r.code, r.stdout, r.stderr)
+	}
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+	}{
+		{"quota ledger", store.QuotaDir + "/ledger.lock", []string{"--input", `{"path":"w1.txt","content":"y"}`}},
+		{"call record", store.CallsDir + "/" + store.CallsLock, []string{"--call-id", "c-1", "--input", `{"path":"w2.txt","content":"z"}`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := lockHolder(t, a.root, a.volumeID, scope, tc.file)
+			// Let the lock go after 20 s whatever happens, so that a
+			// call that can't answer at its budget fails the test
+			// instead of hanging it.
+			defer time.AfterFunc(20*time.Second, h.letGo).Stop()
+			code, took, r := tool(b, "2s", tc.args...)
+			if code != "timeout" || took > 10*time.Second {
+				t.Errorf("write on B while A holds the %s lock, a 2 s budget: %q after %v (exit %d %s %s), want timeout at the budget",
+					tc.name, code, took.Round(time.Millisecond), r.code, r.stdout, r.stderr)
+			}
+			t.Logf("answered %s after %v", code, took.Round(time.Millisecond))
+			h.release()
+			if code, _, r := tool(b, "60s", tc.args...); r.code != 0 {
+				t.Errorf("the same write once the lock is let go: %s exit %d %s %s", code, r.code, r.stdout, r.stderr)
+			}
+		})
 	}
 }
 

@@ -265,7 +265,7 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 	if Mutating(name) {
 		recordID = callID
 	}
-	rec, err := t.WS.BeginCall(recordID, name, input)
+	rec, err := t.WS.BeginCall(ctx, recordID, name, input)
 	if err != nil {
 		return nil, err
 	}

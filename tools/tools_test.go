@@ -360,7 +360,7 @@ func TestReplay(t *testing.T) {
 	_, err = tb.Call(ctx, Write, "call-1", json.RawMessage(`{"path":"r.txt","content":"v3"}`))
 	wantCode(t, err, policy.Conflict)
 	// A write that started and never finished is not re-run.
-	if _, err := tb.WS.BeginCall("call-2", Write, json.RawMessage(`{"path":"u.txt","content":"x"}`)); err != nil {
+	if _, err := tb.WS.BeginCall(context.Background(), "call-2", Write, json.RawMessage(`{"path":"u.txt","content":"x"}`)); err != nil {
 		t.Fatal(err)
 	}
 	_, err = tb.Call(ctx, Write, "call-2", json.RawMessage(`{"path":"u.txt","content":"x"}`))
@@ -459,7 +459,7 @@ func TestReadsRecordNothing(t *testing.T) {
 		t.Errorf("reads changed the call records: %d bytes -> %d", before, after)
 	}
 	// A read never begins a call record: the id is still free.
-	if rec, err := tb.WS.BeginCall("read-0", List, []byte(`{"path":"d"}`)); err != nil || rec != nil {
+	if rec, err := tb.WS.BeginCall(context.Background(), "read-0", List, []byte(`{"path":"d"}`)); err != nil || rec != nil {
 		t.Errorf("a read left a call record: %+v, %v", rec, err)
 	}
 }
