@@ -119,7 +119,7 @@ func TestLinks(t *testing.T) {
 		if u != want {
 			t.Errorf("usage %+v, want %+v", u, want)
 		}
-		e.ws.RefreshUsage()
+		e.ws.RefreshUsage(context.Background())
 		if u, _ := e.ws.Usage(ctx); u != want {
 			t.Errorf("usage counted again %+v, want %+v", u, want)
 		}
@@ -148,7 +148,7 @@ func TestLinks(t *testing.T) {
 			}
 		}
 		u, _ := e.ws.Usage(ctx)
-		e.ws.RefreshUsage()
+		e.ws.RefreshUsage(context.Background())
 		if again, _ := e.ws.Usage(ctx); u != again {
 			t.Errorf("usage kept %+v, counted again %+v", u, again)
 		}

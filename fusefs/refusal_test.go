@@ -382,7 +382,7 @@ func TestSubtrees(t *testing.T) {
 	))
 	mustWrite(t, e.host("keep/f"), "precious")
 	mustWrite(t, e.host("tmp/.placeholder"), "")
-	e.ws.RefreshUsage()
+	e.ws.RefreshUsage(context.Background())
 	for _, c := range []struct {
 		cmd  string
 		want syscall.Errno // 0: must succeed

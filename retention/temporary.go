@@ -45,6 +45,6 @@ func ClearTemporary(ctx context.Context, ws *store.Workspace, opt ClearOptions) 
 			return total, err
 		}
 	}
-	ws.RefreshUsage()
+	ws.RefreshUsage(ctx)
 	return total, nil
 }

@@ -194,7 +194,7 @@ func TestCapRecountAfterClear(t *testing.T) {
 	if _, err := gc.Unfiltered().ClearDir(ctx, "tmp"); err != nil {
 		t.Fatal(err)
 	}
-	gc.RefreshUsage()
+	gc.RefreshUsage(context.Background())
 	if u, err := a.SubtreeUsage(ctx, "tmp"); err != nil || u != (policy.Usage{Files: 1}) {
 		t.Fatalf("after the clear, tmp/ is counted as %+v, %v", u, err)
 	}

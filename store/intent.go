@@ -348,7 +348,7 @@ func (w *Workspace) put(parent *Dir, e intentEntry, rec intent) error {
 // recoverChanges finishes a change set a crash cut midway: rolled back
 // while staging, forward once committed. It runs when the scope lock is
 // taken.
-func (w *Workspace) recoverChanges() error {
+func (w *Workspace) recoverChanges(ctx context.Context) error {
 	rec, err := w.readIntent()
 	if err != nil || rec == nil {
 		return err
@@ -372,7 +372,7 @@ func (w *Workspace) recoverChanges() error {
 			return err
 		}
 	}
-	w.RefreshUsage()
+	w.RefreshUsage(ctx)
 	return w.removeIntent()
 }
 

@@ -80,7 +80,7 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	}
 	// A change set a crash cut midway is finished before anything else
 	// (intent.go).
-	if err := w.recoverChanges(); err != nil {
+	if err := w.recoverChanges(ctx); err != nil {
 		unlock()
 		return nil, err
 	}

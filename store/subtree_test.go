@@ -104,7 +104,7 @@ func TestWritesCountInCaps(t *testing.T) {
 		t.Fatalf("after the delete: %v", err)
 	}
 	mkfile(t, filepath.Join(e.dir(mainScope), "tmp/outside"), string(make([]byte, 7<<10)))
-	ws.RefreshUsage()
+	ws.RefreshUsage(context.Background())
 	if u, _ := ws.SubtreeUsage(ctx, "tmp"); u != (policy.Usage{Bytes: 10 << 10, Files: 3}) {
 		t.Fatalf("tmp/ after refresh %+v", u)
 	}

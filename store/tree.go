@@ -118,7 +118,7 @@ func (w *Workspace) ClearDir(ctx context.Context, rel string) (policy.Usage, err
 	var u policy.Usage
 	err = removeContents(ctx, int(f.Fd()), w.dev, rel, &u)
 	w.NoteChangeBy(rel, true, changeBy(ctx, OpTree))
-	w.RefreshUsage()
+	w.RefreshUsage(ctx)
 	return u, err
 }
 
@@ -318,7 +318,7 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		err = unix.Dup3(nfd, w.DirFD(), unix.O_CLOEXEC)
 		unix.Close(nfd)
 	}
-	w.RefreshUsage()
+	w.RefreshUsage(ctx)
 	rerr := removeOld(pfd, staging, pinned, w.dev)
 	if err != nil {
 		return fmt.Errorf("the scope was restored, but this process could not follow it (reopen the scope): %w", err)

@@ -215,9 +215,9 @@ func (w *Workspace) inspectAccount(names ...string) (quota.State, error) {
 // see (made outside loomfs, or a whole tree swapped in): the account is
 // corrected to a walk when no other holder is changing the scope, and
 // otherwise by the next reconcile. So are the accounts of the capped
-// subtrees (subtree.go).
-func (w *Workspace) RefreshUsage() {
-	ctx := context.Background()
+// subtrees (subtree.go). A wait for an account's lock ends with ctx, and
+// the reconcile then corrects what the recount could not.
+func (w *Workspace) RefreshUsage(ctx context.Context) {
 	if a, err := w.account(); err == nil {
 		a.Recount(ctx, nil)
 	}

@@ -125,7 +125,7 @@ func TestReserveAdjust(t *testing.T) {
 	if got, _ := ws.Usage(ctx); got.Files != 1 {
 		t.Fatalf("Usage walked again without RefreshUsage: %+v", got)
 	}
-	ws.RefreshUsage()
+	ws.RefreshUsage(context.Background())
 	if got, _ := ws.Usage(ctx); got != (policy.Usage{Bytes: 45, Files: 3}) {
 		t.Fatalf("after RefreshUsage, Usage = %+v; want 45 bytes in 3 entries", got)
 	}

@@ -229,7 +229,7 @@ func TestQuotasFromPolicyFile(t *testing.T) {
 	os.Remove(filepath.Join(fb.dir, "tmp/a"))
 	os.Remove(filepath.Join(fb.dir, "f0"))
 	refused(write("tmp/c", "x"), policy.QuotaExceeded, "tmp/ file count 3")
-	fb.WS.RefreshUsage()
+	fb.WS.RefreshUsage(context.Background())
 	if got, _ := fb.WS.Usage(context.Background()); got != truth() {
 		t.Fatalf("usage after refresh %+v, the scope holds %+v", got, truth())
 	}
