@@ -246,10 +246,15 @@ func (a *Account) idleCheck() {
 		a.timer.Reset(a.opts.Idle)
 		return
 	}
+	if err := a.settle(); err != nil {
+		// The record stays as it stands (read, or folded by a reaper,
+		// as it is) and the fold is tried again after another idle
+		// spell: a holder that goes on idle must not keep its grant and
+		// its unfolded spending for good because one try failed.
+		a.timer.Reset(a.opts.Idle)
+		return
+	}
 	a.timer = nil
-	// A failure leaves the record as it is: it is read, or folded by a
-	// reaper, as it stands, and the next change arms the check again.
-	_ = a.settle()
 }
 
 // locked runs fn with the ledger lock held and the ledger read (counted
@@ -406,10 +411,11 @@ func grant(free, need, most, holders int64) int64 {
 	return min(need+spare, free)
 }
 
-// settleWait bounds settle's wait for the ledger's lock: a holder that
-// can't fold its spending in leaves its record as it stands, which is
-// read, or folded in by whoever finds it dead, as it stands.
-const settleWait = 10 * time.Second
+// settleWait bounds settle's wait for the ledger's lock, in idle spells
+// (10 s by default): a holder that can't fold its spending in leaves its
+// record as it stands, which is read, or folded in by whoever finds it
+// dead, as it stands, and tries again after the next idle spell.
+const settleWait = 10
 
 // settle folds what this holder spent into the ledger and returns its
 // grant. a.mu is held.
@@ -417,7 +423,7 @@ func (a *Account) settle() error {
 	if a.r == (record{}) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), settleWait)
+	ctx, cancel := context.WithTimeout(context.Background(), settleWait*a.opts.Idle)
 	defer cancel()
 	// The ledger is written before the record is cleared: a crash in
 	// between counts the spending twice (refusing early, until a

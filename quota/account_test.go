@@ -153,6 +153,43 @@ func TestIdleHolderReturnsGrant(t *testing.T) {
 	}
 }
 
+// TestIdleFoldTriedAgain: a holder whose fold fails (the ledger's lock
+// held past the fold's wait of ten idle spells) tries again after another
+// idle spell, so an idle holder does not keep its grant and its unfolded
+// spending for good.
+func TestIdleFoldTriedAgain(t *testing.T) {
+	path := t.TempDir()
+	dir := openDir(t, path)
+	opts := quota.Options{Limits: limits(1000, 0), Walk: (&scope{}).walk, Idle: 20 * time.Millisecond}
+	a := open(t, dir, opts)
+	if err := a.Reserve(context.Background(), 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	// The fold starts after 20 ms and gives up at 220 ms; hold the lock
+	// well past that.
+	time.Sleep(600 * time.Millisecond)
+	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, _ := quota.Inspect(dir)
+		if st.Granted.Bytes == 0 && st.Ledger.Bytes == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle holder whose fold failed kept its grant: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestKilledHolderGrantsReturn: a process killed while holding a grant
 // leaves what it spent counted and its grant free for the others.
 func TestKilledHolderGrantsReturn(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 )
 
 const capScope = "acme/coder/caps"
@@ -73,10 +72,7 @@ func TestCapAcrossMountAndTools(t *testing.T) {
 		t.Errorf("tmp/ holds %d bytes under a cap of %d", held, limit)
 	}
 
-	// Once the holders are idle (a second), tmp/'s account is what a walk
-	// finds.
-	time.Sleep(2 * time.Second)
-	r := b.run("--json", "--policy", pol, "check", "--scope", capScope)
+	// Once the holders are idle, tmp/'s account is what a walk finds.
 	var out struct {
 		Quota struct {
 			Subtrees []struct {
@@ -86,9 +82,14 @@ func TestCapAcrossMountAndTools(t *testing.T) {
 			}
 		}
 	}
-	if err := json.Unmarshal(r.stdout, &out); err != nil || len(out.Quota.Subtrees) != 1 {
-		t.Fatalf("check --scope: exit %d, %s %s", r.code, r.stdout, r.stderr)
-	}
+	untilSettled(t, func() bool {
+		r := b.run("--json", "--policy", pol, "check", "--scope", capScope)
+		out.Quota.Subtrees = nil
+		if err := json.Unmarshal(r.stdout, &out); err != nil || len(out.Quota.Subtrees) != 1 {
+			t.Fatalf("check --scope: exit %d, %s %s", r.code, r.stdout, r.stderr)
+		}
+		return out.Quota.Subtrees[0].Match && out.Quota.Subtrees[0].Walk.Bytes == held
+	})
 	if s := out.Quota.Subtrees[0]; s.Path != "tmp/" || !s.Match || s.Walk.Bytes != held {
 		t.Errorf("check --scope reports tmp/ as %+v; tmp/ holds %d bytes", s, held)
 	}
