@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"sync"
@@ -71,7 +72,7 @@ container, whose processes resolve links against the container's view.`,
 				return usagef("--uid and --gid name the sandbox user, which is never root")
 			}
 			opts.NoFollowLinks = !follow
-			setProcs(procs, cmd.Flags().Changed("procs"))
+			setProcs(procs, cmd.Flags().Changed("procs"), g.storeConfig().RootPath())
 			if profile != "" {
 				f, err := os.Create(profile)
 				if err != nil {
@@ -109,15 +110,19 @@ container, whose processes resolve links against the container's view.`,
 
 // addProcsFlag adds --procs to a command that serves a mount in process.
 func addProcsFlag(f *pflag.FlagSet, procs *int) {
-	f.IntVar(procs, "procs", servingProcs(cpusAllowed()), "CPUs the process runs Go code on at once (GOMAXPROCS; 0: one per CPU); the default is 1, or 3 for a process allowed on one CPU only; the GOMAXPROCS variable wins unless this is given")
+	f.IntVar(procs, "procs", servingProcs(cpusAllowed(), false), "CPUs the process runs Go code on at once (GOMAXPROCS; 0: one per CPU); the default is 1, or 3 for a process allowed on one CPU only or serving a volume on a FUSE or network filesystem (ceph-fuse, NFS); the GOMAXPROCS variable wins unless this is given")
 }
 
 // setProcs sets GOMAXPROCS for a process whose work is serving a FUSE
-// mount. procs comes from --procs, given says whether it was given;
-// without it a GOMAXPROCS variable wins.
-func setProcs(procs int, given bool) {
-	if !given && os.Getenv("GOMAXPROCS") != "" {
-		return
+// mount of the volume at root. procs comes from --procs, given says
+// whether it was given; when it was not, the GOMAXPROCS variable wins,
+// and without it servingProcs decides for root.
+func setProcs(procs int, given bool, root string) {
+	if !given {
+		if os.Getenv("GOMAXPROCS") != "" {
+			return
+		}
+		procs = servingProcs(cpusAllowed(), remoteFS(root))
 	}
 	if procs > 0 {
 		runtime.GOMAXPROCS(procs)
@@ -125,7 +130,8 @@ func setProcs(procs int, given bool) {
 }
 
 // servingProcs is the number of Ps (GOMAXPROCS) a process serving a FUSE
-// mount runs best with when it may run on cpus CPUs.
+// mount runs best with when it may run on cpus CPUs and its volume is on
+// a remote filesystem or not.
 //
 // go-fuse keeps two readers waiting in read(2) on the FUSE device. With a
 // P per CPU, the runtime keeps handing the P of a waiting reader to another
@@ -134,17 +140,43 @@ func setProcs(procs int, given bool) {
 // twice as fast, tar -x 15% faster, and slowed no parallel workload
 // (BENCHMARKS.md); the daemon's system calls still run in parallel.
 //
-// A process allowed on one CPU only has no other CPU to wake, but with one
-// P there is never an idle P either, so the runtime's monitor takes the P
-// of every reader blocked in read(2) at its next tick and wakes for the
-// next request. One P per waiting reader and one spare leave it asleep:
-// pinned to one CPU, that cut the daemon's CPU time per small file by a
-// fifth.
-func servingProcs(cpus int) int {
-	if cpus == 1 {
+// But with one P there is never an idle P, so the runtime's monitor takes
+// the P of every thread blocked in a system call at its next tick (20 µs)
+// and wakes that often while any is. A process allowed on one CPU only
+// meets that with every reader blocked in read(2); one serving a volume on
+// a FUSE client (ceph-fuse) or a network filesystem with every call to the
+// volume, each a request to another daemon or server (100–300 µs on
+// ceph-fuse). One P per waiting reader and one spare leave the monitor
+// asleep and a blocked thread its P: pinned to one CPU, that cut the
+// daemon's CPU time per small file by a fifth; on CephFS tar -x through the
+// mount took about a tenth less.
+func servingProcs(cpus int, remote bool) int {
+	if cpus == 1 || remote {
 		return 3
 	}
 	return 1
+}
+
+// remoteFS reports whether root (or the nearest directory above it that
+// exists) is on a filesystem whose every call is a request to another
+// process or machine: a FUSE client such as ceph-fuse or glusterfs, NFS,
+// CephFS's or SMB's kernel client.
+func remoteFS(root string) bool {
+	for dir := filepath.Clean(root); ; dir = filepath.Dir(dir) {
+		var st unix.Statfs_t
+		err := unix.Statfs(dir, &st)
+		if err == nil {
+			switch uint32(st.Type) {
+			case unix.FUSE_SUPER_MAGIC, unix.NFS_SUPER_MAGIC, unix.CEPH_SUPER_MAGIC,
+				unix.SMB2_SUPER_MAGIC, unix.CIFS_SUPER_MAGIC:
+				return true
+			}
+			return false
+		}
+		if err != unix.ENOENT || dir == filepath.Dir(dir) {
+			return false
+		}
+	}
 }
 
 // cpusAllowed is the number of CPUs the calling thread may run on, 0 if

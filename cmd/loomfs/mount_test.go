@@ -385,21 +385,30 @@ func TestMountCrash(t *testing.T) {
 }
 
 // TestSetProcs: a process serving a mount runs Go code on servingProcs
-// CPUs unless --procs or the GOMAXPROCS variable says otherwise; --procs
-// wins.
+// CPUs for its volume's filesystem unless --procs or the GOMAXPROCS
+// variable says otherwise; --procs wins.
 func TestSetProcs(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+	local := t.TempDir()
+	// A volume on a FUSE filesystem: a loomfs mount stands in for
+	// ceph-fuse.
+	root, mnt := mountDirs(t)
+	startMount(t, root, mountScope, mnt)
+	remote := filepath.Join(mnt, "volume")
 	cases := []struct {
 		args []string
 		env  string
+		root string
 		want int
 	}{
-		{nil, "", servingProcs(cpusAllowed())},
-		{[]string{"--procs", "3"}, "", 3},
-		{nil, "5", 5},
-		{[]string{"--procs", "2"}, "5", 2},
-		{[]string{"--procs", "0"}, "", 7}, // left as it was
+		{nil, "", local, servingProcs(cpusAllowed(), false)},
+		{nil, "", remote, 3},
+		{[]string{"--procs", "3"}, "", local, 3},
+		{[]string{"--procs", "1"}, "", remote, 1},
+		{nil, "5", remote, 5},
+		{[]string{"--procs", "2"}, "5", local, 2},
+		{[]string{"--procs", "0"}, "", local, 7}, // left as it was
 	}
 	for _, tc := range cases {
 		runtime.GOMAXPROCS(7)
@@ -414,19 +423,27 @@ func TestSetProcs(t *testing.T) {
 		if err := cmd.ParseFlags(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		setProcs(procs, cmd.Flags().Changed("procs"))
+		setProcs(procs, cmd.Flags().Changed("procs"), tc.root)
 		if got := runtime.GOMAXPROCS(0); got != tc.want {
-			t.Errorf("%v with GOMAXPROCS=%q: %d procs, want %d", tc.args, tc.env, got, tc.want)
+			t.Errorf("%v with GOMAXPROCS=%q, volume at %s: %d procs, want %d", tc.args, tc.env, tc.root, got, tc.want)
 		}
 	}
 }
 
-// TestServingProcs: one P, but a process allowed on one CPU only gets
-// three, and cpusAllowed sees the affinity it is given.
+// TestServingProcs: one P, but a process allowed on one CPU only or
+// serving a volume on a remote filesystem gets three, and cpusAllowed
+// sees the affinity it is given.
 func TestServingProcs(t *testing.T) {
-	for cpus, want := range map[int]int{0: 1, 1: 3, 2: 1, 64: 1} {
-		if got := servingProcs(cpus); got != want {
-			t.Errorf("servingProcs(%d) = %d, want %d", cpus, got, want)
+	for _, tc := range []struct {
+		cpus   int
+		remote bool
+		want   int
+	}{
+		{0, false, 1}, {1, false, 3}, {2, false, 1}, {64, false, 1},
+		{0, true, 3}, {1, true, 3}, {2, true, 3}, {64, true, 3},
+	} {
+		if got := servingProcs(tc.cpus, tc.remote); got != tc.want {
+			t.Errorf("servingProcs(%d, %v) = %d, want %d", tc.cpus, tc.remote, got, tc.want)
 		}
 	}
 
@@ -452,6 +469,26 @@ func TestServingProcs(t *testing.T) {
 	}
 	if got := cpusAllowed(); got != 1 {
 		t.Errorf("pinned to one CPU: cpusAllowed() = %d, want 1", got)
+	}
+}
+
+// TestRemoteFS: a FUSE mount, and a path not yet made under it, are on a
+// remote filesystem; a local directory is not.
+func TestRemoteFS(t *testing.T) {
+	root, mnt := mountDirs(t)
+	startMount(t, root, mountScope, mnt)
+	for _, tc := range []struct {
+		path string
+		want bool
+	}{
+		{mnt, true},
+		{filepath.Join(mnt, "not", "yet"), true},
+		{root, false},
+		{filepath.Join(root, "not", "yet"), false},
+	} {
+		if got := remoteFS(tc.path); got != tc.want {
+			t.Errorf("remoteFS(%s) = %v, want %v", tc.path, got, tc.want)
+		}
 	}
 }
 

@@ -67,7 +67,7 @@ until it exits; --timeout does not apply.`,
 				return usagef("--timeout %d: allowed 1–120 seconds", timeout)
 			}
 			// The command's projection is served from this process.
-			setProcs(procs, cmd.Flags().Changed("procs"))
+			setProcs(procs, cmd.Flags().Changed("procs"), g.storeConfig().RootPath())
 			ctx := cmd.Context()
 			s, err := g.openSession(ctx, scope)
 			if err != nil {

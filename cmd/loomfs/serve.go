@@ -52,7 +52,7 @@ this one answer process_on_other_node naming it.`,
   AGENT_LOOM_SERVE_SOCKET=/run/loomfs/serve.sock loomfs tool workspace_process_start --scope acme/coder/s1 --input '{"command":"python3 -i"}'`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			setProcs(procs, cmd.Flags().Changed("procs"))
+			setProcs(procs, cmd.Flags().Changed("procs"), g.storeConfig().RootPath())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if node != "" {

@@ -70,7 +70,7 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 			}
 			if name == "workspace_command" {
 				// The command's projection is served from this process.
-				setProcs(servingProcs(cpusAllowed()), false)
+				setProcs(0, false, g.storeConfig().RootPath())
 			}
 			if timeout < 0 {
 				return usagef("--timeout %s: must be 0 (no budget) or positive", timeout)
