@@ -42,13 +42,19 @@ func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
 
 func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	// Every write tool and every command holds this lock, so the shared
-	// volume's marker is checked here: before the lock file is made on a
-	// volume that is not ours, and again once the lock is ours, in case it
-	// was swapped while we waited (SPEC §2.2).
-	if err := w.vol.recheck(); err != nil {
-		return nil, err
+	// volume's marker is checked here once the lock is ours, in case it
+	// was swapped while we waited (SPEC §2.2), and before the lock file is
+	// made where there is none yet, so that nothing is made on a volume
+	// that is not ours. A lock file already there is opened without a
+	// check of its own: on a shared filesystem each check is four round
+	// trips to its server.
+	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		if err := w.vol.recheck(); err != nil {
+			return nil, err
+		}
+		fd, err = unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	}
-	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
 		return nil, policy.FromErrno(err, "open lock", LockFile)
 	}

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -108,12 +109,14 @@ func CheckMarker(root, volumeID string) error {
 	if volumeID == "" {
 		return unavailable("no volume id configured (AGENT_LOOM_WORKSPACE_VOLUME_ID)")
 	}
-	st, err := os.Stat(root)
-	if err != nil || !st.IsDir() {
-		return unavailable("root %s does not exist or is not a directory", root)
+	b, err := readMarker(filepath.Join(root, VolumeMarker))
+	if errors.Is(err, errMarkerTooLong) {
+		return unavailable("marker %s is longer than any volume id (%d bytes at most)", VolumeMarker, markerMax)
 	}
-	b, err := os.ReadFile(filepath.Join(root, VolumeMarker))
 	if err != nil {
+		if st, err := os.Stat(root); err != nil || !st.IsDir() {
+			return unavailable("root %s does not exist or is not a directory", root)
+		}
 		return unavailable("marker %s is missing or unreadable", VolumeMarker)
 	}
 	got := string(bytes.TrimRight(b, "\r\n"))
@@ -124,6 +127,39 @@ func CheckMarker(root, volumeID string) error {
 		return unavailable("marker %s holds %q, configured volume id is %q", VolumeMarker, strings.ToValidUTF8(got, "?"), volumeID)
 	}
 	return nil
+}
+
+// markerMax bounds a marker: far more than any volume id.
+const markerMax = 4096
+
+var errMarkerTooLong = errors.New("volume marker too long")
+
+// readMarker reads the marker at path in four system calls (open, read,
+// the read that finds its end, close), not the eight of os.ReadFile and a
+// stat of the root: every write and command checks it, and on a shared
+// filesystem each call is a round trip to its server.
+func readMarker(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b := make([]byte, markerMax+1)
+	n := 0
+	for n < len(b) {
+		m, err := unix.Read(fd, b[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if m == 0 {
+			return b[:n], nil
+		}
+		n += m
+	}
+	return nil, errMarkerTooLong
 }
 
 // Path returns the root's absolute path (for logs and for the audit sink).

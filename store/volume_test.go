@@ -38,6 +38,7 @@ func TestSharedVolumeUnavailable(t *testing.T) {
 		{name: "marker with a prefix of the id", marker: volID[:4], volumeID: volID},
 		{name: "marker with surrounding spaces", marker: " " + volID + " ", volumeID: volID},
 		{name: "marker is a directory", marker: markerDir, volumeID: volID},
+		{name: "marker far longer than any id", marker: volID + strings.Repeat("\n", 5000) + "x", volumeID: volID},
 		{name: "no volume id configured", marker: volID, volumeID: ""},
 	}
 	for _, tc := range tests {
