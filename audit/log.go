@@ -109,6 +109,8 @@ type Log struct {
 	heldAt   time.Time       // when it was taken
 	lastRec  time.Time       // when this writer last recorded
 	release  *time.Timer     // lets the lock go once the burst is over
+	gap      time.Duration   // a synchronous Log's burst: records at most gap apart,
+	most     time.Duration   // for most at a stretch (holds, of what the lock costs)
 	fields   []zapcore.Field // reused per record, under mu
 	actor    actorFields     // reused per record, under mu
 	group    []byte          // the lines of one write, reused under mu
@@ -146,6 +148,7 @@ func Open(root string, opts Options) (*Log, error) {
 		opts.KeyFile = os.Getenv(KeyEnv)
 	}
 	l := &Log{dir: Dir(root), node: fileNode(opts.Node), opts: opts, pid: os.Getpid(), size: -1}
+	l.gap, l.most, _ = holds(0)
 	if opts.KeyFile != "" {
 		k, err := LoadKey(opts.KeyFile)
 		if err != nil {
@@ -309,12 +312,16 @@ func (l *Log) lockChain() error {
 func (l *Log) unlockChain() { unlockRange(l.f, 0, 0) }
 
 // A synchronous writer that records in bursts (a session's projection
-// serving a command) keeps the chain lock from one record to the next
-// while the burst lasts (records holdGap apart at most, for holdMax at a
-// stretch), which saves the lock, fstat and unlock of each record; a
-// timer lets it go after the burst. A writer recording now and then
-// takes and releases the lock for each record. (Measured: the timer's
-// wakeups cost less than the three system calls a record saves.)
+// serving a command, the records of one tool call) keeps the chain lock
+// from one record to the next while the burst lasts (records l.gap apart
+// at most, for l.most at a stretch), which saves the lock, fstat and
+// unlock of each record; a timer lets it go after the burst. A writer
+// recording now and then takes and releases the lock for each record.
+// (Measured: the timer's wakeups cost less than the three system calls a
+// record saves.) Like the queued writer, it stretches the burst where the
+// lock is dear (holds): on CephFS a tool write's records are a few
+// milliseconds apart, each lock, fstat and unlock a round trip to the
+// metadata server.
 
 // acquire takes the chain lock unless this writer still holds it.
 func (l *Log) acquire() error {
@@ -327,24 +334,24 @@ func (l *Log) acquire() error {
 // keep decides, after a record, whether to keep the chain lock.
 func (l *Log) keep() {
 	now := time.Now()
-	burst := now.Sub(l.lastRec) < holdGap
+	burst := now.Sub(l.lastRec) < l.gap
 	l.lastRec = now
 	switch {
-	case l.held && now.Sub(l.heldAt) < holdMax:
+	case l.held && now.Sub(l.heldAt) < l.most:
 	case burst && !l.held && l.broken == nil:
 		l.held, l.heldAt = true, now
 		if l.release == nil {
-			l.release = time.AfterFunc(holdGap, l.expire)
+			l.release = time.AfterFunc(l.gap, l.expire)
 		} else {
-			l.release.Reset(holdGap)
+			l.release.Reset(l.gap)
 		}
 	default:
 		l.letGo()
 	}
 }
 
-// expire lets the lock go once no record came for holdGap, or it was
-// kept holdMax.
+// expire lets the lock go once no record came for l.gap, or it was kept
+// l.most.
 func (l *Log) expire() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -352,17 +359,21 @@ func (l *Log) expire() {
 		return
 	}
 	now := time.Now()
-	if idle := now.Sub(l.lastRec); idle < holdGap && now.Sub(l.heldAt) < holdMax {
-		l.release.Reset(holdGap - idle)
+	if idle := now.Sub(l.lastRec); idle < l.gap && now.Sub(l.heldAt) < l.most {
+		l.release.Reset(l.gap - idle)
 		return
 	}
 	l.letGo()
 }
 
+// letGo lets the chain lock go, and takes what that cost as the measure
+// of the lock's cost for the next burst (as the queued writer does).
 func (l *Log) letGo() {
 	l.held = false
 	if l.f != nil {
+		start := time.Now()
 		l.unlockChain()
+		l.gap, l.most, _ = holds(3 * time.Since(start))
 	}
 }
 

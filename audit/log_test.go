@@ -568,8 +568,8 @@ func BenchmarkRecord(b *testing.B) {
 	// A synchronous writer recording now and then takes and releases the
 	// lock for each record: measured with bursts not detected.
 	b.Run("unheld", func(b *testing.B) {
-		defer func(g time.Duration) { holdGap = g }(holdGap)
-		holdGap = 0
+		defer func(g, most time.Duration) { holdGap, holdGapMost = g, most }(holdGap, holdGapMost)
+		holdGap, holdGapMost = 0, 0
 		l := openLog(b, b.TempDir(), Options{Node: "bench"})
 		e := sampleEvent()
 		b.ReportAllocs()
@@ -620,4 +620,69 @@ func readLines(t *testing.T, name string) []string {
 func sha256hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// TestSyncBurstFollowsTheLockCost: a synchronous Log keeps the chain lock
+// from one record to the next when they come within its gap, which is
+// stretched where letting the lock go was dear, and measured again each
+// time it lets the lock go.
+func TestSyncBurstFollowsTheLockCost(t *testing.T) {
+	root := t.TempDir()
+	l := openLog(t, root, Options{Node: "n"})
+	heldByAnother := func() bool {
+		f, err := os.Open(l.f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		lk := unix.Flock_t{Type: unix.F_RDLCK}
+		if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+			t.Fatal(err)
+		}
+		return lk.Type != unix.F_UNLCK
+	}
+	record := func() {
+		if err := l.Record(context.Background(), sampleEvent()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A record now and then takes the lock and lets it go. As if letting
+	// it go had cost what it costs on CephFS (a lock, an fstat and an
+	// unlock of about 2 ms together), the next record 10 ms later begins
+	// a burst.
+	record()
+	l.mu.Lock()
+	l.gap, l.most, _ = holds(2 * time.Millisecond)
+	gap := l.gap
+	l.mu.Unlock()
+	if gap <= 10*time.Millisecond {
+		t.Fatalf("holds(2ms) gives a gap of %v", gap)
+	}
+	time.Sleep(10 * time.Millisecond)
+	record()
+	if !heldByAnother() {
+		t.Errorf("records 10 ms apart with a gap of %v: the lock was let go between them", gap)
+	}
+	// Once the burst is over the lock goes, and letting it go on a local
+	// disk is cheap: the gap is the local one again.
+	deadline := time.Now().Add(5 * time.Second)
+	for heldByAnother() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lock was still held %v after the last record", 5*time.Second)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l.mu.Lock()
+	gap = l.gap
+	l.mu.Unlock()
+	if gap > 2*holdGap {
+		t.Errorf("after a cheap unlock the gap is %v, want about %v", gap, holdGap)
+	}
+	record()
+	time.Sleep(10 * time.Millisecond)
+	record()
+	if heldByAnother() {
+		t.Errorf("records 10 ms apart with the local gap of %v: the lock was kept", holdGap)
+	}
 }

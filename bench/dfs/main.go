@@ -34,7 +34,7 @@ func main() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	ta, tb := box(ctx, a, *volume), box(ctx, b, *volume)
+	ta, tb := box(ctx, a, *volume, "node-a"), box(ctx, b, *volume, "node-b")
 
 	content := strings.Repeat("x", 4096)
 	var lat []time.Duration
@@ -81,8 +81,11 @@ func main() {
 }
 
 // box opens scope bench/dfs/s1 of the volume at root, auditing as the
-// command line does.
-func box(ctx context.Context, root, volume string) *tools.Toolbox {
+// command line does on node node. Each node has a name of its own, and
+// with it an audit chain of its own: two clients of a distributed
+// filesystem appending to one file would each wait for the other's
+// caches at every record, which no deployment does.
+func box(ctx context.Context, root, volume, node string) *tools.Toolbox {
 	vol, err := store.OpenVolume(ctx, store.Config{Backend: store.BackendSharedPOSIX, Root: root, VolumeID: volume})
 	if err != nil {
 		die(err)
@@ -91,7 +94,7 @@ func box(ctx context.Context, root, volume string) *tools.Toolbox {
 	if err != nil {
 		die(err)
 	}
-	log, err := audit.Open(vol.Path(), audit.Options{})
+	log, err := audit.Open(vol.Path(), audit.Options{Node: node})
 	if err != nil {
 		die(err)
 	}
