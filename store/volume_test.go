@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,6 +106,44 @@ func TestSharedVolumeAvailable(t *testing.T) {
 	// The marker changes under a running volume (remounted, swapped): the
 	// next change and the next scope opening stop.
 	marker := filepath.Join(root, store.VolumeMarker)
+	// Rewritten in place with another id of the same length at once
+	// (the same size, the same second), it is read again and refused;
+	// written back, or replaced by another file holding the id, the
+	// volume serves again.
+	for _, step := range []struct {
+		content string
+		replace bool
+		want    policy.Code
+	}{
+		{volID, false, ""}, // without the newline: the size the next one has
+		{strings.Repeat("z", len(volID)), false, policy.VolumeUnavailable},
+		{volID, false, ""},
+		{volID, true, ""},
+		{strings.Repeat("y", len(volID)), true, policy.VolumeUnavailable},
+		{volID, false, ""},
+	} {
+		path := marker
+		if step.replace {
+			path = marker + ".new"
+		}
+		if err := os.WriteFile(path, []byte(step.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if step.replace {
+			if err := os.Rename(path, marker); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := ws.WriteFile(ctx, "b.txt", []byte("x"), nil)
+		what := fmt.Sprintf("WriteFile after the marker changed to %q (replaced: %v)", step.content, step.replace)
+		if step.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+			continue
+		}
+		codeIs(t, what, err, step.want)
+	}
 	for _, content := range []string{"vol-other", ""} {
 		if err := os.WriteFile(marker, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
