@@ -271,6 +271,14 @@ func (w *Workspace) HashFile(rel string) (string, error) {
 // currentHash returns the sha256 of the file name in parent, or "" if it
 // does not exist. Objects that may not be written are refused.
 func (w *Workspace) currentHash(parent *Dir, rel, name string) (hash string, info Info, exists bool, err error) {
+	return w.current(parent, rel, name, true)
+}
+
+// current is currentHash, reading the file for its hash only if hash is
+// set: a write without expected_sha256 needs the old file's size and mode,
+// not its content, which may be megabytes, read back over the network on
+// a shared filesystem.
+func (w *Workspace) current(parent *Dir, rel, name string, hash bool) (sum string, info Info, exists bool, err error) {
 	f, info, err := w.openFile(policy.OpWrite, rel, unix.O_RDONLY, parent, name)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
@@ -281,6 +289,9 @@ func (w *Workspace) currentHash(parent *Dir, rel, name string) (hash string, inf
 	defer f.Close()
 	if info.Kind == policy.KindDir {
 		return "", info, true, policy.Errorf(policy.IsDir, "%s is a directory", rel)
+	}
+	if !hash {
+		return "", info, true, nil
 	}
 	h, err := hashReader(f)
 	return h, info, true, err

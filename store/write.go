@@ -42,7 +42,7 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 		return WriteResult{}, err
 	}
 	defer parent.Close()
-	cur, info, exists, err := w.currentHash(parent, rel, name)
+	cur, info, exists, err := w.current(parent, rel, name, expected != nil)
 	if err != nil {
 		return WriteResult{}, err
 	}
