@@ -55,7 +55,7 @@ func (w *Workspace) PlaceLink(parent *Dir, name, rel, target string) (Info, erro
 		return Info{}, err
 	}
 	pfd := int(parent.Fd())
-	tmp, tmpName, err := createTemp(pfd, policy.FilePerm)
+	tmp, tmpName, err := w.vol.createTemp(pfd, policy.FilePerm)
 	if err != nil {
 		return Info{}, policy.FromErrno(err, "symlink", rel)
 	}

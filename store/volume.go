@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -59,8 +60,9 @@ type Volume struct {
 	root *os.File
 	late sync.WaitGroup // opens that outlived their caller's budget
 
-	mu     sync.Mutex
-	marker markerStat // the marker as last read and found to hold the volume id
+	mu        sync.Mutex
+	marker    markerStat  // the marker as last read and found to hold the volume id
+	noTmpfile atomic.Bool // its filesystem answered that it lacks O_TMPFILE
 }
 
 // OpenVolume opens the configured root. The local backend creates it; the

@@ -97,7 +97,7 @@ func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm
 		return err
 	}
 	pfd := int(parent.Fd())
-	tmp, tmpName, err := createTemp(pfd, perm)
+	tmp, tmpName, err := w.vol.createTemp(pfd, perm)
 	if err != nil {
 		return policy.FromErrno(err, "write", rel)
 	}
@@ -147,16 +147,26 @@ func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm
 
 // createTemp creates an unnamed file of mode perm in dirfd (O_TMPFILE) or,
 // where the filesystem lacks it, a named one under the reserved prefix.
-// The mode is perm whatever the umask.
-func createTemp(dirfd int, perm uint32) (*os.File, string, error) {
-	// O_PATH fds can't be used for O_TMPFILE; reopen the directory itself.
-	dfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err == nil {
-		fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, perm)
-		unix.Close(dfd)
-		if terr == nil {
-			unix.Fchmod(fd, perm)
-			return os.NewFile(uintptr(fd), "tmpfile"), "", nil
+// The mode is perm whatever the umask. Once the volume's filesystem has
+// answered that it lacks O_TMPFILE (ceph-fuse, NFS), it is not asked
+// again: the try costs an open and a close of the directory, round trips
+// to a shared filesystem's server.
+func (v *Volume) createTemp(dirfd int, perm uint32) (*os.File, string, error) {
+	if !v.noTmpfile.Load() {
+		// O_PATH fds can't be used for O_TMPFILE; reopen the directory itself.
+		dfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err == nil {
+			fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, perm)
+			unix.Close(dfd)
+			if terr == nil {
+				unix.Fchmod(fd, perm)
+				return os.NewFile(uintptr(fd), "tmpfile"), "", nil
+			}
+			// Unsupported (EISDIR from a kernel without it); any other
+			// refusal may be this directory's alone.
+			if terr == unix.EOPNOTSUPP || terr == unix.EISDIR {
+				v.noTmpfile.Store(true)
+			}
 		}
 	}
 	name := tempName()
