@@ -46,8 +46,8 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	// was swapped while we waited (SPEC §2.2), and before the lock file is
 	// made where there is none yet, so that nothing is made on a volume
 	// that is not ours. A lock file already there is opened without a
-	// check of its own: on a shared filesystem each check is four round
-	// trips to its server.
+	// check of its own: on a shared filesystem each check is at least a
+	// round trip to its server.
 	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		if err := w.vol.recheck(); err != nil {

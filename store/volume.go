@@ -141,8 +141,9 @@ var errMarkerTooLong = errors.New("volume marker too long")
 
 // readMarker reads the marker at path in four system calls (open, read,
 // the read that finds its end, close), not the eight of os.ReadFile and a
-// stat of the root: every write and command checks it, and on a shared
-// filesystem each call is a round trip to its server.
+// stat of the root: it is read at every opening of the volume and again
+// whenever it changed, and on a shared filesystem each call is a round
+// trip to its server.
 func readMarker(path string) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
