@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -91,6 +92,20 @@ func (e *Error) Unwrap() error { return e.Err }
 // Errorf returns an *Error with the given code and message.
 func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// WaitEnded is the refusal of a wait for something busy (a lock another
+// process or node holds) that ctx ended, its message saying what was busy:
+// timeout when ctx's deadline passed (a tool call's budget), cancelled when
+// ctx was cancelled. A FUSE request is cancelled when the kernel interrupts
+// it because its caller got a signal; cancelled answers EINTR, which
+// programs retry (Go's and Python's I/O do it themselves), where a
+// timeout would fail their write.
+func WaitEnded(ctx context.Context, format string, args ...any) *Error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return Errorf(Cancelled, "interrupted while waiting: "+format, args...)
+	}
+	return Errorf(Timeout, format, args...)
 }
 
 // CodeOf returns the code of err, or Internal for an error of another kind.

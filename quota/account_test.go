@@ -513,6 +513,15 @@ func TestLedgerLockWaitEndsWithTheRequest(t *testing.T) {
 	if waited > time.Second {
 		t.Errorf("waited %v for the ledger's lock; the request ended at 100 ms", waited)
 	}
+	// A request cancelled (a FUSE write the kernel interrupts for a
+	// signal to its caller) is answered EINTR, which the caller's I/O
+	// retries, not ETIMEDOUT, which fails its write.
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, ccancel)
+	err = a.Reserve(cctx, 10, 0)
+	if policy.CodeOf(err) != policy.Cancelled || policy.Errno(err) != syscall.EINTR {
+		t.Errorf("a grant while the ledger's lock is held, the request cancelled at 100 ms: %v (errno %v), want cancelled (EINTR)", err, policy.Errno(err))
+	}
 	if !freed.Stop() {
 		t.Fatal("the lock was let go before the check")
 	}

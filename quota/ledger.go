@@ -315,7 +315,7 @@ var ledgerBackoff = ofdlock.Backoff{First: 100 * time.Microsecond, Most: 20 * ti
 func lockLedger(ctx context.Context, fd int) error {
 	err := ofdlock.Wait(ctx, uintptr(fd), unix.Flock_t{Type: unix.F_WRLCK}, ledgerBackoff)
 	if err != nil && ctx.Err() != nil {
-		return policy.Errorf(policy.Timeout, "the workspace's quota account is busy (another process or node holds its ledger's lock, or the storage did not answer); retry later")
+		return policy.WaitEnded(ctx, "the workspace's quota account is busy (another process or node holds its ledger's lock, or the storage did not answer); retry later")
 	}
 	return err
 }

@@ -159,7 +159,7 @@ func lockCalls(ctx context.Context, dfd int) (unlock func(), err error) {
 	if err := ofdlock.Wait(ctx, uintptr(fd), unix.Flock_t{Type: unix.F_WRLCK}, callsLockBackoff); err != nil {
 		unix.Close(fd)
 		if ctx.Err() != nil {
-			return nil, policy.Errorf(policy.Timeout, "the workspace's call record is busy (another process or node holds its lock, or the storage did not answer); retry later with the same call id")
+			return nil, policy.WaitEnded(ctx, "the workspace's call record is busy (another process or node holds its lock, or the storage did not answer); retry later with the same call id")
 		}
 		return nil, fmt.Errorf("lock %s: %w", CallsLock, err)
 	}

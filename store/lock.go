@@ -63,7 +63,7 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	if err := ofdlock.Wait(ctx, f.Fd(), lk, scopeLockBackoff); err != nil {
 		f.Close()
 		if ctx.Err() != nil {
-			return nil, policy.Errorf(policy.Timeout, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
+			return nil, policy.WaitEnded(ctx, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
 		}
 		return nil, policy.FromErrno(err, "lock", w.scope.String())
 	}
