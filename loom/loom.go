@@ -93,7 +93,16 @@ func (n *Node) OpenWorkspace(ctx context.Context, scope string) (*store.Workspac
 		vol.Close()
 		return nil, nil, err
 	}
-	return layoutRecorded(ctx, ws, func() { ws.Close(); vol.Close() })
+	return layoutRecorded(ctx, ws, func() { n.closeWorkspace(ws); vol.Close() })
+}
+
+// closeWorkspace closes ws, logging what it could not finish: a quota
+// share left unfolded is folded in by the next holder, but an operator
+// whose account drifts wants to see why.
+func (n *Node) closeWorkspace(ws *store.Workspace) {
+	if err := ws.Close(); err != nil {
+		n.cfg.Log.Warn("close workspace", zap.String("scope", ws.Scope().String()), zap.Error(err))
+	}
 }
 
 // layoutRecorded audits the layout directories opening ws made, closing
@@ -144,7 +153,7 @@ func (n *Node) resumeRun(ctx context.Context, arg string) (*store.Workspace, fun
 		r.Close()
 		return nil, nil, err
 	}
-	return layoutRecorded(ctx, ws, func() { ws.Close(); r.Close() })
+	return layoutRecorded(ctx, ws, func() { n.closeWorkspace(ws); r.Close() })
 }
 
 // Session is one scope opened for work: the workspace, its audit log, and

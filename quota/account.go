@@ -260,8 +260,10 @@ func (a *Account) idleCheck() {
 // locked runs fn with the ledger lock held and the ledger read (counted
 // first if it is new or torn) and dead holders folded in; fn returns
 // whether the ledger changed, and after, if not nil, runs once the ledger
-// is written. a.mu is held.
-func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) (bool, error), after func() error) error {
+// is written. With heal, an unsure ledger is counted again if no other
+// node's holder is active: only off the path of a write waiting for its
+// grant, since a walk of a large scope can take seconds. a.mu is held.
+func (a *Account) locked(ctx context.Context, heal bool, fn func(l *ledger, live []holder) (bool, error), after func() error) error {
 	if err := lockLedger(ctx, a.ledger); err != nil {
 		return fmt.Errorf("lock quota ledger: %w", err)
 	}
@@ -279,7 +281,7 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 	if err != nil {
 		return err
 	}
-	changed, recount := false, !ok
+	changed, recount := false, !ok || heal && l.Unsure
 	var live []holder
 	for _, h := range hs {
 		if h.live {
@@ -289,8 +291,8 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 		// Its holder is gone: what it spent stays counted, its grant
 		// comes back. One on another node may have spent some of its
 		// grant since its last sync: the whole grant is counted as
-		// spent, and the scope counted again if nobody else is changing
-		// it.
+		// spent, and the scope counted again once no other node's
+		// holder is changing it (now, or by a later holder: Unsure).
 		l.Bytes += h.rec.spent.Bytes
 		l.Files += h.rec.spent.Files
 		if !h.local {
@@ -301,11 +303,22 @@ func (a *Account) locked(ctx context.Context, fn func(l *ledger, live []holder) 
 		h.remove(a.dir)
 		changed = true
 	}
-	if recount && (!ok || quiet(live)) {
-		if l, err = a.count(ctx, live); err != nil {
+	switch {
+	case !recount:
+	case !ok || quiet(live):
+		c, err := a.count(ctx, live)
+		switch {
+		case err == nil:
+			l, changed = c, true
+		case !ok:
 			return err
+		case !l.Unsure:
+			// Counted by the next holder: a walk that outlasts this
+			// call's wait must not keep a holder from folding.
+			l.Unsure, changed = true, true
 		}
-		changed = true
+	case !l.Unsure:
+		l.Unsure, changed = true, true
 	}
 	fnChanged, err := fn(&l, live)
 	if err != nil {
@@ -371,7 +384,7 @@ func (a *Account) count(ctx context.Context, hs []holder) (ledger, error) {
 // as grants, unspent. Its wait for the ledger's lock ends with ctx. a.mu
 // is held.
 func (a *Account) refill(ctx context.Context, pb, pf int64) (held bool, err error) {
-	err = a.locked(ctx, func(l *ledger, live []holder) (bool, error) {
+	err = a.locked(ctx, false, func(l *ledger, live []holder) (bool, error) {
 		taken := policy.Usage{Bytes: l.Bytes + a.r.spent.Bytes, Files: l.Files + a.r.spent.Files}
 		var others policy.Usage
 		for _, h := range live {
@@ -428,7 +441,7 @@ func (a *Account) settle() error {
 	// The ledger is written before the record is cleared: a crash in
 	// between counts the spending twice (refusing early, until a
 	// reconcile) rather than not at all.
-	return a.locked(ctx, func(l *ledger, _ []holder) (bool, error) {
+	return a.locked(ctx, true, func(l *ledger, _ []holder) (bool, error) {
 		l.Bytes += a.r.spent.Bytes
 		l.Files += a.r.spent.Files
 		return true, nil
@@ -448,7 +461,7 @@ func (a *Account) Usage(ctx context.Context) (policy.Usage, error) {
 	st, err := inspect(a.dir, a.ledger, a.name, a.node)
 	if err == nil && !st.Known {
 		// New or torn: count it under the lock, and look again.
-		err = a.locked(ctx, func(*ledger, []holder) (bool, error) { return false, nil }, nil)
+		err = a.locked(ctx, false, func(*ledger, []holder) (bool, error) { return false, nil }, nil)
 		if err == nil {
 			st, err = inspect(a.dir, a.ledger, a.name, a.node)
 		}

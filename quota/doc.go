@@ -32,8 +32,12 @@
 // record whose lock is free knows its holder is gone: it folds the spent
 // bytes into the ledger and drops the record, and with it the grant. On
 // one node the mapping survives the holder's death in the page cache, so
-// nothing is lost; a record read from another node is as of the holder's
-// last grant, and the reconcile corrects the rest.
+// nothing is lost. A record read from another node is as of the holder's
+// last grant, so its whole grant is counted as spent and the scope counted
+// again: at once if no other node's holder is active, or else the ledger
+// is marked unsure and the first holder to fold (or reconcile) with no
+// other node's holder active counts it, so a dead node's grant does not
+// keep the scope short of room.
 //
 // A refusal names the limit and the figures as seen across all holders:
 // "used" is what the ledger and every holder have spent plus what the

@@ -36,6 +36,11 @@ const (
 type ledger struct {
 	Bytes int64 `json:"bytes"`
 	Files int64 `json:"files"`
+	// Unsure says a holder on another node died with a grant, counted as
+	// spent whole while another node's holder was changing the scope, so
+	// the ledger may count more than the scope holds: whoever next takes
+	// the lock with no other node's holder active counts the scope again.
+	Unsure bool `json:"unsure,omitempty"`
 }
 
 func (l ledger) usage() policy.Usage { return policy.Usage{Bytes: l.Bytes, Files: l.Files} }

@@ -51,7 +51,7 @@ func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Re
 		return Report{}, errClosed
 	}
 	var rep Report
-	err := a.locked(ctx, func(l *ledger, live []holder) (bool, error) {
+	err := a.locked(ctx, true, func(l *ledger, live []holder) (bool, error) {
 		account := func() policy.Usage {
 			u := l.usage()
 			u.Bytes += a.r.spent.Bytes
@@ -85,12 +85,19 @@ func (a *Account) reconcile(ctx context.Context, log *zap.Logger, walks int) (Re
 			}
 			rep.Walk = w
 		}
-		if rep.Busy || rep.Walk == rep.Account {
+		if rep.Busy {
 			return false, nil
+		}
+		if rep.Walk == rep.Account {
+			// Counted, and found right: no longer unsure.
+			was := l.Unsure
+			l.Unsure = false
+			return was, nil
 		}
 		rep.Corrected = policy.Usage{Bytes: rep.Walk.Bytes - rep.Account.Bytes, Files: rep.Walk.Files - rep.Account.Files}
 		l.Bytes += rep.Corrected.Bytes
 		l.Files += rep.Corrected.Files
+		l.Unsure = false
 		log.Warn("quota account corrected to a walk of the scope",
 			zap.Int64("bytes", rep.Corrected.Bytes), zap.Int64("files", rep.Corrected.Files),
 			zap.Int64("account_bytes", rep.Account.Bytes), zap.Int64("account_files", rep.Account.Files),
@@ -108,6 +115,12 @@ type State struct {
 	Granted policy.Usage `json:"granted"` // held by live holders, not spent yet
 	Holders int          `json:"holders"` // live holders
 	Dead    int          `json:"dead"`    // records of holders gone, not folded in yet
+	// Unsure says the ledger may count more than the scope holds: a
+	// holder on another node died with a grant, counted as spent, while
+	// another node's holder was changing the scope. The next holder to
+	// take the ledger's lock with no other node's holder active counts
+	// the scope again.
+	Unsure bool `json:"unsure,omitempty"`
 	// Unlocked says the account was read without the ledger's lock,
 	// which a holder kept longer than the reader waits (a reconcile
 	// walking a large scope, a client of a stalled node): a share being
@@ -182,7 +195,7 @@ func inspectOnce(dirfd int, self string, node nodeID) (State, error) {
 	if err != nil {
 		return s, err
 	}
-	s.Known, s.Ledger, s.Used = ok, l.usage(), l.usage()
+	s.Known, s.Ledger, s.Used, s.Unsure = ok, l.usage(), l.usage(), l.Unsure
 	hs, err := holders(dirfd, names, self, node)
 	if err != nil {
 		return s, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -123,11 +124,15 @@ func (w *Workspace) recountCaps(ctx context.Context) {
 
 // closeCaps folds this process's share of every subtree account into it
 // and leaves them. q.mu is held.
-func (q *scopeQuota) closeCaps() {
+func (q *scopeQuota) closeCaps() error {
+	var err error
 	for p, a := range q.caps {
-		a.Close()
+		if cerr := a.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("fold this process's share into the quota account of %s/: %w", p, cerr))
+		}
 		delete(q.caps, p)
 	}
+	return err
 }
 
 // ReserveAt checks that adding addBytes and addFiles at the cleaned path

@@ -103,17 +103,24 @@ func (w *Workspace) account() (*quota.Account, error) {
 }
 
 // closeAccount folds this process's share into the scope's account and
-// those of its capped subtrees, and leaves them.
-func (w *Workspace) closeAccount() {
-	if q := w.quota; q != nil {
-		q.mu.Lock()
-		if q.acct != nil {
-			q.acct.Close()
-			q.acct = nil
-		}
-		q.closeCaps()
-		q.mu.Unlock()
+// those of its capped subtrees, and leaves them. A share that could not be
+// folded in (the ledger's lock not had in time) is left in its record,
+// which the next holder folds in.
+func (w *Workspace) closeAccount() error {
+	q := w.quota
+	if q == nil {
+		return nil
 	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var err error
+	if q.acct != nil {
+		if cerr := q.acct.Close(); cerr != nil {
+			err = fmt.Errorf("fold this process's share into the quota account: %w", cerr)
+		}
+		q.acct = nil
+	}
+	return errors.Join(err, q.closeCaps())
 }
 
 // countScope counts the scope: a walk (files and directories, and the

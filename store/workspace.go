@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -53,11 +54,11 @@ func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 // caller's budget still uses them.
 func (w *Workspace) Close() error {
 	w.late.Wait()
-	w.closeAccount()
+	err := w.closeAccount()
 	w.closeJournal()
 	w.calls.close()
 	w.state.Close()
-	return w.dir.Close()
+	return errors.Join(err, w.dir.Close())
 }
 
 // Resolve opens the cleaned path rel beneath the scope with flags (always

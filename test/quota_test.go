@@ -55,7 +55,26 @@ func (n *node) mountWith(pol, scope string) (string, *exec.Cmd) {
 		unix.Unmount(mnt, unix.MNT_DETACH)
 	})
 	waitFor(t, "the mount on "+n.root, func() bool { return strings.Contains(out.String(), "mounted ") })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("mount on %s said:\n%s", n.name, out.String())
+		}
+	})
 	return mnt, cmd
+}
+
+// logAccount logs every file of the quota accounts under the volume src,
+// and the start of each: what a failed check of the account needs.
+func logAccount(t *testing.T, src string) {
+	t.Helper()
+	filepath.WalkDir(filepath.Join(src, ".agentloom-locks"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.Contains(path, "quota") {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		t.Logf("account file %s: %q", filepath.Base(path), b[:min(len(b), 48)])
+		return nil
+	})
 }
 
 // fill writes piece-sized pieces to path until a write is refused, and
@@ -138,12 +157,16 @@ func TestQuotaAcrossMountsAndTools(t *testing.T) {
 		}()
 	}
 	var toolRefusal string
+	var toolSaid []string // the tool processes' warnings, logged if the test fails
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		content := strings.Repeat("t", 64<<10)
 		for i := 0; ; i++ {
 			r := a.run("--policy", pol, "tool", "workspace_write", "--scope", quotaScope, "--input", fmt.Sprintf(`{"path":"tool-%d","content":%q}`, i, content))
+			if len(r.stderr) > 0 {
+				toolSaid = append(toolSaid, fmt.Sprintf("tool-%d: %s", i, r.stderr))
+			}
 			if r.code != 0 {
 				var m map[string]any
 				json.Unmarshal(r.stdout, &m)
@@ -216,6 +239,9 @@ func TestQuotaAcrossMountsAndTools(t *testing.T) {
 	})
 	if q["match"] != true || q["ok"] != true {
 		t.Errorf("check --scope after the fill: %v", q)
+		logAccount(t, src)
+		t.Logf("the command said: %s", cmdOut.stderr)
+		t.Logf("the tool processes said: %s", strings.Join(toolSaid, "\n"))
 	}
 	if got := q["walk"].(map[string]any)["bytes"].(float64); int64(got) != held {
 		t.Errorf("check walked %v bytes, the scope holds %d", got, held)

@@ -33,9 +33,10 @@ type accountReport struct {
 	Known   bool   `json:"known"` // the account exists (something has changed what it counts through loomfs)
 	Account counts `json:"account"`
 	Walk    counts `json:"walk"`
-	Granted counts `json:"granted"` // held by live holders, not spent yet
-	Holders int    `json:"holders"` // processes with the scope open for changes now
-	Dead    int    `json:"dead"`    // holders gone, not folded in yet (the next grant folds them)
+	Granted counts `json:"granted"`          // held by live holders, not spent yet
+	Holders int    `json:"holders"`          // processes with the scope open for changes now
+	Dead    int    `json:"dead"`             // holders gone, not folded in yet (the next grant folds them)
+	Unsure  bool   `json:"unsure,omitempty"` // a holder on another node died with a grant, counted as spent: counted again once that node's peers are idle
 	Match   bool   `json:"match"`
 	OK      bool   `json:"ok"`
 	Detail  string `json:"detail"`
@@ -91,7 +92,7 @@ func compareAccount(state func() (quota.State, error), walk func() (policy.Usage
 		return r
 	}
 	r.Known, r.Account, r.Walk = st.Known, countsOf(st.Used), countsOf(w)
-	r.Granted, r.Holders, r.Dead = countsOf(st.Granted), st.Holders, st.Dead
+	r.Granted, r.Holders, r.Dead, r.Unsure = countsOf(st.Granted), st.Holders, st.Dead, st.Unsure
 	r.Match = !st.Known || st.Used == w
 	switch {
 	case !st.Known:
@@ -102,6 +103,9 @@ func compareAccount(state func() (quota.State, error), walk func() (policy.Usage
 		r.OK, r.Detail = true, fmt.Sprintf("the account differs from the walk while %d holders have the scope open; their reconcile corrects it once they are idle", st.Holders)
 	default:
 		r.Detail = "the account differs from the walk and no holder is live; the next holder's reconcile corrects it"
+	}
+	if st.Unsure && !r.Match {
+		r.Detail += " (a holder on another node ended holding a grant, which is counted as spent until the scope is counted again: by the first holder that goes idle while no other node's holder is active)"
 	}
 	if st.Unlocked {
 		r.Detail += " (read without the account's lock, which a holder kept too long: a share being folded in just then may be counted twice or missed)"
