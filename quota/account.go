@@ -246,12 +246,15 @@ func (a *Account) idleCheck() {
 		a.timer.Reset(a.opts.Idle)
 		return
 	}
-	if err := a.settle(); err != nil {
+	// The fold waits for the ledger's lock only briefly: it holds a.mu,
+	// and a change that fits this holder's grant, which needs no lock,
+	// must not wait behind it for the storage.
+	if err := a.settle(a.opts.Idle / idleFoldWait); err != nil {
 		// The record stays as it stands (read, or folded by a reaper,
-		// as it is) and the fold is tried again after another idle
-		// spell: a holder that goes on idle must not keep its grant and
-		// its unfolded spending for good because one try failed.
-		a.timer.Reset(a.opts.Idle)
+		// as it is) and the fold is tried again as briefly later: a
+		// holder that goes on idle must not keep its grant and its
+		// unfolded spending for good because one try failed.
+		a.timer.Reset(a.opts.Idle / idleFoldWait)
 		return
 	}
 	a.timer = nil
@@ -306,7 +309,9 @@ func (a *Account) locked(ctx context.Context, heal bool, fn func(l *ledger, live
 	switch {
 	case !recount:
 	case !ok || quiet(live):
-		c, err := a.count(ctx, live)
+		cctx, cancel := a.countContext(ctx, ok)
+		c, err := a.count(cctx, live)
+		cancel()
 		switch {
 		case err == nil:
 			l, changed = c, true
@@ -336,6 +341,17 @@ func (a *Account) locked(ctx context.Context, heal bool, fn func(l *ledger, live
 		return after()
 	}
 	return nil
+}
+
+// countContext bounds a count of the scope under the ledger's lock. One
+// the ledger can't do without takes the caller's ctx; one that only makes
+// an unsure ledger sure is not bounded by a fold's brief wait for the lock
+// but by closeWait idle spells, and leaves the ledger unsure if it fails.
+func (a *Account) countContext(ctx context.Context, ok bool) (context.Context, context.CancelFunc) {
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), closeWait*a.opts.Idle)
 }
 
 // settled reports whether no live holder holds a grant or unfolded
@@ -424,19 +440,23 @@ func grant(free, need, most, holders int64) int64 {
 	return min(need+spare, free)
 }
 
-// settleWait bounds settle's wait for the ledger's lock, in idle spells
+// An idle holder's fold waits a quarter of an idle spell for the ledger's
+// lock (Options.Idle / idleFoldWait), and tries again a quarter later.
+const idleFoldWait = 4
+
+// closeWait bounds Close's wait for the ledger's lock, in idle spells
 // (10 s by default): a holder that can't fold its spending in leaves its
 // record as it stands, which is read, or folded in by whoever finds it
-// dead, as it stands, and tries again after the next idle spell.
-const settleWait = 10
+// dead, as it stands.
+const closeWait = 10
 
 // settle folds what this holder spent into the ledger and returns its
-// grant. a.mu is held.
-func (a *Account) settle() error {
+// grant, waiting up to wait for the ledger's lock. a.mu is held.
+func (a *Account) settle(wait time.Duration) error {
 	if a.r == (record{}) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), settleWait*a.opts.Idle)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	// The ledger is written before the record is cleared: a crash in
 	// between counts the spending twice (refusing early, until a
@@ -488,7 +508,7 @@ func (a *Account) Close() error {
 		a.timer.Stop()
 		a.timer = nil
 	}
-	err := a.settle()
+	err := a.settle(closeWait * a.opts.Idle)
 	if err == nil {
 		holder{id: a.name, snap: a.snap}.remove(a.dir)
 	}

@@ -154,9 +154,8 @@ func TestIdleHolderReturnsGrant(t *testing.T) {
 }
 
 // TestIdleFoldTriedAgain: a holder whose fold fails (the ledger's lock
-// held past the fold's wait of ten idle spells) tries again after another
-// idle spell, so an idle holder does not keep its grant and its unfolded
-// spending for good.
+// held past the fold's brief wait) tries again, and again, so an idle
+// holder does not keep its grant and its unfolded spending for good.
 func TestIdleFoldTriedAgain(t *testing.T) {
 	path := t.TempDir()
 	dir := openDir(t, path)
@@ -173,8 +172,8 @@ func TestIdleFoldTriedAgain(t *testing.T) {
 	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
 		t.Fatal(err)
 	}
-	// The fold starts after 20 ms and gives up at 220 ms; hold the lock
-	// well past that.
+	// The fold starts after 20 ms and gives up 5 ms later, many times
+	// over while the lock is held.
 	time.Sleep(600 * time.Millisecond)
 	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
 	deadline := time.Now().Add(5 * time.Second)
@@ -187,6 +186,46 @@ func TestIdleFoldTriedAgain(t *testing.T) {
 			t.Fatalf("an idle holder whose fold failed kept its grant: %+v", st)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestChangeDoesNotWaitBehindIdleFold: while an idle holder's fold waits
+// for the ledger's lock (another process holds it), a change that fits
+// the holder's grant, which needs no lock, goes through before the lock is
+// let go: the fold waits only briefly, and tries again later.
+func TestChangeDoesNotWaitBehindIdleFold(t *testing.T) {
+	path := t.TempDir()
+	dir := openDir(t, path)
+	idle := 200 * time.Millisecond
+	a := open(t, dir, quota.Options{Limits: limits(1<<20, 0), Walk: (&scope{}).walk, Idle: idle})
+	if err := a.Reserve(context.Background(), 100, 0); err != nil { // takes a grant
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	// The holder goes idle and its fold starts waiting for the lock.
+	time.Sleep(idle + idle/2)
+	done := make(chan error, 1)
+	go func() { done <- a.Reserve(context.Background(), 10, 0) }()
+	// The lock stays held: a change stuck behind a fold that waits as
+	// long as a close would (ten idle spells) returns only after five.
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * idle):
+		t.Errorf("a change within the grant waited for the ledger's lock behind an idle fold")
+		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
