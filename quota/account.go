@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -93,7 +94,7 @@ func (a *Account) open() error {
 	a.tmp = "t-" + hex.EncodeToString(id[:])
 	a.snap = version{base: a.name}
 	// The live file is made whole and locked under a name no reaper
-	// looks at, then renamed into place: a live file seen without its
+	// looks at, then placed (newname): a live file seen without its
 	// lock is a dead holder's.
 	a.live, err = unix.Openat(a.dir, a.tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
@@ -122,7 +123,7 @@ func (a *Account) open() error {
 	if err := a.sync(); err != nil {
 		return fail("write quota record", err)
 	}
-	if err := unix.Renameat(a.dir, a.tmp, a.dir, a.name+liveSuffix); err != nil {
+	if err := newname.Place(a.dir, a.tmp, a.name+liveSuffix); err != nil {
 		return fail("place quota record", err)
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -162,7 +163,7 @@ func Create(ctx context.Context, ws *store.Workspace, opt Options) (*Manifest, e
 	} else {
 		upserts = list
 	}
-	if err := repo.writeSnapshot(m, entriesOf(upserts), removed); err != nil {
+	if err := repo.writeSnapshot(m, entriesOf(upserts), removed, true); err != nil {
 		return nil, err
 	}
 	unix.Fsync(int(repo.mans.Fd()))
@@ -417,7 +418,7 @@ func (r *Repo) storeBlob(src io.Reader, sync bool) (sha string, n int64, isNew b
 		unix.Unlinkat(bfd, tmp, 0)
 		return "", 0, false, err
 	}
-	err = store.PlaceNew(bfd, tmp, blobPath(sha))
+	err = newname.Place(bfd, tmp, blobPath(sha))
 	if err == unix.EEXIST {
 		unix.Unlinkat(bfd, tmp, 0)
 		return sha, n, false, nil

@@ -399,7 +399,7 @@ func (r *Repo) saveState(list []named, c commit) error {
 	for _, n := range list {
 		base = appendEntryLine(base, n)
 	}
-	return writeAtomic(r.dir, indexFile, false, func(w *bufio.Writer) error {
+	return writeAtomic(r.dir, indexFile, false, false, func(w *bufio.Writer) error {
 		fmt.Fprintf(w, "%s%d\n", indexMagic, len(base))
 		w.Write(base)
 		_, err := w.Write(appendCommit(nil, c))

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -272,9 +273,9 @@ func expectKey(dec *json.Decoder, key string) error {
 
 // writeSnapshot writes manifest m, its entries (or, with a base, those
 // added or changed) and the paths removed from its base as one file,
-// fsynced.
-func (r *Repo) writeSnapshot(m *Manifest, entries []Entry, removed []string) error {
-	return writeAtomic(r.mans, m.ID+".json", true, func(w *bufio.Writer) error {
+// fsynced; isNew for a snapshot just taken, not one rewritten.
+func (r *Repo) writeSnapshot(m *Manifest, entries []Entry, removed []string, isNew bool) error {
+	return writeAtomic(r.mans, m.ID+".json", isNew, true, func(w *bufio.Writer) error {
 		b, err := json.Marshal(m)
 		if err != nil {
 			return err
@@ -319,7 +320,7 @@ func (r *Repo) Delete(id string) error {
 			return fmt.Errorf("delete snapshot %s: rewrite %s, which amends it: %w", id, m.ID, err)
 		}
 		m.Base, m.Depth = "", 0
-		if err := r.writeSnapshot(&m, entries, nil); err != nil {
+		if err := r.writeSnapshot(&m, entries, nil, false); err != nil {
 			return fmt.Errorf("delete snapshot %s: rewrite %s, which amends it: %w", id, m.ID, err)
 		}
 	}
@@ -452,8 +453,10 @@ func readNames(d *os.File) ([]string, error) {
 
 // writeAtomic writes name in dir through a temporary file and rename, so
 // a reader finds the old content or the new; with sync the file is
-// fsynced before the rename.
-func writeAtomic(dir *os.File, name string, sync bool, write func(w *bufio.Writer) error) error {
+// fsynced before the rename. A name that must be new (a manifest) is
+// placed instead (package newname): it refuses an existing name, and
+// another CephFS client finds it at once, not five seconds after a rename.
+func writeAtomic(dir *os.File, name string, isNew, sync bool, write func(w *bufio.Writer) error) error {
 	tmp := tmpName()
 	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, policy.FilePerm)
 	if err != nil {
@@ -469,7 +472,11 @@ func writeAtomic(dir *os.File, name string, sync bool, write func(w *bufio.Write
 		err = f.Sync()
 	}
 	f.Close()
-	if err == nil {
+	switch {
+	case err != nil:
+	case isNew:
+		err = newname.Place(int(dir.Fd()), tmp, name)
+	default:
 		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), name)
 	}
 	if err != nil {

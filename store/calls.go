@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
@@ -393,14 +394,14 @@ func (w *Workspace) stateSubdir(name string) (int, error) {
 }
 
 // writeJSONAt writes v as name in directory dfd via a temporary file, fsync
-// and rename; with noReplace an existing name answers EEXIST (PlaceNew).
+// and rename; with noReplace an existing name answers EEXIST (newname.Place).
 func writeJSONAt(dfd int, name string, v any, noReplace bool) error {
 	tmp, err := writeTempJSON(dfd, v)
 	if err != nil {
 		return err
 	}
 	if noReplace {
-		err = PlaceNew(dfd, tmp, name)
+		err = newname.Place(dfd, tmp, name)
 	} else {
 		err = unix.Renameat(dfd, tmp, dfd, name)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/ofdlock"
 )
@@ -631,7 +632,7 @@ func probeReplace(dfd int) (string, error) {
 	if err := write("target.new", "x"); err != nil {
 		return "", err
 	}
-	switch err := renameNoReplace(dfd, "target.new", "created"); err {
+	switch err := newname.RenameNoReplace(dfd, "target.new", "created"); err {
 	case nil:
 		detail += "; RENAME_NOREPLACE works"
 		unix.Unlinkat(dfd, "created", 0)
@@ -645,13 +646,13 @@ func probeReplace(dfd int) (string, error) {
 	if err := write("target.new", "x"); err != nil {
 		return "", err
 	}
-	if err := PlaceNew(dfd, "target.new", "created"); err != nil {
+	if err := newname.Place(dfd, "target.new", "created"); err != nil {
 		return "", fmt.Errorf("exclusive create of a new name: %w", err)
 	}
 	if err := write("target.new", "y"); err != nil {
 		return "", err
 	}
-	switch err := PlaceNew(dfd, "target.new", "created"); err {
+	switch err := newname.Place(dfd, "target.new", "created"); err {
 	case unix.EEXIST:
 	case nil:
 		return "", fmt.Errorf("an exclusive create replaced an existing file")

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/agentloom/loomfs/newname"
 )
 
 // UseNoFollowWalk makes the calling test resolve paths the way a kernel
@@ -39,9 +39,7 @@ var SyncDir = syncDir
 // for the calling test, as ceph-fuse and GlusterFS do. The test must not
 // run in parallel.
 func RefuseRenameNoReplace(t testing.TB) {
-	old := renameNoReplace
-	renameNoReplace = func(int, string, string) error { return unix.EINVAL }
-	t.Cleanup(func() { renameNoReplace = old })
+	t.Cleanup(newname.WithoutRenameNoReplace())
 }
 
 // MountTypeOf is mountTypeOf, for tests.

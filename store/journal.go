@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/nodeid"
 
 	"golang.org/x/sys/unix"
@@ -349,7 +350,7 @@ func (w *Workspace) note(kind byte, rel string, open *Open, c Change) {
 }
 
 // TempJournalPrefix starts the name a journal file has from its creation
-// until it is locked and renamed to its own.
+// until it is locked and placed under its own (newname).
 const TempJournalPrefix = ".tmp-"
 
 // count counts a line noted for c; j.mu is held.
@@ -482,7 +483,7 @@ func (j *journal) open(w *Workspace) error {
 		unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("journal lock: %w", err)
 	}
-	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+	if err := newname.Place(dfd, tmp, name); err != nil {
 		f.Close()
 		unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("journal: %w", err)

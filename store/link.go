@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -79,10 +80,10 @@ func (w *Workspace) PlaceLink(parent *Dir, name, rel, target string) (Info, erro
 		// linkat of an O_TMPFILE fails with EEXIST on a taken name.
 		err = linkTemp(tmp, pfd, name)
 	} else {
-		// Where PlaceNew falls back to link(2), the file has two links
+		// Where newname.Place falls back to link(2), the file has two links
 		// until the temporary name goes, and is refused, never shown
 		// half-made.
-		err = PlaceNew(pfd, tmpName, name)
+		err = newname.Place(pfd, tmpName, name)
 	}
 	if err != nil {
 		cleanup()

@@ -23,7 +23,7 @@ func (w *Workspace) Platform() *Workspace {
 
 // PlaceFile atomically puts the size bytes read from r at rel: the content
 // goes to a temporary file in the same directory, fsynced, then takes the
-// name (PlaceNew for a new file, a rename over an existing regular one),
+// name (newname.Place for a new file, a rename over an existing regular one),
 // and the directory is fsynced, so a reader sees the old file or the whole
 // new one and a refusal leaves nothing. It is the streaming sibling of
 // WriteFile, under the filesystem's per-file limit (Limits.FileBytes), not

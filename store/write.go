@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -85,7 +86,7 @@ func (w *Workspace) WriteFile(ctx context.Context, rel string, data []byte, expe
 
 // replace writes data to a temporary file of mode perm in parent and
 // renames it to name. With mustCreate it refuses to replace an object that
-// appeared meanwhile (PlaceNew).
+// appeared meanwhile (newname.Place).
 func (w *Workspace) replace(parent *Dir, name, rel string, data []byte, perm uint32, mustCreate bool, by Change) error {
 	return w.replaceFrom(parent, name, rel, bytes.NewReader(data), perm, mustCreate, by)
 }
@@ -126,7 +127,7 @@ func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm
 		}
 	}
 	if mustCreate {
-		err = PlaceNew(pfd, tmpName, name)
+		err = newname.Place(pfd, tmpName, name)
 	} else {
 		err = unix.Renameat(pfd, tmpName, pfd, name)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentloom/loomfs/newname"
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 )
@@ -158,7 +159,7 @@ func (l *Limiter) apply(n int) {
 }
 
 // join creates and locks this holder's file: made under a temporary name,
-// locked, then renamed to its holder name, so that no other holder ever
+// locked, then placed under its holder name (newname), so that no other holder ever
 // sees a holder's file unlocked while its holder lives.
 func (s *share) join() error {
 	var b [8]byte
@@ -176,7 +177,7 @@ func (s *share) join() error {
 		return fmt.Errorf("throttle: join: lock: %w", err)
 	}
 	name := id + holderSuffix
-	if err := unix.Renameat(s.dfd, tmp, s.dfd, name); err != nil {
+	if err := newname.Place(s.dfd, tmp, name); err != nil {
 		unix.Unlinkat(s.dfd, tmp, 0)
 		unix.Close(fd)
 		return fmt.Errorf("throttle: join: %w", err)

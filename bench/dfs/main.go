@@ -17,9 +17,11 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -27,6 +29,7 @@ func main() {
 	volume := flag.String("volume-id", "", "the volume id its marker holds")
 	writes := flag.Int("writes", 300, "workspace_write calls timed")
 	incs := flag.Int("increments", 200, "compare-and-swap increments per node")
+	names := flag.Int("names", 3, "new names made on node A and looked up on node B, by rename and by newname.Place")
 	flag.Parse()
 	a, b, ok := strings.Cut(*roots, ",")
 	if !ok || *volume == "" {
@@ -34,6 +37,9 @@ func main() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
+	if *names > 0 {
+		firstLookups(a, b, *names)
+	}
 	ta, tb := box(ctx, a, *volume, "node-a"), box(ctx, b, *volume, "node-b")
 
 	content := strings.Repeat("x", 4096)
@@ -50,6 +56,8 @@ func main() {
 	call(ctx, ta, tools.Write, map[string]any{"path": "counter", "content": "0"})
 	var wg sync.WaitGroup
 	conflicts := make([]int, 2)
+	// Each node's read and write latencies: where an increment's time goes.
+	reads, casWrites := make([][]time.Duration, 2), make([][]time.Duration, 2)
 	t0 := time.Now()
 	for i, t := range []*tools.Toolbox{ta, tb} {
 		wg.Add(1)
@@ -57,10 +65,14 @@ func main() {
 			defer wg.Done()
 			for done := 0; done < *incs; {
 				var r struct{ Content, SHA256 string }
+				s := time.Now()
 				json.Unmarshal(call(ctx, t, tools.Read, map[string]any{"path": "counter"}), &r)
+				reads[i] = append(reads[i], time.Since(s))
 				v, _ := strconv.Atoi(r.Content)
 				in, _ := json.Marshal(map[string]any{"path": "counter", "content": strconv.Itoa(v + 1), "expected_sha256": r.SHA256})
+				s = time.Now()
 				_, err := t.Call(ctx, tools.Write, "", in)
+				casWrites[i] = append(casWrites[i], time.Since(s))
 				switch {
 				case err == nil:
 					done++
@@ -78,6 +90,68 @@ func main() {
 	json.Unmarshal(call(ctx, tb, tools.Read, map[string]any{"path": "counter"}), &r)
 	fmt.Printf("CAS increments from two nodes in-process: %.0f/s (%d in %.2f s, counter %s, conflicts %d+%d)\n",
 		float64(2**incs)/el.Seconds(), 2**incs, el.Seconds(), r.Content, conflicts[0], conflicts[1])
+	for i, node := range []string{"A", "B"} {
+		fmt.Printf("  node %s: read p50 %.2f ms, p90 %.2f, max %.0f, sum %.0f; write (or conflict) p50 %.2f ms, p90 %.2f, max %.0f, sum %.0f\n",
+			node, pct(reads[i], 50), pct(reads[i], 90), pct(reads[i], 100), ms(sum(reads[i])),
+			pct(casWrites[i], 50), pct(casWrites[i], 90), pct(casWrites[i], 100), ms(sum(casWrites[i])))
+	}
+}
+
+func sum(d []time.Duration) (t time.Duration) {
+	for _, x := range d {
+		t += x
+	}
+	return t
+}
+
+// pct is the p-th percentile of d, in milliseconds.
+func pct(d []time.Duration, p int) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return ms(d[min(len(d)*p/100, len(d)-1)])
+}
+
+// firstLookups makes n new names on node A, each a file written under a
+// temporary name and given its name by rename(2) or by newname.Place, and
+// times node B's first stat of each: on CephFS a name made by rename
+// keeps another client waiting about five seconds.
+func firstLookups(a, b string, n int) {
+	dir := "names-" + strconv.Itoa(os.Getpid())
+	if err := os.Mkdir(a+"/"+dir, 0o700); err != nil {
+		die(err)
+	}
+	defer os.RemoveAll(a + "/" + dir)
+	dfd, err := unix.Open(a+"/"+dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		die(err)
+	}
+	defer unix.Close(dfd)
+	for _, way := range []string{"rename", "newname.Place"} {
+		var lat []time.Duration
+		for i := range n {
+			name := fmt.Sprintf("%s.%d", way, i)
+			if err := os.WriteFile(a+"/"+dir+"/tmp", make([]byte, 64), 0o600); err != nil {
+				die(err)
+			}
+			if way == "rename" {
+				err = unix.Renameat(dfd, "tmp", dfd, name)
+			} else {
+				err = newname.Place(dfd, "tmp", name)
+			}
+			if err != nil {
+				die(err)
+			}
+			t0 := time.Now()
+			if _, err := os.Stat(b + "/" + dir + "/" + name); err != nil {
+				die(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		fmt.Printf("a new name made on node A by %s, node B's first stat of it: p50 %.1f ms, max %.1f ms (%d names)\n",
+			way, pct(lat, 50), pct(lat, 100), n)
+	}
 }
 
 // box opens scope bench/dfs/s1 of the volume at root, auditing as the

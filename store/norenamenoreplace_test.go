@@ -3,52 +3,11 @@ package store_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
-
-// TestPlaceNew: an exclusive create refuses an existing name and leaves no
-// temporary file, with RENAME_NOREPLACE and without it (ceph-fuse,
-// GlusterFS).
-func TestPlaceNew(t *testing.T) {
-	for _, refused := range []bool{false, true} {
-		name := "renameat2"
-		if refused {
-			name = "no RENAME_NOREPLACE"
-		}
-		t.Run(name, func(t *testing.T) {
-			if refused {
-				store.RefuseRenameNoReplace(t)
-			}
-			dir := t.TempDir()
-			dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer unix.Close(dfd)
-			mkfile(t, filepath.Join(dir, "tmp1"), "new")
-			if err := store.PlaceNew(dfd, "tmp1", "rec"); err != nil {
-				t.Fatalf("PlaceNew onto a new name: %v", err)
-			}
-			mkfile(t, filepath.Join(dir, "tmp2"), "other")
-			if err := store.PlaceNew(dfd, "tmp2", "rec"); !errors.Is(err, unix.EEXIST) {
-				t.Fatalf("PlaceNew onto an existing name = %v, want EEXIST", err)
-			}
-			if b, _ := os.ReadFile(filepath.Join(dir, "rec")); string(b) != "new" {
-				t.Errorf("rec holds %q, want %q", b, "new")
-			}
-			if _, err := os.Stat(filepath.Join(dir, "tmp1")); !os.IsNotExist(err) {
-				t.Errorf("the placed temporary file is still there: %v", err)
-			}
-		})
-	}
-}
 
 // TestNoRenameNoReplace: every exclusive create of a scope works where
 // the filesystem refuses RENAME_NOREPLACE, and still refuses a second

@@ -1,0 +1,57 @@
+// Package newname gives a fully written temporary file a name that does
+// not exist yet, in one step: a reader on any node sees no file there or
+// the whole one, and an existing name is refused, never replaced.
+//
+// Every file loomfs makes for other processes and nodes to find (a tool
+// door's new file, a call record, a quota ledger's next version, a
+// journal, a holder's lock file) is written under a temporary name and
+// then placed here. It uses renameat2(RENAME_NOREPLACE) where the
+// filesystem has it and, where it answers EINVAL (ceph-fuse, GlusterFS,
+// older NFS), a hard link of the temporary name and its removal, which
+// refuse an existing name just as well.
+//
+// A plain rename(2) onto a new name would do on a local disk, but not on
+// CephFS: after one ceph-fuse client renames a file onto a name that did
+// not exist, another client's first lookup of that name waits about five
+// seconds in the metadata server (0.002 s after a link or a create; a
+// rename over an existing name waits only the first time). So nothing
+// loomfs shares across nodes is given a new name by rename(2).
+package newname
+
+import "golang.org/x/sys/unix"
+
+// renameNoReplace is renameat2(RENAME_NOREPLACE) within one directory.
+var renameNoReplace = func(dfd int, tmp, name string) error {
+	return unix.Renameat2(dfd, tmp, dfd, name, unix.RENAME_NOREPLACE)
+}
+
+// RenameNoReplace is renameat2(RENAME_NOREPLACE) within dfd alone, as Place
+// tries it first: for a probe of whether the filesystem has it (an
+// EINVAL or ENOSYS says no).
+func RenameNoReplace(dfd int, tmp, name string) error { return renameNoReplace(dfd, tmp, name) }
+
+// Place gives the fully written temporary file tmp in directory dfd the
+// name name, which must not exist: an existing name answers EEXIST. On
+// success tmp is gone; on an error it may remain, for the caller to
+// remove. A file that is open (and locked) keeps its open files and locks.
+func Place(dfd int, tmp, name string) error {
+	err := renameNoReplace(dfd, tmp, name)
+	if err != unix.EINVAL && err != unix.ENOSYS {
+		return err
+	}
+	if err := unix.Linkat(dfd, tmp, dfd, name, 0); err != nil {
+		return err
+	}
+	unix.Unlinkat(dfd, tmp, 0)
+	return nil
+}
+
+// WithoutRenameNoReplace makes Place act, until restore is called, as on
+// a filesystem that refuses RENAME_NOREPLACE (ceph-fuse, GlusterFS): for
+// tests of the fallback. Place must not run meanwhile on other goroutines
+// that expect otherwise.
+func WithoutRenameNoReplace() (restore func()) {
+	old := renameNoReplace
+	renameNoReplace = func(int, string, string) error { return unix.EINVAL }
+	return func() { renameNoReplace = old }
+}
