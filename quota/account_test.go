@@ -164,18 +164,11 @@ func TestIdleFoldTriedAgain(t *testing.T) {
 	if err := a.Reserve(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLedgerLock(t, path)
 	// The fold starts after 20 ms and gives up 5 ms later, many times
 	// over while the lock is held.
 	time.Sleep(600 * time.Millisecond)
-	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+	release()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		st, _ := quota.Inspect(dir)
@@ -201,14 +194,7 @@ func TestChangeDoesNotWaitBehindIdleFold(t *testing.T) {
 	if err := a.Reserve(context.Background(), 100, 0); err != nil { // takes a grant
 		t.Fatal(err)
 	}
-	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLedgerLock(t, path)
 	// The holder goes idle and its fold starts waiting for the lock.
 	time.Sleep(idle + idle/2)
 	done := make(chan error, 1)
@@ -222,11 +208,27 @@ func TestChangeDoesNotWaitBehindIdleFold(t *testing.T) {
 		}
 	case <-time.After(5 * idle):
 		t.Errorf("a change within the grant waited for the ledger's lock behind an idle fold")
-		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+		release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// holdLedgerLock takes the ledger's lock of the account in path from an
+// open file of its own, as another process would, until release (or the
+// test's end).
+func holdLedgerLock(t *testing.T, path string) (release func()) {
+	t.Helper()
+	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	return func() { unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK}) }
 }
 
 // TestKilledHolderGrantsReturn: a process killed while holding a grant
@@ -526,25 +528,16 @@ func TestLedgerLockWaitEndsWithTheRequest(t *testing.T) {
 	if _, err := a.Usage(context.Background()); err != nil { // makes the ledger
 		t.Fatal(err)
 	}
-	fd, err := unix.Open(path+"/ledger.lock", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
-		t.Fatal(err)
-	}
+	release := holdLedgerLock(t, path)
 	// Let the lock go after 3 s whatever happens, so that a wait that
 	// can't end early fails the test instead of hanging it.
-	freed := time.AfterFunc(3*time.Second, func() {
-		unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
-	})
+	freed := time.AfterFunc(3*time.Second, release)
 	defer freed.Stop()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = a.Reserve(ctx, 10, 0)
+	err := a.Reserve(ctx, 10, 0)
 	waited := time.Since(start)
 	if policy.CodeOf(err) != policy.Timeout {
 		t.Errorf("a grant while the ledger's lock is held, the request ending at 100 ms: %v, want timeout", err)
@@ -564,7 +557,7 @@ func TestLedgerLockWaitEndsWithTheRequest(t *testing.T) {
 	if !freed.Stop() {
 		t.Fatal("the lock was let go before the check")
 	}
-	unix.FcntlFlock(uintptr(fd), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_UNLCK})
+	release()
 	if err := a.Reserve(context.Background(), 10, 0); err != nil {
 		t.Errorf("once the lock is free: %v", err)
 	}

@@ -423,6 +423,10 @@ func probePeer(ctx context.Context, nfd int, opts CheckOptions, where string) (s
 	}
 	defer unix.Close(pfd)
 
+	// The first version is placed as loomfs places a new name (package
+	// newname: on CephFS a rename onto a new name keeps the other client's
+	// first lookup waiting seconds), every later one renamed over it.
+	placed := false
 	replace := func(dfd int, content string) error {
 		fd, err := unix.Openat(dfd, "peer.tmp", unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -435,6 +439,10 @@ func probePeer(ctx context.Context, nfd int, opts CheckOptions, where string) (s
 		unix.Close(fd)
 		if err != nil {
 			return err
+		}
+		if !placed {
+			placed = true
+			return newname.Place(dfd, "peer.tmp", "peer")
 		}
 		return unix.Renameat(dfd, "peer.tmp", dfd, "peer")
 	}
