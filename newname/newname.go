@@ -12,10 +12,10 @@
 //
 // A plain rename(2) onto a new name would do on a local disk, but not on
 // CephFS: after one ceph-fuse client renames a file onto a name that did
-// not exist, another client's first lookup of that name waits about five
-// seconds in the metadata server (0.002 s after a link or a create; a
-// rename over an existing name waits only the first time). So nothing
-// loomfs shares across nodes is given a new name by rename(2).
+// not exist, another client's first lookup of that name waits in the
+// metadata server until its next tick, about five seconds (2–5 ms after a
+// link or a create). So nothing loomfs shares across nodes is given a new
+// name by rename(2).
 package newname
 
 import "golang.org/x/sys/unix"

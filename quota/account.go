@@ -310,7 +310,7 @@ func (a *Account) locked(ctx context.Context, heal bool, fn func(l *ledger, live
 	switch {
 	case !recount:
 	case !ok || quiet(live):
-		cctx, cancel := a.countContext(ctx, ok)
+		cctx, cancel := a.countContext(ctx, heal)
 		c, err := a.count(cctx, live)
 		cancel()
 		switch {
@@ -344,12 +344,12 @@ func (a *Account) locked(ctx context.Context, heal bool, fn func(l *ledger, live
 	return nil
 }
 
-// countContext bounds a count of the scope under the ledger's lock. One
-// the ledger can't do without takes the caller's ctx; one that only makes
-// an unsure ledger sure is not bounded by a fold's brief wait for the lock
-// but by closeWait idle spells, and leaves the ledger unsure if it fails.
-func (a *Account) countContext(ctx context.Context, ok bool) (context.Context, context.CancelFunc) {
-	if !ok {
+// countContext bounds a count of the scope under the ledger's lock. On a
+// write's path (no heal) that is the write's own ctx; off it, a fold's or
+// a reconcile's count is bounded by closeWait idle spells, not by a fold's
+// brief wait for the lock, which a walk of a large scope outlasts.
+func (a *Account) countContext(ctx context.Context, heal bool) (context.Context, context.CancelFunc) {
+	if !heal {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), closeWait*a.opts.Idle)

@@ -41,8 +41,9 @@ type ledger struct {
 	Files int64 `json:"files"`
 	// Unsure says a holder on another node died with a grant, counted as
 	// spent whole while another node's holder was changing the scope, so
-	// the ledger may count more than the scope holds: whoever next takes
-	// the lock with no other node's holder active counts the scope again.
+	// the ledger may count more than the scope holds: the next holder to
+	// fold or reconcile with no other node's holder active counts the
+	// scope again.
 	Unsure bool `json:"unsure,omitempty"`
 }
 

@@ -118,8 +118,8 @@ type State struct {
 	// Unsure says the ledger may count more than the scope holds: a
 	// holder on another node died with a grant, counted as spent, while
 	// another node's holder was changing the scope. The next holder to
-	// take the ledger's lock with no other node's holder active counts
-	// the scope again.
+	// fold or reconcile with no other node's holder active counts the
+	// scope again.
 	Unsure bool `json:"unsure,omitempty"`
 	// Unlocked says the account was read without the ledger's lock,
 	// which a holder kept longer than the reader waits (a reconcile
