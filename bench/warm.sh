@@ -15,12 +15,15 @@
 # limit (a writer in a scope whose policy sets io_bytes_per_s, while a
 # writer in another scope of the same volume has none; then two mounts of
 # the limited scope writing at once, which share its one limit).
+# BASELINE=PATH (a loomfs binary of another build) adds the layer
+# "before": that build's mount as it ships, in the same rounds.
 # Run as root: ROUNDS=5 bash bench/warm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 PINS=${PINS:-"unpinned pinned"}
-LAYERS=${LAYERS:-"native strict loomfs loopback bindfs"}
+BASELINE=${BASELINE:-}
+LAYERS=${LAYERS:-"native strict ${BASELINE:+before }loomfs loopback bindfs"}
 WORKLOADS=${WORKLOADS:-"status rg find stat untar clone build rebuild"}
 SECTIONS=${SECTIONS:-"warm cmd limit"}
 LIMIT=${LIMIT:-20}         # MiB/s of the limited scope
@@ -75,7 +78,7 @@ declare -A BACK
 section warm || LAYERS=""
 for layer in $LAYERS; do
 	case $layer in
-	strict | loomfs)
+	strict | loomfs | before)
 		root=$work/root-$layer
 		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
 		BACK[$layer]=$root/spaces/bench/agents/agent/sessions/s/main ;;
@@ -89,9 +92,11 @@ mount_layer() {
 	mkdir -p "$mnt"
 	case $layer in
 	native) dir=${BACK[native]}; return ;;
-	strict | loomfs)
-		local pol=(); [ "$layer" = strict ] && pol=(--policy "$work/strict.yaml")
-		"${pre[@]}" "$bin/loomfs" --root "$work/root-$layer" "${pol[@]}" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
+	strict | loomfs | before)
+		local pol=() exe=$bin/loomfs
+		[ "$layer" = strict ] && pol=(--policy "$work/strict.yaml")
+		[ "$layer" = before ] && exe=$BASELINE
+		"${pre[@]}" "$exe" --root "$work/root-$layer" "${pol[@]}" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$! ;;
 	loopback)
 		"${pre[@]}" "$bin/loopback" "${BACK[$layer]}" "$mnt" >/dev/null 2>"$work/daemon.log" &

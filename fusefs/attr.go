@@ -176,6 +176,12 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if err := fchmod(fd, policy.OwnerPerm(mode), pathFD); err != nil {
 			return f.failed(ctx, ev, err)
 		}
+		if n.IsDir() && f.dirCache() != 0 {
+			// The listing the kernel keeps is served without asking
+			// here (openlessDirs): drop it, so the next read of the
+			// directory is checked against its new permission bits.
+			n.NotifyContent(0, 0)
+		}
 	}
 	if setTimes {
 		if err := futimens(fd, in, pathFD); err != nil {

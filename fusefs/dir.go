@@ -14,25 +14,20 @@ import (
 )
 
 // dirHandle is one open directory: the backing directory fd the store
-// opened, and a snapshot of the entries the policy lets the mount show,
-// taken at the first read and again after a rewind.
-//
-// The backing directory is opened at the first request that needs it (a
-// read, a READDIRPLUS lookup, an fsync), not at OPENDIR: the kernel keeps
-// a directory's listing (FOPEN_CACHE_DIR) and answers a warm opendir and
-// readdir from it, so the open would be a path resolution, a statx and a
-// close per opendir that nothing reads from (find and git status open
-// every directory of the tree).
+// opened, read a buffer at a time. Its entries carry the backing
+// filesystem's own offsets (d_off), so a read that goes on where the last
+// one stopped, in this handle or in a new one (openlessDirs), seeks the
+// backing directory there: an entry unlinked or added between two reads
+// moves no other entry, as rm -r of a large directory needs.
 type dirHandle struct {
 	node *node
 	rel  string
 
-	mu      sync.Mutex
-	file    *os.File // nil until opened (backing)
-	fd      int      // -1 until then
-	entries []fuse.DirEntry
-	loaded  bool
-	pos     int
+	mu   sync.Mutex
+	file *os.File
+	fd   int
+	buf  []byte // a getdents buffer
+	todo []byte // what is left of it to hand out
 	// seen is the regular file Readdirent last described, and seenSx
 	// what statx said of it then.
 	seen   string
@@ -47,12 +42,9 @@ var (
 	_ = (fs.FileReleasedirer)((*dirHandle)(nil))
 )
 
-// openFD returns the backing fd of an open file or directory, or -1 (a
-// directory not read from yet).
+// openFD returns the backing fd of an open file or directory, or -1.
 func openFD(fh fs.FileHandle) int {
 	if d, ok := fh.(*dirHandle); ok {
-		d.mu.Lock()
-		defer d.mu.Unlock()
 		return d.fd
 	}
 	if h := handleOf(fh); h != nil {
@@ -61,13 +53,11 @@ func openFD(fh fs.FileHandle) int {
 	return -1
 }
 
-// OpendirHandle opens the backing directory at once unless the kernel
-// may hold the directory's listing: then it answers from the policy and
-// what the node last saw of the directory (its permission bits), and the
-// backing directory is opened if a request needs it (dirHandle.backing).
-// A directory replaced behind the mount is thus still answered ESTALE at
-// the opendir, which the kernel retries with a fresh lookup, once the
-// follower has dropped what the kernel held of it (node.listed).
+// OpendirHandle opens the backing directory: the node's own object, at
+// its path now. A directory replaced behind the mount is answered ESTALE,
+// which at an opendir the kernel retries with a fresh lookup. Where the
+// kernel keeps listings it sends no OPENDIR at all (openlessDirs): this
+// is then called for each read the kernel could not answer itself.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	f := n.fsys
 	rel, ok := n.relPath()
@@ -77,120 +67,79 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	if err := f.admit(policy.OpList, rel); err != nil {
 		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
 	}
-	d := &dirHandle{node: n, fd: -1, rel: rel}
-	cache := f.dirCache()
-	if cache == 0 || !n.listed.Load() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if e := d.backing(ctx); e != 0 {
-			return nil, 0, e
-		}
-		return d, cache, 0
-	}
-	if err := f.access(ctx, rel, n.object(), policy.MayRead); err != nil {
-		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
-	}
-	return d, cache, 0
-}
-
-// backing opens the backing directory if it is not open yet: the node's
-// own object, at its path now. d.mu is held.
-func (d *dirHandle) backing(ctx context.Context) syscall.Errno {
-	if d.fd >= 0 {
-		return 0
-	}
-	n, f := d.node, d.node.fsys
-	rel, ok := n.relPath()
-	if !ok {
-		return syscall.ENOENT
-	}
 	file, _, err := f.ws.Open(policy.OpList, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
-			return syscall.ESTALE
+			return nil, 0, syscall.ESTALE
 		}
-		return policy.Errno(err)
+		return nil, 0, policy.Errno(err)
 	}
 	fd := int(file.Fd())
 	sx, err := statAt(fd, "")
 	if err != nil {
 		file.Close()
-		return policy.Errno(err)
+		return nil, 0, policy.Errno(err)
 	}
 	if !sameObject(n.StableAttr(), &sx) {
 		file.Close()
-		return syscall.ESTALE
+		return nil, 0, syscall.ESTALE
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	if err := f.access(ctx, rel, objectOf(&sx), policy.MayRead); err != nil {
 		file.Close()
-		return f.refused(ctx, f.event(ctx, "readdir", rel), err)
+		return nil, 0, f.refused(ctx, f.event(ctx, "readdir", rel), err)
 	}
-	d.file, d.fd, d.rel = file, fd, rel
 	f.dirOpens.Add(1)
-	return 0
+	return &dirHandle{node: n, rel: rel, file: file, fd: fd}, f.dirCache(), 0
 }
 
-// load reads the whole directory, keeping the entries the tools could
-// address and the policy lists: never loomfs's own files or hidden paths.
-// Nor are the files loomfs places at the top itself (fsys.placedHere).
-func (d *dirHandle) load(ctx context.Context) syscall.Errno {
-	if e := d.backing(ctx); e != 0 {
-		return e
-	}
+// next returns the next backing entry the mount shows, nil at the end:
+// never loomfs's own files or hidden paths, nor names the tools could not
+// address, nor the files loomfs places at the top itself
+// (fsys.placedHere). d.mu is held.
+func (d *dirHandle) next() (*fuse.DirEntry, syscall.Errno) {
 	f := d.node.fsys
-	if rel, ok := d.node.relPath(); ok {
-		d.rel = rel // renamed since it was opened
-	}
-	if _, err := unix.Seek(d.fd, 0, 0); err != nil {
-		return policy.Errno(err)
-	}
-	d.entries = d.entries[:0]
-	buf := make([]byte, 32<<10)
 	for {
-		n, err := unix.Getdents(d.fd, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return policy.Errno(err)
-		}
-		if n == 0 {
-			break
-		}
-		for b := buf[:n]; len(b) > 0; {
-			var de fuse.DirEntry
-			b = b[de.Parse(b):]
-			if de.Name != "." && de.Name != ".." {
-				if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
-					continue
-				}
-				if d.node == f.root && f.placedHere(de.Name) {
-					continue
-				}
+		if len(d.todo) == 0 {
+			if d.buf == nil {
+				d.buf = make([]byte, 32<<10)
 			}
-			de.Off = uint64(len(d.entries) + 1)
-			d.entries = append(d.entries, de)
+			if rel, ok := d.node.relPath(); ok {
+				d.rel = rel // renamed since it was opened
+			}
+			n, err := unix.Getdents(d.fd, d.buf)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return nil, policy.Errno(err)
+			}
+			if n == 0 {
+				return nil, 0
+			}
+			d.todo = d.buf[:n]
 		}
+		var de fuse.DirEntry
+		d.todo = d.todo[de.Parse(d.todo):]
+		if de.Name != "." && de.Name != ".." {
+			if policy.CheckName(d.rel, de.Name, f.pol.MainScope) != nil || !f.pol.Listed(policy.Join(d.rel, de.Name)) {
+				continue
+			}
+			if d.node == f.root && f.placedHere(de.Name) {
+				continue
+			}
+		}
+		return &de, 0
 	}
-	d.loaded = true
-	d.node.listed.Store(true)
-	return 0
 }
 
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.loaded {
-		if e := d.load(ctx); e != 0 {
-			return nil, e
-		}
+	de, e := d.next()
+	if de == nil || e != 0 {
+		return nil, e
 	}
-	if d.pos >= len(d.entries) {
-		return nil, 0
-	}
-	de := d.entries[d.pos]
-	d.pos++
 	if de.Mode == unix.S_IFREG {
 		// An emulated link is a regular file on the backing store: readdir
 		// gives it the DT_LNK lstat will show. A READDIRPLUS looks the
@@ -203,17 +152,18 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 			}
 		}
 	}
-	return &de, 0
+	return de, 0
 }
 
+// Seekdir moves to a backing offset an entry carried (0: the start, which
+// sees the directory as it is now).
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if off == 0 {
-		// A rewind sees the directory as it is now.
-		d.loaded = false
+	if _, err := unix.Seek(d.fd, int64(off), 0); err != nil {
+		return policy.Errno(err)
 	}
-	d.pos = int(off)
+	d.todo = nil
 	return 0
 }
 
@@ -224,10 +174,6 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	f := d.node.fsys
 	d.mu.Lock()
-	if e := d.backing(ctx); e != 0 {
-		d.mu.Unlock()
-		return nil, e
-	}
 	dir, fd := d.rel, d.fd
 	sx, seen := d.seenSx, d.seen == name
 	d.seen = ""
@@ -256,11 +202,6 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 }
 
 func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if e := d.backing(ctx); e != 0 {
-		return e
-	}
 	if err := unix.Fsync(d.fd); err != nil {
 		return policy.Errno(err)
 	}
@@ -268,9 +209,82 @@ func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.file != nil {
-		d.file.Close()
+	d.file.Close()
+}
+
+// openlessDirs serves directories without OPENDIR where the kernel keeps
+// their listings. It answers the first OPENDIR ENOSYS, after which the
+// kernel (Linux 5.1, FUSE 7.29, and later) opens directories itself, keeps
+// each listing (FOPEN_CACHE_DIR and FOPEN_KEEP_CACHE, its default then)
+// and sends neither OPENDIR nor RELEASEDIR again: a warm find or git
+// status costs the daemon nothing per directory, where it cost two round
+// trips. What the kernel can't answer from a listing it keeps comes as a
+// READDIR, READDIRPLUS or FSYNCDIR with no handle (fh 0), served here
+// through a handle of its own, opened and released around the request:
+// OpendirHandle still checks the policy and the caller's permission for
+// every read that reaches the backing directory, and the backing offsets
+// the entries carry (dirHandle) let the next read go on where this one
+// stopped.
+//
+// A listing the kernel keeps is given to every process that opens the
+// directory without a check here, as an entry it keeps is to every
+// process that walks through it: on a mount whose processes run as one
+// user (a sandbox's) only a change of the directory's permission bits
+// matters, and a chmod through the mount drops the listing (node.Setattr).
+// "cache: strict" keeps OPENDIR: no listing is kept there.
+type openlessDirs struct {
+	fuse.RawFileSystem
+	f *fsys
+	// server is the mount's, set before it serves: its INIT says whether
+	// the kernel lets a filesystem go without OPENDIR.
+	server *fuse.Server
+}
+
+// minorNoOpendir is the first FUSE protocol minor version in which the
+// kernel takes ENOSYS from OPENDIR to mean "open directories yourself".
+const minorNoOpendir = 29
+
+func (o *openlessDirs) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	o.f.opendirs.Add(1)
+	if o.server.KernelSettings().Minor >= minorNoOpendir {
+		return fuse.ENOSYS
 	}
+	return o.RawFileSystem.OpenDir(cancel, in, out)
+}
+
+func (o *openlessDirs) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return o.withHandle(cancel, in.InHeader, &in.Fh, func() fuse.Status {
+		return o.RawFileSystem.ReadDir(cancel, in, out)
+	})
+}
+
+func (o *openlessDirs) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return o.withHandle(cancel, in.InHeader, &in.Fh, func() fuse.Status {
+		return o.RawFileSystem.ReadDirPlus(cancel, in, out)
+	})
+}
+
+func (o *openlessDirs) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	return o.withHandle(cancel, in.InHeader, &in.Fh, func() fuse.Status {
+		return o.RawFileSystem.FsyncDir(cancel, in)
+	})
+}
+
+// withHandle runs serve with *fh set to a handle of the directory opened
+// for it when the kernel sent none, and releases that handle after.
+func (o *openlessDirs) withHandle(cancel <-chan struct{}, h fuse.InHeader, fh *uint64, serve func() fuse.Status) fuse.Status {
+	if *fh != 0 {
+		return serve()
+	}
+	var opened fuse.OpenOut
+	in := fuse.OpenIn{InHeader: h, Flags: unix.O_RDONLY | unix.O_DIRECTORY}
+	if st := o.RawFileSystem.OpenDir(cancel, &in, &opened); st != fuse.OK {
+		return st
+	}
+	*fh = opened.Fh
+	defer func() {
+		o.RawFileSystem.ReleaseDir(&fuse.ReleaseIn{InHeader: h, Fh: opened.Fh})
+		*fh = 0
+	}()
+	return serve()
 }

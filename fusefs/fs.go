@@ -60,8 +60,10 @@ type fsys struct {
 	flushCount atomic.Int64
 
 	// dirOpens counts the backing directories opened for open directories
-	// (dirHandle.backing); tests use it.
+	// (OpendirHandle), and opendirs the OPENDIRs the kernel sent where it
+	// keeps listings (openlessDirs); tests use them.
 	dirOpens atomic.Int64
+	opendirs atomic.Int64
 	// drops counts the follower's drops (a line of another writer each,
 	// or all at once), before the kernel is told: what the mount knows of
 	// the directories it made holds only while it stands still

@@ -104,12 +104,20 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 		RootStableAttr:  &rootAttr,
 	})
 	var served fuse.RawFileSystem = flushOwners{RawFileSystem: raw, f: f}
+	var dirs *openlessDirs
+	if f.dirCache() != 0 {
+		dirs = &openlessDirs{RawFileSystem: served, f: f}
+		served = dirs
+	}
 	if f.limit != nil {
 		served = throttledOps{RawFileSystem: served, limit: f.limit}
 	}
 	server, err := fuse.NewServer(served, dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
+	}
+	if dirs != nil {
+		dirs.server = server
 	}
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {

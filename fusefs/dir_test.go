@@ -1,0 +1,156 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/agentloom/loomfs/policy"
+)
+
+// TestOpenlessDirs: where the kernel keeps listings it is told once that
+// it may open directories itself, and a warm listing of any directory
+// then reaches the daemon not at all.
+func TestOpenlessDirs(t *testing.T) {
+	e := newEnv(t)
+	for _, d := range []string{"a", "b", "b/c"} {
+		mustMkdir(t, e.path(d))
+		mustWrite(t, e.path(d+"/f"), "x")
+	}
+	f := e.m.fsys
+	for range 3 {
+		for _, d := range []string{".", "a", "b", "b/c"} {
+			if _, err := os.ReadDir(e.path(d)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := f.opendirs.Load(); n != 1 {
+		t.Errorf("the kernel sent %d OPENDIRs for 12 listings of 4 directories, want 1 (answered ENOSYS)", n)
+	}
+	before := f.dirOpens.Load()
+	for _, d := range []string{".", "a", "b", "b/c"} {
+		if _, err := os.ReadDir(e.path(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.dirOpens.Load() - before; n != 0 {
+		t.Errorf("warm listings of 4 directories opened %d backing directories, want 0", n)
+	}
+}
+
+// TestOpenlessStrict: under "cache: strict" nothing is kept, and every
+// opendir is the daemon's.
+func TestOpenlessStrict(t *testing.T) {
+	e := newEnv(t, withCache(policy.CacheStrict))
+	mustMkdir(t, e.path("a"))
+	for range 3 {
+		if _, err := os.ReadDir(e.path("a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.m.fsys.opendirs.Load(); n != 0 {
+		t.Errorf("openlessDirs served a strict mount (%d OPENDIRs)", n)
+	}
+	if n := e.m.fsys.dirOpens.Load(); n < 3 {
+		t.Errorf("%d backing opens for 3 listings under cache: strict, want 3 or more", n)
+	}
+}
+
+// TestListWhileRemoving: a program that reads a large directory a batch
+// at a time and removes each batch before it reads the next (rm -r,
+// shutil.rmtree, a build's clean) sees every entry exactly once and
+// leaves the directory empty: each read the kernel can't answer itself
+// is served by a handle of its own, which goes on from the backing
+// directory's own offset, not from a position the removals moved.
+func TestListWhileRemoving(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			e := newEnv(t)
+			const files = 3000
+			if err := os.Mkdir(e.host("d"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			for i := range files {
+				if err := os.WriteFile(e.host(fmt.Sprintf("d/file-with-a-longish-name-%04d", i)), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if warm {
+				if err := wantEntries(e.path("d"), files); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir, err := os.Open(e.path("d"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dir.Close()
+			seenNames := map[string]bool{}
+			for {
+				names, err := dir.Readdirnames(100)
+				if len(names) == 0 {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, name := range names {
+					if seenNames[name] {
+						t.Fatalf("%s listed twice", name)
+					}
+					seenNames[name] = true
+					if err := os.Remove(e.path("d/" + name)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if len(seenNames) != files {
+				t.Errorf("listed %d of %d files while removing them", len(seenNames), files)
+			}
+			if err := os.Remove(e.path("d")); err != nil {
+				t.Errorf("the directory is not empty after the listing: %v", err)
+			}
+		})
+	}
+}
+
+// TestChmodDropsListing: a listing the kernel keeps is not served past a
+// chmod that takes the read bit away, nor kept from the owner once it is
+// given back.
+func TestChmodDropsListing(t *testing.T) {
+	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
+	out, err := asUser(t, e.mnt, DefaultUID, `cd $W || exit 99
+mkdir d && touch d/f && ls d && chmod 0300 d && if ls d; then echo LISTED; fi
+chmod 0700 d && ls d`)
+	if err != nil {
+		t.Fatalf("as the sandbox user: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "LISTED") || !strings.Contains(out, "Permission denied") {
+		t.Errorf("a directory without its read bit was listed:\n%s", out)
+	}
+	if strings.Count(out, "f\n") != 2 {
+		t.Errorf("want the file listed before and after:\n%s", out)
+	}
+}
+
+// TestFsyncDir: fsync of a directory reaches the backing directory,
+// though the kernel opened the directory without the daemon.
+func TestFsyncDir(t *testing.T) {
+	e := newEnv(t)
+	mustMkdir(t, e.path("d"))
+	mustWrite(t, e.path("d/f"), "x")
+	dir, err := os.Open(e.path("d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	before := e.m.fsys.dirOpens.Load()
+	if err := dir.Sync(); err != nil {
+		t.Fatalf("fsync of a directory: %v", err)
+	}
+	if e.m.fsys.dirOpens.Load() == before {
+		t.Error("fsync of a directory opened no backing directory")
+	}
+}
