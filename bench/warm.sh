@@ -16,7 +16,8 @@
 # writer in another scope of the same volume has none; then two mounts of
 # the limited scope writing at once, which share its one limit).
 # BASELINE=PATH (a loomfs binary of another build) adds the layer
-# "before": that build's mount as it ships, in the same rounds.
+# "before": that build's mount as it ships, in the same rounds. The layer
+# "kdirs" (not in the default LAYERS) is loomfs under "cache: journal-dirs".
 # Run as root: ROUNDS=5 bash bench/warm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,7 @@ go build -o "$bin/loopback" ./bench/loopback
 srctar=$work/src.tar
 tar -C "$(go env GOROOT)" -cf "$srctar" src
 printf 'cache: strict\n' >"$work/strict.yaml"
+printf 'cache: journal-dirs\n' >"$work/kdirs.yaml"
 SCOPE=bench/agent/s
 export GIT_CONFIG_GLOBAL=$work/gitconfig GIT_CONFIG_NOSYSTEM=1
 git config --global user.email bench@example.invalid
@@ -78,7 +80,7 @@ declare -A BACK
 section warm || LAYERS=""
 for layer in $LAYERS; do
 	case $layer in
-	strict | loomfs | before)
+	strict | loomfs | before | kdirs)
 		root=$work/root-$layer
 		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
 		BACK[$layer]=$root/spaces/bench/agents/agent/sessions/s/main ;;
@@ -92,9 +94,10 @@ mount_layer() {
 	mkdir -p "$mnt"
 	case $layer in
 	native) dir=${BACK[native]}; return ;;
-	strict | loomfs | before)
+	strict | loomfs | before | kdirs)
 		local pol=() exe=$bin/loomfs
 		[ "$layer" = strict ] && pol=(--policy "$work/strict.yaml")
+		[ "$layer" = kdirs ] && pol=(--policy "$work/kdirs.yaml")
 		[ "$layer" = before ] && exe=$BASELINE
 		"${pre[@]}" "$exe" --root "$work/root-$layer" "${pol[@]}" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$! ;;

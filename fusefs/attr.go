@@ -176,7 +176,7 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		if err := fchmod(fd, policy.OwnerPerm(mode), pathFD); err != nil {
 			return f.failed(ctx, ev, err)
 		}
-		if n.IsDir() && f.dirCache() != 0 {
+		if n.IsDir() && f.pol.KernelOpensDirs() {
 			// The listing the kernel keeps is served without asking
 			// here (openlessDirs): drop it, so the next read of the
 			// directory is checked against its new permission bits.

@@ -9,11 +9,11 @@ import (
 	"github.com/agentloom/loomfs/policy"
 )
 
-// TestOpenlessDirs: where the kernel keeps listings it is told once that
-// it may open directories itself, and a warm listing of any directory
-// then reaches the daemon not at all.
+// TestOpenlessDirs: under "cache: journal-dirs" the kernel is told once
+// that it may open directories itself, and a warm listing of any
+// directory then reaches the daemon not at all.
 func TestOpenlessDirs(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, withCache(policy.CacheKernelDirs))
 	for _, d := range []string{"a", "b", "b/c"} {
 		mustMkdir(t, e.path(d))
 		mustWrite(t, e.path(d+"/f"), "x")
@@ -40,21 +40,64 @@ func TestOpenlessDirs(t *testing.T) {
 	}
 }
 
-// TestOpenlessStrict: under "cache: strict" nothing is kept, and every
-// opendir is the daemon's.
-func TestOpenlessStrict(t *testing.T) {
-	e := newEnv(t, withCache(policy.CacheStrict))
-	mustMkdir(t, e.path("a"))
-	for range 3 {
-		if _, err := os.ReadDir(e.path("a")); err != nil {
-			t.Fatal(err)
-		}
+// TestOpendirKept: under "cache: journal" (the default) and "cache:
+// strict" every opendir is the daemon's, and under strict each opens the
+// backing directory.
+func TestOpendirKept(t *testing.T) {
+	for _, cache := range []policy.Cache{policy.CacheJournal, policy.CacheStrict} {
+		t.Run(string(cache), func(t *testing.T) {
+			e := newEnv(t, withCache(cache))
+			mustMkdir(t, e.path("a"))
+			for range 3 {
+				if _, err := os.ReadDir(e.path("a")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := e.m.fsys.opendirs.Load(); n != 0 {
+				t.Errorf("openlessDirs served a %s mount (%d OPENDIRs)", cache, n)
+			}
+			if n := e.m.fsys.dirOpens.Load(); cache == policy.CacheStrict && n < 3 {
+				t.Errorf("%d backing opens for 3 listings under cache: strict, want 3 or more", n)
+			}
+		})
 	}
-	if n := e.m.fsys.opendirs.Load(); n != 0 {
-		t.Errorf("openlessDirs served a strict mount (%d OPENDIRs)", n)
-	}
-	if n := e.m.fsys.dirOpens.Load(); n < 3 {
-		t.Errorf("%d backing opens for 3 listings under cache: strict, want 3 or more", n)
+}
+
+// TestUnreadableDirOpen: the price "cache: journal-dirs" states. By
+// default an open of a directory its owner can't read is refused at the
+// open, as on any disk (Python's os.fwalk counts on it); under
+// journal-dirs the open succeeds and the read of its entries fails.
+func TestUnreadableDirOpen(t *testing.T) {
+	for _, tc := range []struct {
+		cache policy.Cache
+		want  string
+	}{
+		{policy.CacheJournal, "open refused: 13"},
+		{policy.CacheKernelDirs, "opened; read refused: 13"},
+	} {
+		t.Run(string(tc.cache), func(t *testing.T) {
+			e := newEnv(t, withCache(tc.cache), withOptions(func(o *Options) { o.AllowOther = true }))
+			out, err := asUser(t, e.mnt, DefaultUID, `cd $W || exit 99
+mkdir d && touch d/f && ls d >/dev/null && chmod 0300 d && python3 -c '
+import os
+try:
+    fd = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+except OSError as e:
+    print("open refused:", e.errno)
+else:
+    try:
+        os.listdir(fd)
+        print("opened and read")
+    except OSError as e:
+        print("opened; read refused:", e.errno)
+'`)
+			if err != nil {
+				t.Fatalf("as the sandbox user: %v\n%s", err, out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("want %q, got:\n%s", tc.want, out)
+			}
+		})
 	}
 }
 
@@ -65,9 +108,13 @@ func TestOpenlessStrict(t *testing.T) {
 // is served by a handle of its own, which goes on from the backing
 // directory's own offset, not from a position the removals moved.
 func TestListWhileRemoving(t *testing.T) {
-	for _, warm := range []bool{false, true} {
-		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
-			e := newEnv(t)
+	for _, tc := range []struct {
+		cache policy.Cache
+		warm  bool
+	}{{policy.CacheJournal, false}, {policy.CacheJournal, true}, {policy.CacheKernelDirs, false}, {policy.CacheKernelDirs, true}} {
+		warm := tc.warm
+		t.Run(fmt.Sprintf("%s/warm=%v", tc.cache, warm), func(t *testing.T) {
+			e := newEnv(t, withCache(tc.cache))
 			const files = 3000
 			if err := os.Mkdir(e.host("d"), 0o700); err != nil {
 				t.Fatal(err)
@@ -118,9 +165,15 @@ func TestListWhileRemoving(t *testing.T) {
 
 // TestChmodDropsListing: a listing the kernel keeps is not served past a
 // chmod that takes the read bit away, nor kept from the owner once it is
-// given back.
+// given back, whether or not the kernel opens directories itself.
 func TestChmodDropsListing(t *testing.T) {
-	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
+	for _, cache := range []policy.Cache{policy.CacheJournal, policy.CacheKernelDirs} {
+		t.Run(string(cache), func(t *testing.T) { testChmodDropsListing(t, cache) })
+	}
+}
+
+func testChmodDropsListing(t *testing.T, cache policy.Cache) {
+	e := newEnv(t, withCache(cache), withOptions(func(o *Options) { o.AllowOther = true }))
 	out, err := asUser(t, e.mnt, DefaultUID, `cd $W || exit 99
 mkdir d && touch d/f && ls d && chmod 0300 d && if ls d; then echo LISTED; fi
 chmod 0700 d && ls d`)
@@ -135,18 +188,24 @@ chmod 0700 d && ls d`)
 	}
 }
 
-// TestFsyncDir: fsync of a directory reaches the backing directory,
-// though the kernel opened the directory without the daemon.
+// TestFsyncDir: fsync of a directory reaches the backing directory, also
+// where the kernel opened the directory without the daemon.
 func TestFsyncDir(t *testing.T) {
-	e := newEnv(t)
+	for _, cache := range []policy.Cache{policy.CacheJournal, policy.CacheKernelDirs} {
+		t.Run(string(cache), func(t *testing.T) { testFsyncDir(t, cache) })
+	}
+}
+
+func testFsyncDir(t *testing.T, cache policy.Cache) {
+	e := newEnv(t, withCache(cache))
 	mustMkdir(t, e.path("d"))
 	mustWrite(t, e.path("d/f"), "x")
+	before := e.m.fsys.dirOpens.Load()
 	dir, err := os.Open(e.path("d"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dir.Close()
-	before := e.m.fsys.dirOpens.Load()
 	if err := dir.Sync(); err != nil {
 		t.Fatalf("fsync of a directory: %v", err)
 	}

@@ -131,15 +131,16 @@
 // (so a build's or git's probes for files that aren't there stay in the
 // kernel), directory listings (FOPEN_CACHE_DIR), and a file's pages from
 // one open to the next (FOPEN_KEEP_CACHE) when the file is as it was at
-// its last open (size, mtime and ctime). Directories are opened by the
-// kernel itself (the first OPENDIR is answered ENOSYS, dir.go
-// openlessDirs), so a warm find or git status costs the daemon nothing
-// per directory: no OPENDIR, READDIR or RELEASEDIR, where each directory
-// cost two round trips. A read of a listing the kernel does not hold is
-// checked against the policy and the caller's permission as an opendir
-// was; one it holds is given to any process that opens the directory, as
-// an entry it holds is to any process that walks through it (a chmod
-// through the mount drops the directory's listing). Bounded staleness: on one node, a
+// its last open (size, mtime and ctime). The kernel still sends OPENDIR
+// and RELEASEDIR for a listing it keeps; once the mount has served the
+// listing (and until the follower drops it) OPENDIR is answered from the
+// policy and the directory's last seen permission bits, without opening
+// the backing directory (dir.go), so a warm find or git status costs the
+// daemon two round trips per directory and no system call. Under "cache:
+// journal-dirs" the kernel opens directories itself (dir.go openlessDirs)
+// and a warm walk costs the daemon nothing per directory, at the price
+// openlessDirs states: an unreadable directory opens, and only its read
+// fails. Bounded staleness: on one node, a
 // change is seen once the follower has read its line, a millisecond or so
 // after it (the follower makes at most one pass per 25 ms during a burst of
 // lines, so up to that); across nodes, within the poll interval plus the

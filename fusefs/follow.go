@@ -405,6 +405,7 @@ func (fl *follower) dropAll() {
 func dropInode(in *fs.Inode) {
 	if n, ok := in.Operations().(*node); ok {
 		n.stamp.Store(nil)
+		n.listed.Store(false)
 	}
 	in.NotifyContent(0, 0)
 }

@@ -105,7 +105,7 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	})
 	var served fuse.RawFileSystem = flushOwners{RawFileSystem: raw, f: f}
 	var dirs *openlessDirs
-	if f.dirCache() != 0 {
+	if f.dirCache() != 0 && ws.Policy().KernelOpensDirs() {
 		dirs = &openlessDirs{RawFileSystem: served, f: f}
 		served = dirs
 	}

@@ -33,6 +33,12 @@ type node struct {
 	// cache, and what access checks on this directory use.
 	perm atomic.Uint32
 
+	// listed is set when the mount served the directory's listing to its
+	// end, which the kernel may then keep, and cleared when the follower
+	// drops what the kernel holds of the node: while it is set an opendir
+	// needs no backing open (OpendirHandle).
+	listed atomic.Bool
+
 	// made is what the mount knows of the directory it made (newdir.go):
 	// the names made in it since, nil when it knows nothing.
 	made atomic.Pointer[madeNames]

@@ -253,8 +253,8 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 				return err
 			}
 			cache = Cache(s)
-			if cache != CacheJournal && cache != CacheStrict {
-				return p.errf(v, "cache %q is not one of journal, strict", s)
+			if cache != CacheJournal && cache != CacheStrict && cache != CacheKernelDirs {
+				return p.errf(v, "cache %q is not one of journal, strict, journal-dirs", s)
 			}
 		case "commands":
 			s, err := p.str(v, "commands")

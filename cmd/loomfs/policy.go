@@ -261,8 +261,11 @@ func symlinksOf(pol *policy.Policy) policy.Symlinks {
 
 // cacheOf is the policy's cache setting as the file would say it.
 func cacheOf(pol *policy.Policy) policy.Cache {
-	if pol.StrictCache() {
+	switch {
+	case pol.StrictCache():
 		return policy.CacheStrict
+	case pol.KernelOpensDirs():
+		return policy.CacheKernelDirs
 	}
 	return policy.CacheJournal
 }
