@@ -365,12 +365,14 @@ func TestCacheKey(t *testing.T) {
 	for _, c := range []struct {
 		file   string
 		strict bool
+		dirs   bool
 		err    string
 	}{
-		{"preset: open\n", false, ""},
-		{"cache: journal\n", false, ""},
-		{"cache: strict\n", true, ""},
-		{"cache: forever\n", false, `p.yaml:1: cache "forever" is not one of journal, strict`},
+		{"preset: open\n", false, false, ""},
+		{"cache: journal\n", false, false, ""},
+		{"cache: strict\n", true, false, ""},
+		{"cache: journal-dirs\n", false, true, ""},
+		{"cache: forever\n", false, false, `p.yaml:1: cache "forever" is not one of journal, strict, journal-dirs`},
 	} {
 		pol, err := policy.Parse("p.yaml", []byte(c.file))
 		if c.err != "" {
@@ -382,8 +384,8 @@ func TestCacheKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pol.StrictCache() != c.strict {
-			t.Errorf("%q: strict %v", c.file, pol.StrictCache())
+		if pol.StrictCache() != c.strict || pol.KernelOpensDirs() != c.dirs {
+			t.Errorf("%q: strict %v, kernel opens directories %v", c.file, pol.StrictCache(), pol.KernelOpensDirs())
 		}
 	}
 }
