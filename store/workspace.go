@@ -278,8 +278,15 @@ func (w *Workspace) currentHash(parent *Dir, rel, name string) (hash string, inf
 // current is currentHash, reading the file for its hash only if hash is
 // set: a write without expected_sha256 needs the old file's size and mode,
 // not its content, which may be megabytes, read back over the network on
-// a shared filesystem.
+// a shared filesystem. Nor does it open the file then: the replace that
+// follows renames over the name and never opens what is there, so a
+// check of what the name holds (lstat) is all the open's own check would
+// add, and on a shared filesystem the open, its statx and its close are
+// each a round trip to the server.
 func (w *Workspace) current(parent *Dir, rel, name string, hash bool) (sum string, info Info, exists bool, err error) {
+	if !hash && parent != nil {
+		return w.currentInfo(parent, rel, name)
+	}
 	f, info, err := w.openFile(policy.OpWrite, rel, unix.O_RDONLY, parent, name)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
@@ -296,6 +303,28 @@ func (w *Workspace) current(parent *Dir, rel, name string, hash bool) (sum strin
 	}
 	h, err := hashReader(f)
 	return h, info, true, err
+}
+
+// currentInfo is current without the hash, from what name in parent is.
+func (w *Workspace) currentInfo(parent *Dir, rel, name string) (sum string, info Info, exists bool, err error) {
+	if err := checkEntry(rel, name); err != nil {
+		return "", Info{}, false, err
+	}
+	st, mnt, err := lstatAt(int(parent.Fd()), name)
+	if err == unix.ENOENT {
+		return "", Info{}, false, nil
+	}
+	if err != nil {
+		return "", Info{}, false, policy.FromErrno(err, policy.OpWrite.String(), rel)
+	}
+	info = w.infoOf(name, &st, mnt)
+	if info.Kind == policy.KindDir {
+		return "", info, true, policy.Errorf(policy.IsDir, "%s is a directory", rel)
+	}
+	if err := policy.CheckObject(policy.OpWrite, rel, info.Object()); err != nil {
+		return "", Info{}, false, err
+	}
+	return "", info, true, nil
 }
 
 func hashBytes(b []byte) string {
