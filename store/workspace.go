@@ -198,11 +198,7 @@ func (w *Workspace) openChecked(op policy.Op, rel string, flags int, parent *Dir
 			return Opened{}, err
 		}
 		dirfd = int(parent.Fd())
-		pre, mnt, err := lstatAt(dirfd, name)
-		if err != nil {
-			return Opened{}, policy.FromErrno(err, op.String(), rel)
-		}
-		if err := policy.CheckObject(op, rel, w.infoOf(name, &pre, mnt).Object()); err != nil {
+		if _, err := w.lstatChecked(op, rel, dirfd, name); err != nil {
 			return Opened{}, err
 		}
 	}
@@ -310,21 +306,31 @@ func (w *Workspace) currentInfo(parent *Dir, rel, name string) (sum string, info
 	if err := checkEntry(rel, name); err != nil {
 		return "", Info{}, false, err
 	}
-	st, mnt, err := lstatAt(int(parent.Fd()), name)
-	if err == unix.ENOENT {
-		return "", Info{}, false, nil
-	}
+	info, err = w.lstatChecked(policy.OpWrite, rel, int(parent.Fd()), name)
 	if err != nil {
-		return "", Info{}, false, policy.FromErrno(err, policy.OpWrite.String(), rel)
+		if policy.CodeOf(err) == policy.NotFound {
+			return "", Info{}, false, nil
+		}
+		return "", Info{}, false, err
 	}
-	info = w.infoOf(name, &st, mnt)
 	if info.Kind == policy.KindDir {
 		return "", info, true, policy.Errorf(policy.IsDir, "%s is a directory", rel)
 	}
-	if err := policy.CheckObject(policy.OpWrite, rel, info.Object()); err != nil {
-		return "", Info{}, false, err
-	}
 	return "", info, true, nil
+}
+
+// lstatChecked describes name in dirfd, refused if op may not use what
+// is there (policy.CheckObject).
+func (w *Workspace) lstatChecked(op policy.Op, rel string, dirfd int, name string) (Info, error) {
+	st, mnt, err := lstatAt(dirfd, name)
+	if err != nil {
+		return Info{}, policy.FromErrno(err, op.String(), rel)
+	}
+	info := w.infoOf(name, &st, mnt)
+	if err := policy.CheckObject(op, rel, info.Object()); err != nil {
+		return Info{}, err
+	}
+	return info, nil
 }
 
 func hashBytes(b []byte) string {
