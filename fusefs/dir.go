@@ -276,8 +276,9 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 }
 
 // openlessDirs serves directories without OPENDIR under "cache:
-// journal-dirs" (policy.CacheKernelDirs). It answers the first OPENDIR ENOSYS, after which the
-// kernel (Linux 5.1, FUSE 7.29, and later) opens directories itself, keeps
+// journal-dirs" (policy.CacheKernelDirs). It answers the first OPENDIR
+// ENOSYS, after which the kernel (Linux 5.1, FUSE 7.29, and later) opens
+// directories itself, keeps
 // each listing (FOPEN_CACHE_DIR and FOPEN_KEEP_CACHE, its default then)
 // and sends neither OPENDIR nor RELEASEDIR again: a warm find or git
 // status costs the daemon nothing per directory, where it cost two round

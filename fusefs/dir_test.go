@@ -189,7 +189,9 @@ chmod 0700 d && ls d`)
 }
 
 // TestFsyncDir: fsync of a directory reaches the backing directory, also
-// where the kernel opened the directory without the daemon.
+// where nothing opened it before the fsync: a listed directory's OPENDIR
+// opens nothing on the backing store, and under journal-dirs there is no
+// OPENDIR at all.
 func TestFsyncDir(t *testing.T) {
 	for _, cache := range []policy.Cache{policy.CacheJournal, policy.CacheKernelDirs} {
 		t.Run(string(cache), func(t *testing.T) { testFsyncDir(t, cache) })
@@ -200,12 +202,18 @@ func testFsyncDir(t *testing.T, cache policy.Cache) {
 	e := newEnv(t, withCache(cache))
 	mustMkdir(t, e.path("d"))
 	mustWrite(t, e.path("d/f"), "x")
+	if err := wantEntries(e.path("d"), 1); err != nil {
+		t.Fatal(err)
+	}
 	before := e.m.fsys.dirOpens.Load()
 	dir, err := os.Open(e.path("d"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dir.Close()
+	if e.m.fsys.dirOpens.Load() != before {
+		t.Fatal("opening a listed directory opened the backing directory")
+	}
 	if err := dir.Sync(); err != nil {
 		t.Fatalf("fsync of a directory: %v", err)
 	}
