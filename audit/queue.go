@@ -209,13 +209,30 @@ const writerNice = 10
 // once it is full the requests wait for it. With one P (GOMAXPROCS 1) it
 // stays as it is, since a thread the kernel runs less would hold the only
 // P, and every request with it.
-func lowerPriority() {
+//
+// The returned func, run as the writer ends, puts the thread back at its
+// nice value and lets it go back to the runtime. Where the priority can't
+// be raised again (no CAP_SYS_NICE) the thread stays locked and ends with
+// the writer; the runtime does end a locked thread then, except the
+// process's main thread, which it parks instead, so without the restore a
+// writer that ran there would leave the main thread at nice writerNice.
+func lowerPriority() (restore func()) {
 	if runtime.GOMAXPROCS(0) < 2 {
-		return
+		return func() {}
 	}
-	runtime.LockOSThread() // never unlocked: the thread ends with the writer
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	// The system call answers 20 - nice.
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
 	// Refused, it runs at the process's priority, as it did before.
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), writerNice)
+	if err != nil || unix.Setpriority(unix.PRIO_PROCESS, tid, writerNice) != nil {
+		return func() {}
+	}
+	return func() {
+		if unix.Setpriority(unix.PRIO_PROCESS, tid, 20-prio) == nil {
+			runtime.UnlockOSThread()
+		}
+	}
 }
 
 // run is a queued Log's writer: it takes everything queued, appends it
@@ -224,9 +241,10 @@ func lowerPriority() {
 // retried, one record at a time until one is written; Record refuses
 // until then.
 func (l *Log) run() {
-	lowerPriority()
+	restore := lowerPriority()
 	q := l.q
 	defer close(q.done)
+	defer restore() // before done: Close returns with the thread as it was
 	held := false
 	var heldAt time.Time
 	gap, most, yieldFor := holds(0)
