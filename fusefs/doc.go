@@ -89,7 +89,10 @@
 // another regular file opens that file instead (FOPEN_DIRECT_IO, so no
 // read depends on what the kernel still knows of the old node): a reader
 // racing a stream of replaces gets the old file or the new one, never an
-// error. An operation on a file unlinked while open (fchmod, futimens)
+// error. A read (an open for reading, a link's target) whose retry finds
+// the path replaced again (a file and a link swapped in a loop) answers
+// the retry ENOENT, as for a name removed under it, rather than the
+// "stale file handle" the kernel would pass on (stale.go). An operation on a file unlinked while open (fchmod, futimens)
 // uses one of its opens; so does a change of mode or times of a file open
 // in this mount (tar, cp -p and install set them on the file they are
 // writing), whatever its path holds now: the request does not tell

@@ -170,13 +170,30 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// The node left the tree: most often its name was looked up again
 		// after a replace by rename and now leads to the new file's node.
 		// ESTALE makes the kernel look the path up again and open that.
-		return nil, 0, syscall.ESTALE
+		return nil, 0, n.fsys.staleOpen(ctx, flags)
 	}
 	h, fuseFlags, e := n.open(ctx, rel, flags)
 	if e != 0 {
 		return nil, 0, e
 	}
+	if readOnly(flags) {
+		n.fsys.readServed(ctx)
+	}
 	return h.fileHandle(), fuseFlags, 0
+}
+
+// readOnly reports whether an open with flags only reads.
+func readOnly(flags uint32) bool {
+	return int(flags)&unix.O_ACCMODE == unix.O_RDONLY && flags&unix.O_TRUNC == 0
+}
+
+// staleOpen answers an open whose node's path holds another object now:
+// ESTALE, or to the retry of a read, ENOENT (stale.go).
+func (f *fsys) staleOpen(ctx context.Context, flags uint32) syscall.Errno {
+	if readOnly(flags) {
+		return f.staleRead(ctx)
+	}
+	return syscall.ESTALE
 }
 
 // open opens the node's file at rel: read access is asked of the policy as
@@ -213,7 +230,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 	}
 	o, err := f.ws.OpenFD(op, rel, bflags)
 	if err != nil {
-		return nil, 0, f.openFailed(ctx, ev, err)
+		e := f.openFailed(ctx, ev, err)
+		if e == syscall.ESTALE {
+			e = f.staleOpen(ctx, flags)
+		}
+		return nil, 0, e
 	}
 	fd, sx := o.FD, o.Statx
 	current := sameObject(n.StableAttr(), &sx)
@@ -221,7 +242,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		// The path holds another file than this node's: make the kernel
 		// look it up again.
 		unix.Close(fd)
-		return nil, 0, syscall.ESTALE
+		return nil, 0, f.staleOpen(ctx, flags)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	var want policy.Access

@@ -73,6 +73,10 @@ type fsys struct {
 	// of a directory it made (newdir.go); tests use it.
 	absentLookups atomic.Int64
 
+	// staleReads tells the kernel's retry of a read after ESTALE
+	// (stale.go).
+	staleReads staleReads
+
 	// readySince is when the last health probe passed (UnixNano), 0 while
 	// the mount is not known healthy: then policy.ReadyFile is absent.
 	readySince atomic.Int64

@@ -335,16 +335,19 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 		return nil, f.refused(ctx, ev, err)
 	}
 	target, info, err := f.ws.ReadLink(rel)
-	switch {
-	case policy.CodeOf(err) == policy.NotFound:
-		return nil, syscall.ESTALE
+	switch code := policy.CodeOf(err); {
+	case code == policy.NotFound, code == policy.InvalidInput:
+		// Gone, or (the kernel reads only links) no longer a link: the
+		// path was replaced since the kernel looked it up.
+		return nil, f.staleRead(ctx)
 	case err != nil && refusal(err):
 		return nil, f.refused(ctx, ev, err)
 	case err != nil:
 		return nil, policy.Errno(err)
 	case info.Stat.Ino != n.StableAttr().Ino:
-		return nil, syscall.ESTALE
+		return nil, f.staleRead(ctx)
 	}
+	f.readServed(ctx)
 	return []byte(target), 0
 }
 
