@@ -12,8 +12,12 @@ import (
 
 // staleRetry is how long after answering a thread ESTALE the next ESTALE
 // for the same thread is taken for the kernel's retry of that call. The
-// kernel retries at once, within the same system call.
-const staleRetry = 10 * time.Millisecond
+// kernel retries at once, within the same system call, but on a loaded
+// machine the daemon may serve the retry's lookup and open tens of
+// milliseconds later (10 ms was once too short under the race detector).
+// A thread that meets two replaced paths within it, with no read served
+// between, gets ENOENT for the second without the kernel's retry.
+const staleRetry = time.Second
 
 // staleReads remembers the threads recently answered ESTALE for a read
 // (an open for reading, a link's target in a path walk) of a node whose
