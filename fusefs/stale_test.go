@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"syscall"
@@ -77,20 +78,18 @@ func TestOpenWhileLinkSwapped(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for time.Now().Before(deadline) {
-			if err := os.WriteFile(tmp, nil, 0o600); err != nil {
-				errs <- err
-				return
+			err := os.WriteFile(tmp, nil, 0o600)
+			if err == nil {
+				err = os.Rename(tmp, path)
 			}
-			if err := os.Rename(tmp, path); err != nil {
-				errs <- err
-				return
+			if err == nil {
+				err = os.Symlink("/etc/passwd", tmp)
 			}
-			if err := os.Symlink("/etc/passwd", tmp); err != nil {
-				errs <- err
-				return
+			if err == nil {
+				err = os.Rename(tmp, path)
 			}
-			if err := os.Rename(tmp, path); err != nil {
-				errs <- err
+			if err != nil {
+				errs <- fmt.Errorf("swap: %w", err)
 				return
 			}
 		}
@@ -109,7 +108,7 @@ func TestOpenWhileLinkSwapped(t *testing.T) {
 				case errors.Is(err, syscall.ENOENT):
 					gone[i]++
 				default:
-					errs <- err
+					errs <- fmt.Errorf("open: %w", err)
 					return
 				}
 			}
@@ -118,7 +117,7 @@ func TestOpenWhileLinkSwapped(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Errorf("open while the name is swapped: %v", err)
+		t.Errorf("while the name is swapped: %v", err)
 	}
 	t.Logf("opened %v, gone %v", opens, gone)
 }
