@@ -92,12 +92,15 @@
 // error. A read (an open for reading, a link's target) whose retry finds
 // the path replaced again (a file and a link swapped in a loop) answers
 // the retry ENOENT, as for a name removed under it, rather than the
-// "stale file handle" the kernel would pass on (stale.go). An operation
-// on a file unlinked while open (fchmod, futimens) uses one of its
-// opens; so does a change of mode or times of a file open in this mount
-// (tar, cp -p and install set them on the file they are writing),
-// whatever its path holds now: the request does not tell
-// futimens from utimes by name, and the open pins the node's own object.
+// "stale file handle" the kernel would pass on (stale.go); a stat that
+// races a replace sees the object as it was, as on a local disk (a node
+// already replaced or removed through the mount is described as it was
+// last told, with no link left). An operation on a file unlinked while
+// open (fchmod, futimens) uses one of its opens; so does a change of mode
+// or times of a file open in this mount (tar, cp -p and install set them
+// on the file they are writing), whatever its path holds now: the request
+// does not tell futimens from utimes by name, and the open pins the
+// node's own object.
 //
 // # Caching, kept coherent by the change journals
 //

@@ -160,7 +160,7 @@ func (n *node) stat() (unix.Statx_t, syscall.Errno) {
 	f := n.fsys
 	rel, ok := n.relPath()
 	if !ok {
-		return unix.Statx_t{}, syscall.ENOENT
+		return unix.Statx_t{}, syscall.ESTALE
 	}
 	if rel == "." {
 		sx, err := statAt(f.ws.DirFD(), "")
@@ -288,10 +288,31 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 				return policy.Errno(err)
 			}
 		}
+		// A stat that races a replace may see the object as it was, as
+		// on a local disk: a node replaced or removed through the mount
+		// since the kernel looked it up is answered as the mount last
+		// described it, with no link left, and so is the kernel's retry
+		// after ESTALE (the node it just looked up) when the name was
+		// replaced again meanwhile.
+		told := n.attr.Load()
+		if !inTree && told != nil {
+			out.Attr = *told
+			out.Nlink = 0
+			out.SetTimeout(f.timeout)
+			return 0
+		}
 		var e syscall.Errno
-		if sx, e = n.stat(); e != 0 {
+		if sx, e = n.stat(); e == syscall.ESTALE {
+			if e = f.staleRead(ctx); e == syscall.ENOENT && told != nil {
+				out.Attr = *told
+				out.SetTimeout(f.timeout)
+				return 0
+			}
+			return e
+		} else if e != 0 {
 			return e
 		}
+		f.readServed(ctx)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)

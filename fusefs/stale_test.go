@@ -121,3 +121,57 @@ func TestOpenWhileLinkSwapped(t *testing.T) {
 	}
 	t.Logf("opened %v, gone %v", opens, gone)
 }
+
+// TestStatWhileReplaced: a name replaced by rename through the mount, in
+// a loop, is never missing for lstat(2) and stat(2): a GETATTR of the
+// node it replaced answers ESTALE, and the kernel looks the name up
+// again.
+func TestStatWhileReplaced(t *testing.T) {
+	e := newEnv(t)
+	path, tmp := e.path("replaced"), e.path("replaced.tmp")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(deadline) {
+			err := os.WriteFile(tmp, nil, 0o600)
+			if err == nil {
+				err = os.Rename(tmp, path)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("replace: %w", err)
+				return
+			}
+		}
+	}()
+	var stats [2]int
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var st syscall.Stat_t
+			for time.Now().Before(deadline) {
+				if err := syscall.Lstat(path, &st); err != nil {
+					errs <- fmt.Errorf("lstat: %w", err)
+					return
+				}
+				if err := syscall.Stat(path, &st); err != nil {
+					errs <- fmt.Errorf("stat: %w", err)
+					return
+				}
+				stats[i] += 2
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("while the name is replaced: %v", err)
+	}
+	t.Logf("stats %v", stats)
+}
