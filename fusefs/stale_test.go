@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -60,118 +61,99 @@ func TestStaleReads(t *testing.T) {
 	}
 }
 
-// TestOpenWhileLinkSwapped: go-fuse's OpenSymlinkRace at length. One
-// goroutine swaps a name between a file and a link by rename, two open
-// it; an open gets the file, follows the link, or finds the name gone
-// (ENOENT), never ESTALE (which the kernel passes on when its one retry
-// finds the name replaced again).
+// TestOpenWhileLinkSwapped: go-fuse's OpenSymlinkRace at length. A name
+// is swapped between a file and a link by rename while it is opened; an
+// open gets the file, follows the link, or finds the name gone (ENOENT),
+// never ESTALE (which the kernel passes on when its one retry finds the
+// name replaced again).
 func TestOpenWhileLinkSwapped(t *testing.T) {
 	e := newEnv(t)
 	path, tmp := e.path("swapped"), e.path("swapped.tmp")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for time.Now().Before(deadline) {
-			err := os.WriteFile(tmp, nil, 0o600)
-			if err == nil {
-				err = os.Rename(tmp, path)
-			}
-			if err == nil {
-				err = os.Symlink("/etc/passwd", tmp)
-			}
-			if err == nil {
-				err = os.Rename(tmp, path)
-			}
-			if err != nil {
-				errs <- fmt.Errorf("swap: %w", err)
-				return
-			}
+	swap := func() error {
+		err := os.WriteFile(tmp, nil, 0o600)
+		if err == nil {
+			err = os.Rename(tmp, path)
 		}
-	}()
-	var opens, gone [2]int
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) {
-				fd, err := syscall.Open(path, syscall.O_RDONLY, 0)
-				switch {
-				case err == nil:
-					syscall.Close(fd)
-					opens[i]++
-				case errors.Is(err, syscall.ENOENT):
-					gone[i]++
-				default:
-					errs <- fmt.Errorf("open: %w", err)
-					return
-				}
-			}
-		}()
+		if err == nil {
+			err = os.Symlink("/etc/passwd", tmp)
+		}
+		if err == nil {
+			err = os.Rename(tmp, path)
+		}
+		return err
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("while the name is swapped: %v", err)
+	var opened, gone atomic.Int64
+	open := func() error {
+		fd, err := syscall.Open(path, syscall.O_RDONLY, 0)
+		switch {
+		case err == nil:
+			syscall.Close(fd)
+			opened.Add(1)
+		case errors.Is(err, syscall.ENOENT):
+			gone.Add(1)
+		default:
+			return err
+		}
+		return nil
 	}
-	t.Logf("opened %v, gone %v", opens, gone)
+	whileReplaced(t, path, swap, open)
+	t.Logf("opened %d, gone %d", opened.Load(), gone.Load())
 }
 
 // TestStatWhileReplaced: a name replaced by rename through the mount, in
-// a loop, is never missing for lstat(2) and stat(2): a GETATTR of the
-// node it replaced answers ESTALE, and the kernel looks the name up
-// again.
+// a loop, is never missing for lstat(2) and stat(2): a stat that races a
+// replace sees the file as it was or as it is.
 func TestStatWhileReplaced(t *testing.T) {
 	e := newEnv(t)
 	path, tmp := e.path("replaced"), e.path("replaced.tmp")
+	replace := func() error {
+		err := os.WriteFile(tmp, nil, 0o600)
+		if err == nil {
+			err = os.Rename(tmp, path)
+		}
+		return err
+	}
+	var stats atomic.Int64
+	stat := func() error {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err != nil {
+			return fmt.Errorf("lstat: %w", err)
+		}
+		if err := syscall.Stat(path, &st); err != nil {
+			return fmt.Errorf("stat: %w", err)
+		}
+		stats.Add(2)
+		return nil
+	}
+	whileReplaced(t, path, replace, stat)
+	t.Logf("%d stats", stats.Load())
+}
+
+// whileReplaced makes path a file, then for three seconds calls replace
+// in a loop while two goroutines call probe in a loop, and reports the
+// first error of each.
+func whileReplaced(t *testing.T, path string, replace, probe func() error) {
+	t.Helper()
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	loop := func(what string, fn func() error) {
 		for time.Now().Before(deadline) {
-			err := os.WriteFile(tmp, nil, 0o600)
-			if err == nil {
-				err = os.Rename(tmp, path)
-			}
-			if err != nil {
-				errs <- fmt.Errorf("replace: %w", err)
+			if err := fn(); err != nil {
+				errs <- fmt.Errorf("%s: %w", what, err)
 				return
 			}
 		}
-	}()
-	var stats [2]int
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var st syscall.Stat_t
-			for time.Now().Before(deadline) {
-				if err := syscall.Lstat(path, &st); err != nil {
-					errs <- fmt.Errorf("lstat: %w", err)
-					return
-				}
-				if err := syscall.Stat(path, &st); err != nil {
-					errs <- fmt.Errorf("stat: %w", err)
-					return
-				}
-				stats[i] += 2
-			}
-		}()
 	}
+	var wg sync.WaitGroup
+	wg.Go(func() { loop("replace", replace) })
+	wg.Go(func() { loop("probe", probe) })
+	wg.Go(func() { loop("probe", probe) })
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Errorf("while the name is replaced: %v", err)
 	}
-	t.Logf("stats %v", stats)
 }
