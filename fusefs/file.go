@@ -203,7 +203,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 	f := n.fsys
 	ev := f.event(ctx, "open", rel)
 	acc := int(flags) & unix.O_ACCMODE
-	write := acc != unix.O_RDONLY || flags&unix.O_TRUNC != 0
+	write := !readOnly(flags)
 	op := policy.OpRead
 	if acc != unix.O_WRONLY {
 		if err := f.admit(policy.OpRead, rel); err != nil {
@@ -295,8 +295,7 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 // of the node (execve maps the file), and passthrough binds one backing
 // file to the node.
 func (f *fsys) readsCurrent(n *node, sx *unix.Statx_t, flags uint32) bool {
-	return int(flags)&unix.O_ACCMODE == unix.O_RDONLY &&
-		flags&(unix.O_TRUNC|fuse.FMODE_EXEC) == 0 &&
+	return readOnly(flags) && flags&fuse.FMODE_EXEC == 0 &&
 		!f.opts.Passthrough &&
 		n.StableAttr().Mode == unix.S_IFREG &&
 		sx.Mode&unix.S_IFMT == unix.S_IFREG

@@ -51,7 +51,8 @@ type node struct {
 	// then and after the follower dropped its pages (cache.go).
 	stamp atomic.Pointer[pageStamp]
 	// attr is what the mount last told the kernel of the node's own
-	// object, for an open that reads another (cache.go).
+	// object, for an open that reads another (cache.go) and a stat that
+	// races its replace (Getattr).
 	attr atomic.Pointer[fuse.Attr]
 	// held is what the opens of this file keep counted in the quota
 	// (unnamed.go); guarded by mu.
