@@ -48,3 +48,18 @@ var MountTypeOf = mountTypeOf
 // JournalFileOpens is how many times this process opened a journal file
 // to describe or read it.
 func JournalFileOpens() int64 { return journalOpens.Load() }
+
+// QuietAfter makes a state directory count as quiet d after its last
+// change (statelook.go) for the calling test.
+func QuietAfter(t testing.TB, d time.Duration) {
+	old := racyStamp
+	racyStamp = d
+	t.Cleanup(func() { racyStamp = old })
+}
+
+// LookKept tells whether w keeps a clear look at its state directory.
+func LookKept(w *Workspace) bool {
+	w.look.mu.Lock()
+	defer w.look.mu.Unlock()
+	return w.look.clear != stamp{}
+}

@@ -348,32 +348,32 @@ func (w *Workspace) put(parent *Dir, e intentEntry, rec intent) error {
 // recoverChanges finishes a change set a crash cut midway: rolled back
 // while staging, forward once committed. It runs when the scope lock is
 // taken.
-func (w *Workspace) recoverChanges(ctx context.Context) error {
+func (w *Workspace) recoverChanges(ctx context.Context) (found bool, err error) {
 	rec, err := w.readIntent()
 	if err != nil || rec == nil {
-		return err
+		return false, err
 	}
 	if rec.State != intentCommit {
 		w.rollBack(*rec)
-		return w.removeIntent()
+		return true, w.removeIntent()
 	}
 	if err := w.ReadyToChange(); err != nil {
-		return err
+		return true, err
 	}
 	for _, e := range rec.Entries {
 		parent, _, err := w.Parent(e.Path)
 		if err != nil {
-			return fmt.Errorf("finish the change set at %s: %w", e.Path, err)
+			return true, fmt.Errorf("finish the change set at %s: %w", e.Path, err)
 		}
 		err = w.put(parent, e, *rec)
 		syncDir(int(parent.Fd()))
 		parent.Close()
 		if err != nil {
-			return err
+			return true, err
 		}
 	}
 	w.RefreshUsage(ctx)
-	return w.removeIntent()
+	return true, w.removeIntent()
 }
 
 // rollBack removes the temporaries a staging record names.

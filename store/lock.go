@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -26,7 +27,7 @@ const LockFile = "scope.lock"
 //
 // Whoever takes the lock and finds an execution marker knows its owner is
 // gone (a running command holds the lock throughout), so the scope is
-// quarantined then and there.
+// quarantined then and there (statelook.go).
 //
 // The wait is bounded by ctx even when a system call on the way does not
 // return: opening the lock file on CephFS waits in the kernel for the
@@ -41,13 +42,78 @@ func (w *Workspace) Lock(ctx context.Context) (unlock func(), err error) {
 }
 
 func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
-	// Every write tool and every command holds this lock, so the shared
-	// volume's marker is checked here once the lock is ours, in case it
-	// was swapped while we waited (SPEC §2.2), and before the lock file is
-	// made where there is none yet, so that nothing is made on a volume
-	// that is not ours. A lock file already there is opened without a
-	// check of its own: on a shared filesystem each check is at least a
-	// round trip to its server.
+	for range 3 {
+		unlock, moved, err := w.lockOnce(ctx)
+		if !moved {
+			return unlock, err
+		}
+	}
+	return nil, fmt.Errorf("lock scope %s: its lock file was replaced each time it was locked", w.scope)
+}
+
+// lockFile is an open scope lock file, and which file it is. A Workspace
+// keeps the one it last unlocked open for its next Lock (idleLock): on a
+// shared filesystem an open and a close are two round trips to its server.
+type lockFile struct {
+	f        *os.File
+	dev, ino uint64
+}
+
+// lockOnce takes the lock through the idle lock file or a new one. moved
+// says that the idle file was no longer the scope's lock file (the state
+// directory was made anew): it was let go, and the caller tries again.
+func (w *Workspace) lockOnce(ctx context.Context) (unlock func(), moved bool, err error) {
+	lf := w.idleLock.Swap(nil)
+	if lf == nil {
+		if lf, err = w.openLock(); err != nil {
+			return nil, false, err
+		}
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := ofdlock.Wait(ctx, lf.f.Fd(), lk, scopeLockBackoff); err != nil {
+		lf.f.Close()
+		if ctx.Err() != nil {
+			return nil, false, policy.WaitEnded(ctx, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
+		}
+		return nil, false, policy.FromErrno(err, "lock", w.scope.String())
+	}
+	keep := true
+	unlock = func() {
+		w.clearHeld.Store(false)
+		un := unix.Flock_t{Type: unix.F_UNLCK}
+		unix.FcntlFlock(lf.f.Fd(), unix.F_OFD_SETLK, &un)
+		if !keep || !w.idleLock.CompareAndSwap(nil, lf) {
+			lf.f.Close()
+		}
+	}
+	if err := w.vol.recheck(); err != nil {
+		unlock()
+		return nil, false, err
+	}
+	// A dead holder's marker quarantines the scope, a change set a crash
+	// cut midway is finished (intent.go), before anything else.
+	clear, err := w.lookAtState(ctx, lf)
+	if err == errLockMoved {
+		keep = false
+		unlock()
+		return nil, true, nil
+	}
+	if err != nil {
+		unlock()
+		return nil, false, err
+	}
+	w.clearHeld.Store(clear)
+	return unlock, false, nil
+}
+
+// openLock opens the scope's lock file. Every write tool and every
+// command holds the lock, so the shared volume's marker is checked once
+// the lock is ours (lockOnce), in case it was swapped while we waited
+// (SPEC §2.2), and here before the lock file is made where there is none
+// yet, so that nothing is made on a volume that is not ours. A lock file
+// already there is opened without a check of its own: on a shared
+// filesystem each check is at least a round trip to its server.
+func (w *Workspace) openLock() (*lockFile, error) {
 	fd, err := unix.Openat(int(w.state.Fd()), LockFile, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		if err := w.vol.recheck(); err != nil {
@@ -58,37 +124,17 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 	if err != nil {
 		return nil, policy.FromErrno(err, "open lock", LockFile)
 	}
-	f := os.NewFile(uintptr(fd), LockFile)
-	lk := unix.Flock_t{Type: unix.F_WRLCK}
-	if err := ofdlock.Wait(ctx, f.Fd(), lk, scopeLockBackoff); err != nil {
-		f.Close()
-		if ctx.Err() != nil {
-			return nil, policy.WaitEnded(ctx, "scope %s is busy (another write or command holds its lock); retry later", w.scope)
-		}
-		return nil, policy.FromErrno(err, "lock", w.scope.String())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, policy.FromErrno(err, "open lock", LockFile)
 	}
-	unlock = func() {
-		un := unix.Flock_t{Type: unix.F_UNLCK}
-		unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &un)
-		f.Close()
+	return &lockFile{f: os.NewFile(uintptr(fd), LockFile), dev: st.Dev, ino: st.Ino}, nil
+}
+
+// closeIdleLock closes the lock file kept for the next Lock.
+func (w *Workspace) closeIdleLock() {
+	if lf := w.idleLock.Swap(nil); lf != nil {
+		lf.f.Close()
 	}
-	if err := w.vol.recheck(); err != nil {
-		unlock()
-		return nil, err
-	}
-	if err := w.quarantineStaleMarker(); err != nil {
-		unlock()
-		return nil, err
-	}
-	if err := w.quarantineStaleSession(); err != nil {
-		unlock()
-		return nil, err
-	}
-	// A change set a crash cut midway is finished before anything else
-	// (intent.go).
-	if err := w.recoverChanges(ctx); err != nil {
-		unlock()
-		return nil, err
-	}
-	return unlock, nil
 }

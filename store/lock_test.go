@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -223,4 +224,166 @@ func TestUnreadableMarkerQuarantines(t *testing.T) {
 	}
 	unlock()
 	codeIs(t, "CheckQuarantine after an unreadable marker", ws.CheckQuarantine(), policy.Quarantined)
+}
+
+// TestStateLookKept: once the state directory has been quiet, a lock
+// holder that finds it unchanged skips its lookups (statelook.go), and
+// whatever another handle puts there afterwards is still found by the next
+// holder: a dead command's or session's marker, the quarantine flag set
+// without the lock. The other handle is another process's on this disk
+// and, with LOOMFS_DFS_ROOTS=A,B (CI: two ceph-fuse clients), another
+// node's through the other client.
+func TestStateLookKept(t *testing.T) {
+	const quiet = 50 * time.Millisecond
+	store.QuietAfter(t, quiet)
+	ctx := context.Background()
+	plants := []struct {
+		name  string
+		plant func(t *testing.T, other *store.Workspace)
+	}{
+		{"a dead command's marker", func(t *testing.T, other *store.Workspace) {
+			unlock, err := other.Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unlock() // the command's worker dies holding its marker
+			if err := other.SetMarker(store.Marker{Container: "loomfs-cmd-dead", Node: "node-b", Time: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a dead session's marker", func(t *testing.T, other *store.Workspace) {
+			if err := other.SetSessionMarker(store.Marker{Container: "loomfs-session-dead", Node: "node-b", Time: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"the quarantine flag, set without the lock", func(t *testing.T, other *store.Workspace) {
+			if err := other.Quarantine(store.Marker{Container: "loomfs-session-failed", Node: "node-b", Time: time.Now()}, "cleanup unconfirmed"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	volumes := []struct {
+		name string
+		open func(t *testing.T) (ws, other *store.Workspace)
+	}{
+		{"one disk", func(t *testing.T) (ws, other *store.Workspace) {
+			e := newEnv(t)
+			return e.open(t, mainScope, nil), e.openAnew(t, mainScope)
+		}},
+	}
+	if roots := os.Getenv("LOOMFS_DFS_ROOTS"); roots != "" {
+		a, b, _ := strings.Cut(roots, ",")
+		volumes = append(volumes, struct {
+			name string
+			open func(t *testing.T) (ws, other *store.Workspace)
+		}{"two clients (LOOMFS_DFS_ROOTS)", func(t *testing.T) (ws, other *store.Workspace) {
+			return openShared(t, b, a)
+		}})
+	}
+	for _, v := range volumes {
+		for _, tc := range plants {
+			t.Run(v.name+"/"+tc.name, func(t *testing.T) {
+				ws, other := v.open(t)
+				write := func() error {
+					unlock, err := ws.Lock(ctx)
+					if err != nil {
+						return err
+					}
+					defer unlock()
+					_, err = ws.WriteFile(ctx, "f.txt", []byte("x"), nil)
+					return err
+				}
+				if err := write(); err != nil {
+					t.Fatal(err)
+				}
+				if store.LookKept(ws) {
+					t.Fatal("a look at a state directory changed just now was kept")
+				}
+				time.Sleep(2 * quiet)
+				if err := write(); err != nil {
+					t.Fatal(err)
+				}
+				if !store.LookKept(ws) {
+					t.Fatal("a look at a quiet state directory was not kept")
+				}
+				tc.plant(t, other)
+				codeIs(t, "a write after "+tc.name, write(), policy.Quarantined)
+				if store.LookKept(ws) {
+					t.Error("a look that found the scope quarantined was kept")
+				}
+			})
+		}
+	}
+}
+
+// openShared makes a shared volume of its own in the shared root seen at
+// path a (and b) and opens mainScope on it through each: two nodes.
+func openShared(t *testing.T, a, b string) (wsA, wsB *store.Workspace) {
+	t.Helper()
+	name := fmt.Sprintf("store-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	id := "vol-" + name
+	if err := os.Mkdir(filepath.Join(a, name), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(a, name)) })
+	if err := os.WriteFile(filepath.Join(a, name, store.VolumeMarker), []byte(id+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var ws []*store.Workspace
+	for _, root := range []string{a, b} {
+		vol, err := store.OpenVolume(context.Background(), store.Config{Backend: store.BackendSharedPOSIX, Root: filepath.Join(root, name), VolumeID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { vol.Close() })
+		w, err := vol.Open(context.Background(), mainScope, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		ws = append(ws, w)
+	}
+	return ws[0], ws[1]
+}
+
+// TestIdleLockFileReplaced: a Workspace keeps its lock file open between
+// Locks; when that file is removed and another made in its place (the state
+// directory cleared and made anew), the next Lock takes the new one, so it
+// still excludes a holder of the new file.
+func TestIdleLockFileReplaced(t *testing.T) {
+	store.QuietAfter(t, 20*time.Millisecond)
+	e := newEnv(t)
+	ws := e.open(t, mainScope, nil)
+	ctx := context.Background()
+	for range 2 { // the second look is kept: the directory was quiet
+		unlock, err := ws.Lock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock()
+		time.Sleep(40 * time.Millisecond)
+	}
+	if !store.LookKept(ws) {
+		t.Fatal("no look kept")
+	}
+	if err := os.Remove(filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.LockFile)); err != nil {
+		t.Fatal(err)
+	}
+	other := e.openAnew(t, mainScope)
+	unlockOther, err := other.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if unlock, err := ws.Lock(short); err == nil {
+		unlock()
+		t.Fatal("Lock through the removed lock file succeeded while another handle holds the new one")
+	}
+	unlockOther()
+	unlock, err := ws.Lock(ctx)
+	if err != nil {
+		t.Fatalf("Lock once the new file is free: %v", err)
+	}
+	unlock()
 }

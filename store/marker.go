@@ -70,6 +70,7 @@ func (w *Workspace) ClearMarker() error {
 // the quarantine file.
 func (w *Workspace) Quarantine(m Marker, reason string) error {
 	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
+	w.clearHeld.Store(false) // a change later in this hold is refused
 	if err := w.writeState(QuarantineFile, m, false); err != nil {
 		return err
 	}
@@ -99,12 +100,13 @@ func (w *Workspace) CheckQuarantine() error {
 
 // quarantineStaleMarker runs right after the scope lock is taken: an
 // execution marker found then was left by a command whose owner died.
-func (w *Workspace) quarantineStaleMarker() error {
+// found says whether there was one.
+func (w *Workspace) quarantineStaleMarker() (found bool, err error) {
 	m, err := w.readState(ExecMarker)
 	if err != nil || m == nil {
-		return err
+		return false, err
 	}
-	return w.Quarantine(*m, "execution marker found without a live owner (worker died or cleanup unconfirmed)")
+	return true, w.Quarantine(*m, "execution marker found without a live owner (worker died or cleanup unconfirmed)")
 }
 
 func (w *Workspace) readState(name string) (*Marker, error) {

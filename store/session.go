@@ -58,6 +58,7 @@ func (w *Workspace) SessionMarkerOf() (*Marker, error) { return w.readState(Sess
 // removes that marker.
 func (w *Workspace) QuarantineSession(m Marker, reason string) error {
 	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
+	w.clearHeld.Store(false) // a change made under the lock now is refused
 	if err := w.writeState(QuarantineFile, m, false); err != nil {
 		return err
 	}
@@ -66,18 +67,19 @@ func (w *Workspace) QuarantineSession(m Marker, reason string) error {
 
 // quarantineStaleSession runs with the scope lock held: a session marker
 // whose lease nobody holds was left by a worker that died with its
-// container (SPEC §5.1: as for a one-shot command).
-func (w *Workspace) quarantineStaleSession() error {
+// container (SPEC §5.1: as for a one-shot command). found says whether
+// there was a session marker, live or not.
+func (w *Workspace) quarantineStaleSession() (found bool, err error) {
 	m, err := w.readState(SessionMarker)
 	if err != nil || m == nil {
-		return err
+		return false, err
 	}
 	release, ok, err := w.TakeSessionLease()
 	if err != nil || !ok {
-		return err // a live session: its owner holds the lease
+		return true, err // a live session: its owner holds the lease
 	}
 	defer release()
-	return w.QuarantineSession(*m, "session sandbox marker found without a live owner (worker died or cleanup unconfirmed)")
+	return true, w.QuarantineSession(*m, "session sandbox marker found without a live owner (worker died or cleanup unconfirmed)")
 }
 
 // checkSessionNode refuses a one-shot command's marker while another node

@@ -61,8 +61,16 @@ type Volume struct {
 	late sync.WaitGroup // opens that outlived their caller's budget
 
 	mu        sync.Mutex
-	marker    markerStat  // the marker as last read and found to hold the volume id
+	marker    stamp       // the marker as last read and found to hold the volume id
 	noTmpfile atomic.Bool // its filesystem answered that it lacks O_TMPFILE
+
+	// umaskOwner: the process's umask, as read when the volume was
+	// opened, takes bits from the owner (createTemp).
+	umaskOwner bool
+	// freshDirStats: a directory's stat sees other clients' changes at
+	// once (dirStatsFresh), so a lock holder's look may be kept
+	// (statelook.go).
+	freshDirStats bool
 }
 
 // OpenVolume opens the configured root. The local backend creates it; the
@@ -102,7 +110,32 @@ func openVolume(cfg Config) (*Volume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open volume root %s: %w", path, err)
 	}
-	return &Volume{cfg: cfg, path: path, root: os.NewFile(uintptr(fd), path)}, nil
+	v := &Volume{cfg: cfg, path: path, root: os.NewFile(uintptr(fd), path), umaskOwner: umaskNarrowsOwner()}
+	v.freshDirStats = dirStatsFresh(fd, path)
+	return v, nil
+}
+
+// dirStatsFresh tells whether a directory's stat on the filesystem of the
+// root fd shows the other clients' changes at once, as a lookup of a name
+// does: on a local filesystem, and on CephFS, whose clients give up a
+// directory's cached attributes before another client changes it (the
+// kernel client, and ceph-fuse). An NFS client serves a directory's stat
+// from its attribute cache (actimeo) while it asks the server again for a
+// name it did not find (lookupcache=positive); another FUSE daemon may
+// cache either way.
+func dirStatsFresh(rootfd int, path string) bool {
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(rootfd, &sfs); err != nil {
+		return false
+	}
+	switch _, network := fsName(sfs.Type); {
+	case sfs.Type == unix.CEPH_SUPER_MAGIC:
+		return true
+	case sfs.Type == unix.FUSE_SUPER_MAGIC:
+		return mountType(path) == "fuse.ceph-fuse"
+	default:
+		return !network
+	}
 }
 
 // CheckMarker verifies a shared root: it must exist and its marker must
@@ -196,7 +229,7 @@ func (v *Volume) recheck() error {
 	statErr := unix.Stat(filepath.Join(v.path, VolumeMarker), &st)
 	if statErr == nil {
 		v.mu.Lock()
-		same := v.marker == markerStatOf(&st)
+		same := v.marker == stampOf(&st)
 		v.mu.Unlock()
 		if same {
 			return nil
@@ -204,7 +237,7 @@ func (v *Volume) recheck() error {
 	}
 	if err := CheckMarker(v.path, v.cfg.VolumeID); err != nil {
 		v.mu.Lock()
-		v.marker = markerStat{}
+		v.marker = stamp{}
 		v.mu.Unlock()
 		return err
 	}
@@ -212,22 +245,22 @@ func (v *Volume) recheck() error {
 		// The stat was taken before the read: a change after it shows at
 		// the next stat.
 		v.mu.Lock()
-		v.marker = markerStatOf(&st)
+		v.marker = stampOf(&st)
 		v.mu.Unlock()
 	}
 	return nil
 }
 
-// markerStat is what a stat tells of the marker: which file it is, and
-// whether it was written since.
-type markerStat struct {
+// stamp is what a stat tells of a file or directory: which one it is, and
+// whether it was written since (a directory's entries changed).
+type stamp struct {
 	dev, ino     uint64
 	size         int64
 	mtime, ctime unix.Timespec
 }
 
-func markerStatOf(st *unix.Stat_t) markerStat {
-	return markerStat{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+func stampOf(st *unix.Stat_t) stamp {
+	return stamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
 // mkdirAll creates rel (cleaned, trusted) beneath dirfd, component by

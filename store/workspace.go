@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -34,6 +35,10 @@ type Workspace struct {
 	settled settledJournals // journal files their writers ended, as read (settled.go)
 	calls   callLog         // call records (calls.go)
 
+	look      stateLook                // the state directory as last found clear (statelook.go)
+	clearHeld atomic.Bool              // the scope lock is held and its look found the scope clear
+	idleLock  atomic.Pointer[lockFile] // the lock file last unlocked, kept open (lock.go)
+
 	layoutMade []string       // layout directories Open made (layout.go)
 	late       sync.WaitGroup // lock waits that outlived their caller's budget (budget.go)
 }
@@ -54,6 +59,7 @@ func (w *Workspace) DirFD() int { return int(w.dir.Fd()) }
 // caller's budget still uses them.
 func (w *Workspace) Close() error {
 	w.late.Wait()
+	w.closeIdleLock()
 	err := w.closeAccount()
 	w.closeJournal()
 	w.calls.close()

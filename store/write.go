@@ -148,7 +148,9 @@ func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm
 
 // createTemp creates an unnamed file of mode perm in dirfd (O_TMPFILE) or,
 // where the filesystem lacks it, a named one under the reserved prefix.
-// The mode is perm whatever the umask. Once the volume's filesystem has
+// The mode is perm whatever the umask: perm holds owner bits only, so it
+// is set again (one more round trip on a shared filesystem) only when the
+// umask takes owner bits away. Once the volume's filesystem has
 // answered that it lacks O_TMPFILE (ceph-fuse, NFS), it is not asked
 // again: the try costs an open and a close of the directory, round trips
 // to a shared filesystem's server.
@@ -160,7 +162,9 @@ func (v *Volume) createTemp(dirfd int, perm uint32) (*os.File, string, error) {
 			fd, terr := unix.Openat(dfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, perm)
 			unix.Close(dfd)
 			if terr == nil {
-				unix.Fchmod(fd, perm)
+				if v.umaskOwner {
+					unix.Fchmod(fd, perm)
+				}
 				return os.NewFile(uintptr(fd), "tmpfile"), "", nil
 			}
 			// Unsupported (EISDIR from a kernel without it); any other
@@ -175,8 +179,27 @@ func (v *Volume) createTemp(dirfd int, perm uint32) (*os.File, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	unix.Fchmod(fd, perm)
+	if v.umaskOwner {
+		unix.Fchmod(fd, perm)
+	}
 	return os.NewFile(uintptr(fd), name), name, nil
+}
+
+// umaskNarrowsOwner tells whether the process's umask clears any of the
+// owner's bits, or can't be read. Linux shows it in /proc/self/status;
+// setting it to learn it would race with other goroutines' creates.
+func umaskNarrowsOwner() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	_, rest, ok := bytes.Cut(b, []byte("\nUmask:\t"))
+	if !ok {
+		return true
+	}
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+	mask, err := strconv.ParseUint(string(line), 8, 32)
+	return err != nil || mask&0o700 != 0
 }
 
 func linkTemp(f *os.File, dirfd int, name string) error {
@@ -193,14 +216,18 @@ func tempName() string {
 	return policy.InternalPrefix + "tmp-" + hex.EncodeToString(b[:])
 }
 
-// checkWritable refuses a change to a quarantined scope and checks the
-// path's mode.
+// checkWritable refuses a change to a quarantined scope or a volume that
+// is not ours, and checks the path's mode. Under a scope lock whose look
+// found the scope clear (statelook.go) the first two were done just now,
+// after the lock was taken, and are not asked again.
 func (w *Workspace) checkWritable(op policy.Op, rel string) error {
-	if err := w.vol.recheck(); err != nil {
-		return err
-	}
-	if err := w.CheckQuarantine(); err != nil {
-		return err
+	if !w.clearHeld.Load() {
+		if err := w.vol.recheck(); err != nil {
+			return err
+		}
+		if err := w.CheckQuarantine(); err != nil {
+			return err
+		}
 	}
 	return w.pol.Check(op, rel)
 }

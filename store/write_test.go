@@ -430,3 +430,27 @@ func TestSyncDir(t *testing.T) {
 		t.Fatalf("syncDir of an O_PATH fd: %v", err)
 	}
 }
+
+// TestModeUnderNarrowUmask: a umask that takes the owner's bits doesn't
+// take them from what the tool door writes: new files are 0600, and a
+// replaced executable stays 0700 (the temp file's mode is set again).
+func TestModeUnderNarrowUmask(t *testing.T) {
+	old := syscall.Umask(0o377)
+	t.Cleanup(func() { syscall.Umask(old) })
+	e := newEnv(t)
+	ws := e.open(t, childScope, nil)
+	ctx := context.Background()
+	s := e.dir(childScope)
+	mkfile(t, filepath.Join(s, "run.sh"), "#!/bin/sh\n")
+	if err := os.Chmod(filepath.Join(s, "run.sh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]os.FileMode{"new.txt": 0o600, "run.sh": 0o700} {
+		if _, err := ws.WriteFile(ctx, name, []byte("x"), nil); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := os.Stat(filepath.Join(s, name)); err != nil || st.Mode().Perm() != want {
+			t.Errorf("%s: mode %v %v, want %v", name, st.Mode().Perm(), err, want)
+		}
+	}
+}
