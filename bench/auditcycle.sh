@@ -18,6 +18,11 @@
 # PINS (default "unpinned pinned") picks the pinnings to run; BENCH
 # (default BenchmarkAudit) the benchmark: BenchmarkAuditClient makes the
 # cycle from a client process of its own (variants off, on and queued).
+# BENCH=BenchmarkAuditClientInterleaved with VARIANTS=pair makes each run
+# one client process alternate blocks of cycles between a mount with the
+# audit off and one with it queued, both served by the benchmark's
+# process, so that drift within the run weighs on both alike; its rows
+# give wall time only (the CPU column repeats it).
 # PROCS (default "mount") gives the serving process the GOMAXPROCS that
 # loomfs mount takes by default for its pinning (3 pinned to one core, 1
 # otherwise: cmd/loomfs servingProcs); "go" leaves Go's own (a P per CPU
@@ -63,13 +68,20 @@ run() {
 	mount "$dev" "$mnt"
 	mkdir -m 1777 "$mnt/tmp"
 	local cmd=("$bin" -test.run '^$' -test.bench "^$BENCH\$/^audit=$variant\$" -test.benchtime "${CYCLES}x")
+	local fields='{print $3, $5}'
+	if [ "$variant" = pair ]; then
+		# BenchmarkAuditClientInterleaved: one b.N is a pair of blocks of
+		# 50 cycles; it prints the off and the on mount's time per cycle.
+		cmd=("$bin" -test.run '^$' -test.bench "^$BENCH\$" -test.benchtime "$((CYCLES / 50))x")
+		fields='{print $5, $7}'
+	fi
 	[ "$pin" = pinned ] && cmd=(taskset -c 0 "${cmd[@]}")
 	case $PROCS in
 	mount) if [ "$pin" = pinned ]; then cmd=(env GOMAXPROCS=3 "${cmd[@]}"); else cmd=(env GOMAXPROCS=1 "${cmd[@]}"); fi ;;
 	go) ;;
 	*) cmd=(env GOMAXPROCS="$PROCS" "${cmd[@]}") ;;
 	esac
-	TMPDIR=$mnt/tmp "${cmd[@]}" | awk '/^Benchmark/ {print $3, $5}'
+	TMPDIR=$mnt/tmp "${cmd[@]}" | awk "/^Benchmark/ $fields"
 	umount "$mnt"
 	losetup -d "$dev"
 	dev=
@@ -84,6 +96,15 @@ for pin in $PINS; do
 			for b in "${bins[@]}"; do [ "${b%%=*}" = "$name" ] && bin=${b#*=}; done
 			out=$(run "$bin" "$variant" "$pin")
 			read -r wall cpu <<<"$out"
+			if [ "$variant" = pair ]; then
+				# Two mounts in one run: the off and the queued one's wall
+				# time per cycle (their CPU is not told apart).
+				off=${wall%.*} on=${cpu%.*}
+				echo "$pin round $r $name interleaved: off $((off / 1000)) µs, queued $((on / 1000)) µs per cycle"
+				echo "$pin $r $name off $off $off" >>"$results"
+				echo "$pin $r $name queued $on $on" >>"$results"
+				continue
+			fi
 			echo "$pin round $r $name $variant: $((wall / 1000)) µs wall, $((cpu / 1000)) µs CPU per cycle"
 			echo "$pin $r $name $variant $wall $cpu" >>"$results"
 		done
