@@ -23,6 +23,18 @@
 // lease free (the worker died); CheckIdle calls the scope busy while the
 // marker stands. Process records live in ProcessesDir, one JSON file each.
 //
+// # What a lock holder looks for
+//
+// Whoever takes the scope lock looks in the state directory for what a
+// dead holder left (an execution marker, a session marker nobody's lease
+// covers, a change set cut midway, the quarantine flag) and acts on it.
+// Where a directory's stat is as fresh as a lookup (local disks, CephFS)
+// a look that found none of them is kept with the directory's stamp, and
+// a later holder that finds the stamp unchanged makes one stat instead of
+// four lookups (statelook.go). The lock file itself stays open from one
+// Lock to the next and is checked against its name whenever the directory
+// changed.
+//
 // # The platform's view
 //
 // Open makes the policy's layout directories that are missing
