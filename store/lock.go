@@ -56,7 +56,8 @@ func (w *Workspace) lock(ctx context.Context) (unlock func(), err error) {
 // shared filesystem an open and a close are two round trips to its server.
 type lockFile struct {
 	f        *os.File
-	dev, ino uint64
+	idle     bool   // kept from an earlier Lock, not opened by name just now
+	dev, ino uint64 // which file f is, once asked (zero until then)
 }
 
 // lockOnce takes the lock through the idle lock file or a new one. moved
@@ -64,7 +65,9 @@ type lockFile struct {
 // directory was made anew): it was let go, and the caller tries again.
 func (w *Workspace) lockOnce(ctx context.Context) (unlock func(), moved bool, err error) {
 	lf := w.idleLock.Swap(nil)
-	if lf == nil {
+	if lf != nil {
+		lf.idle = true
+	} else {
 		if lf, err = w.openLock(); err != nil {
 			return nil, false, err
 		}
@@ -124,12 +127,21 @@ func (w *Workspace) openLock() (*lockFile, error) {
 	if err != nil {
 		return nil, policy.FromErrno(err, "open lock", LockFile)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, policy.FromErrno(err, "open lock", LockFile)
+	return &lockFile{f: os.NewFile(uintptr(fd), LockFile)}, nil
+}
+
+// stillNamed tells whether lf is still the file named LockFile.
+func (w *Workspace) stillNamed(lf *lockFile) bool {
+	if lf.ino == 0 {
+		var st unix.Stat_t
+		if unix.Fstat(int(lf.f.Fd()), &st) != nil {
+			return false
+		}
+		lf.dev, lf.ino = st.Dev, st.Ino
 	}
-	return &lockFile{f: os.NewFile(uintptr(fd), LockFile), dev: st.Dev, ino: st.Ino}, nil
+	var named unix.Stat_t
+	err := unix.Fstatat(int(w.state.Fd()), LockFile, &named, unix.AT_SYMLINK_NOFOLLOW)
+	return err == nil && named.Dev == lf.dev && named.Ino == lf.ino
 }
 
 // closeIdleLock closes the lock file kept for the next Lock.

@@ -59,11 +59,12 @@ var errLockMoved = errors.New("the scope lock file was replaced")
 // own quarantine check is done as well.
 //
 // A Workspace keeps its lock file open from one Lock to the next
-// (lock.go), so the look also makes sure lf is still the file named
-// LockFile (retention may have cleared the state directory, and someone
-// made it anew), answering errLockMoved if not: a lock on a file nobody
-// else opens excludes nobody. A lock file removed or replaced changes the
-// directory, so an unchanged directory vouches for lf as well.
+// (lock.go), so where the directory changed the look also makes sure a
+// kept lf is still the file named LockFile (retention may have cleared the
+// state directory, and someone made it anew), answering errLockMoved if
+// not: a lock on a file nobody else opens excludes nobody. A lock file
+// removed or replaced changes the directory, so an unchanged directory
+// vouches for lf as well.
 func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, err error) {
 	var st unix.Stat_t
 	statErr := unix.Fstat(int(w.state.Fd()), &st)
@@ -74,8 +75,7 @@ func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, 
 	if w.vol.freshDirStats && statErr == nil && kept == before {
 		return true, nil
 	}
-	var named unix.Stat_t
-	if err := unix.Fstatat(int(w.state.Fd()), LockFile, &named, unix.AT_SYMLINK_NOFOLLOW); err != nil || named.Dev != lf.dev || named.Ino != lf.ino {
+	if lf.idle && !w.stillNamed(lf) {
 		w.look.mu.Lock()
 		w.look.clear = stamp{}
 		w.look.mu.Unlock()
@@ -97,7 +97,10 @@ func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, 
 	quarantined := unix.Fstatat(int(w.state.Fd()), QuarantineFile, &q, unix.AT_SYMLINK_NOFOLLOW) != unix.ENOENT
 	clear = !marker && !session && !changes && !quarantined
 	keep := stamp{}
-	if w.vol.freshDirStats && clear && statErr == nil && time.Since(time.Unix(st.Ctim.Unix())) >= racyStamp {
+	// Only a look through a lock file it checked vouches for the file;
+	// a process's first Lock opened its file by name just now, and the
+	// next one checks it (one request fewer for a process of one call).
+	if w.vol.freshDirStats && lf.idle && clear && statErr == nil && time.Since(time.Unix(st.Ctim.Unix())) >= racyStamp {
 		keep = before
 	}
 	w.look.mu.Lock()
