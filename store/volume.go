@@ -117,25 +117,25 @@ func openVolume(cfg Config) (*Volume, error) {
 
 // dirStatsFresh tells whether a directory's stat on the filesystem of the
 // root fd shows the other clients' changes at once, as a lookup of a name
-// does: on a local filesystem, and on CephFS, whose clients give up a
-// directory's cached attributes before another client changes it (the
-// kernel client, and ceph-fuse). An NFS client serves a directory's stat
-// from its attribute cache (actimeo) while it asks the server again for a
-// name it did not find (lookupcache=positive); another FUSE daemon may
-// cache either way.
+// does: on a local filesystem loomfs knows, and on CephFS, whose clients
+// give up a directory's cached attributes before another client changes
+// it (the kernel client, and ceph-fuse). An NFS client serves a
+// directory's stat from its attribute cache (actimeo) while it asks the
+// server again for a name it did not find (lookupcache=positive); another
+// FUSE daemon, or a filesystem not named here, may cache either way.
 func dirStatsFresh(rootfd int, path string) bool {
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(rootfd, &sfs); err != nil {
 		return false
 	}
-	switch _, network := fsName(sfs.Type); {
-	case sfs.Type == unix.CEPH_SUPER_MAGIC:
+	switch sfs.Type {
+	case unix.CEPH_SUPER_MAGIC:
 		return true
-	case sfs.Type == unix.FUSE_SUPER_MAGIC:
+	case unix.FUSE_SUPER_MAGIC:
 		return mountType(path) == "fuse.ceph-fuse"
-	default:
-		return !network
 	}
+	name, network := fsName(sfs.Type)
+	return !network && !strings.HasPrefix(name, "unknown")
 }
 
 // CheckMarker verifies a shared root: it must exist and its marker must
