@@ -69,12 +69,26 @@ func (w *Workspace) ClearMarker() error {
 // administrator clears it. The marker of the command concerned moves into
 // the quarantine file.
 func (w *Workspace) Quarantine(m Marker, reason string) error {
-	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
-	w.clearHeld.Store(false) // a change later in this hold is refused
-	if err := w.writeState(QuarantineFile, m, false); err != nil {
+	if err := w.writeQuarantine(m, reason); err != nil {
 		return err
 	}
 	return w.ClearMarker()
+}
+
+// writeQuarantine writes the quarantine flag with the marker m and why.
+// A lock hold whose look found the scope clear no longer counts as
+// checked (checkWritable): a change later in it is refused.
+func (w *Workspace) writeQuarantine(m Marker, reason string) error {
+	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
+	w.clearHeld.Store(false)
+	return w.writeState(QuarantineFile, m, false)
+}
+
+// quarantineFlagged tells whether the quarantine flag is there (or can't
+// be told absent).
+func (w *Workspace) quarantineFlagged() bool {
+	var st unix.Stat_t
+	return unix.Fstatat(int(w.state.Fd()), QuarantineFile, &st, unix.AT_SYMLINK_NOFOLLOW) != unix.ENOENT
 }
 
 // QuarantineMarker returns the quarantine record, or nil if the scope is
@@ -85,9 +99,7 @@ func (w *Workspace) QuarantineMarker() (*Marker, error) {
 
 // CheckQuarantine refuses a change to a quarantined scope.
 func (w *Workspace) CheckQuarantine() error {
-	var st unix.Stat_t
-	err := unix.Fstatat(int(w.state.Fd()), QuarantineFile, &st, unix.AT_SYMLINK_NOFOLLOW)
-	if err == unix.ENOENT {
+	if !w.quarantineFlagged() {
 		return nil
 	}
 	m, _ := w.readState(QuarantineFile)

@@ -57,9 +57,7 @@ func (w *Workspace) SessionMarkerOf() (*Marker, error) { return w.readState(Sess
 // QuarantineSession quarantines the scope with the session marker m and
 // removes that marker.
 func (w *Workspace) QuarantineSession(m Marker, reason string) error {
-	m.Scope, m.ScopeHash, m.Reason = w.scope.String(), w.scope.Hash(), reason
-	w.clearHeld.Store(false) // a change made under the lock now is refused
-	if err := w.writeState(QuarantineFile, m, false); err != nil {
+	if err := w.writeQuarantine(m, reason); err != nil {
 		return err
 	}
 	return w.ClearSessionMarker()

@@ -93,9 +93,7 @@ func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, 
 	if err != nil {
 		return false, err
 	}
-	var q unix.Stat_t
-	quarantined := unix.Fstatat(int(w.state.Fd()), QuarantineFile, &q, unix.AT_SYMLINK_NOFOLLOW) != unix.ENOENT
-	clear = !marker && !session && !changes && !quarantined
+	clear = !marker && !session && !changes && !w.quarantineFlagged()
 	keep := stamp{}
 	// Only a look through a lock file it checked vouches for the file;
 	// a process's first Lock opened its file by name just now, and the
