@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
-	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -134,7 +133,7 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 
 // audited runs the call between its audit records.
 func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
-	start := time.Now()
+	begun := time.Now()
 	h, ok := handlers[name]
 	if !ok {
 		return nil, policy.Errorf(policy.InvalidInput, "unknown tool %q; known tools: %s", name, strings.Join(Names, ", "))
@@ -150,24 +149,17 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	// anything runs is known at once: each is one record, its outcome, one
 	// append instead of two.
 	mutating := Mutating(name) && ferr == nil
+	var start *startRecord
 	if mutating {
 		started := ev
 		started.Result = "started"
-		// The audit log is on the volume, whose storage may not answer:
-		// nothing has been done yet if its budget runs out here.
-		_, err := budget.Run(ctx, func() (struct{}, error) { return struct{}{}, t.sink().Record(ctx, started) }, nil)
-		if err != nil && ctx.Err() != nil {
-			return nil, policy.Errorf(policy.Timeout, "%s was not started: the audit log's storage did not answer within the call's budget; nothing was changed, retry later", name)
-		}
-		if err != nil {
-			return nil, auditErr(err)
-		}
+		start = t.recordStart(ctx, name, started)
 	}
 
 	var res json.RawMessage
 	err := ferr
 	if err == nil {
-		res, err = t.callWithin(ctx, h, name, callID, input)
+		res, err = t.callWithin(ctx, h, name, callID, input, start)
 		// The scope's I/O limits (throttle): the call's bytes are its
 		// input and its result. It answers late, never fails.
 		lim := t.WS.Limiter()
@@ -176,7 +168,12 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		}
 	}
 
-	ev.Duration = time.Since(start)
+	ev.Duration = time.Since(begun)
+	// The outcome follows its start in the log; a change whose start
+	// record was not written has done nothing and gets no outcome record.
+	if serr := start.wait(ctx); serr != nil {
+		return nil, serr
+	}
 	if err != nil {
 		pe := policy.AsError(err)
 		ev.Result, ev.Code = "refused", string(pe.Code)
@@ -215,7 +212,7 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 // (a hung NFS server) then keeps its goroutine, but the caller gets its
 // answer within its budget: a timeout for a read, unknown_outcome for a
 // change that may yet complete. The call record tells a replay which.
-func (t *Toolbox) callWithin(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+func (t *Toolbox) callWithin(ctx context.Context, h handler, name, callID string, input json.RawMessage, start *startRecord) (json.RawMessage, error) {
 	type outcome struct {
 		res json.RawMessage
 		err error
@@ -224,7 +221,7 @@ func (t *Toolbox) callWithin(ctx context.Context, h handler, name, callID string
 	t.inflight.Add(1)
 	go func() {
 		defer t.inflight.Done()
-		res, err := t.call(ctx, h, name, callID, input)
+		res, err := t.call(ctx, h, name, callID, input, start)
 		done <- outcome{res, err}
 	}()
 	select {
@@ -240,6 +237,10 @@ func (t *Toolbox) callWithin(ctx context.Context, h handler, name, callID string
 	case o := <-done:
 		return o.res, o.err
 	case <-grace.C:
+	}
+	if !start.written() {
+		// The handler changes nothing before its start record is kept.
+		return nil, start.notStarted()
 	}
 	if Mutating(name) {
 		return nil, policy.Errorf(policy.UnknownOutcome, "%s was still running when the call's budget ran out (%v); it may yet complete: re-read the files concerned before retrying", name, ctx.Err())
@@ -258,7 +259,7 @@ const cancelGrace = 250 * time.Millisecond
 // closing the workspace when the process goes on.
 func (t *Toolbox) Wait() { t.inflight.Wait() }
 
-func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, input json.RawMessage, start *startRecord) (json.RawMessage, error) {
 	// Only changes are recorded for replay (SPEC §4): replaying a read
 	// is reading again.
 	recordID := ""
@@ -299,6 +300,10 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 			unlock()
 		}
 	}
+	// Nothing changes before the change's start record is kept (audited).
+	if err := start.wait(ctx); err != nil {
+		return nil, t.finish(recordID, name, input, nil, err)
+	}
 	// The change journal's lines say the tool door and the call made them.
 	ctx = store.WithChange(ctx, store.Change{Source: store.SourceTool, Call: callID})
 	out, err := h(context.WithValue(ctx, callIDKey{}, callID), t, input)
@@ -323,6 +328,72 @@ func (t *Toolbox) finish(callID, name string, input, result json.RawMessage, err
 		return ferr
 	}
 	return err
+}
+
+// startRecord is a change's "started" audit record on its way to the log.
+// It is written while the call records its call id and takes the scope
+// lock, each a round trip to the volume's storage too: on CephFS a record
+// is up to three (the chain's lock, its stat, the append; BENCHMARKS.md).
+// The handler waits for it before it changes anything (call), and the
+// outcome is recorded after it (audited), so the log still holds every
+// change's start before its effect.
+type startRecord struct {
+	op   string
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// recordStart writes e, a change's start, in a goroutine of its own. The
+// audit log is on the volume, whose storage may not answer: the caller's
+// wait ends with its budget (wait), and nothing has been done then.
+func (t *Toolbox) recordStart(ctx context.Context, op string, e audit.Event) *startRecord {
+	s := &startRecord{op: op, done: make(chan struct{})}
+	t.inflight.Add(1)
+	go func() {
+		defer t.inflight.Done()
+		defer close(s.done)
+		if err := t.sink().Record(ctx, e); err != nil {
+			s.err = auditErr(err)
+		}
+	}()
+	return s
+}
+
+// wait waits until the start record is written or ctx is done and says
+// whether the change may go ahead. A nil startRecord (a call that changes
+// nothing) always may.
+func (s *startRecord) wait(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
+	select {
+	case <-s.done: // written, even if ctx is done too
+		return s.err
+	default:
+	}
+	select {
+	case <-s.done:
+		return s.err
+	case <-ctx.Done():
+		return s.notStarted()
+	}
+}
+
+// written reports whether the record's write has ended, kept or not.
+func (s *startRecord) written() bool {
+	if s == nil {
+		return true
+	}
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *startRecord) notStarted() error {
+	return policy.Errorf(policy.Timeout, "%s was not started: the audit log's storage did not answer within the call's budget; nothing was changed, retry later", s.op)
 }
 
 func (t *Toolbox) sink() audit.Sink {
