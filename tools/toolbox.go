@@ -295,7 +295,7 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 			return nil, t.finish(recordID, name, input, nil, err)
 		}
 		if Mutating(name) {
-			defer unlock()
+			defer t.letGo(unlock)
 		} else {
 			unlock()
 		}
@@ -315,6 +315,19 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 		return nil, fmt.Errorf("encode %s result: %w", name, merr)
 	}
 	return b, t.finish(recordID, name, input, b, nil)
+}
+
+// letGo lets a change's scope lock go in a goroutine of its own, so that
+// the call's answer and its outcome record do not wait for the unlock, a
+// round trip to a shared volume's server. A Lock of the workspace made
+// meanwhile waits for it as for any other holder's (each Lock holds its
+// own open of the lock file). Wait waits for it too.
+func (t *Toolbox) letGo(unlock func()) {
+	t.inflight.Add(1)
+	go func() {
+		defer t.inflight.Done()
+		unlock()
+	}()
 }
 
 // finish records the outcome for replay and returns err unchanged, or the

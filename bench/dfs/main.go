@@ -30,6 +30,7 @@ func main() {
 	writes := flag.Int("writes", 300, "workspace_write calls timed")
 	incs := flag.Int("increments", 200, "compare-and-swap increments per node")
 	names := flag.Int("names", 3, "new names made on node A and looked up on node B, by rename and by newname.Place")
+	pause := flag.Duration("pause", 0, "a pause before each timed tool write and each bare replace, as a model thinks between calls (the audit chain's lock is let go after 20 ms at most)")
 	flag.Parse()
 	a, b, ok := strings.Cut(*roots, ",")
 	if !ok || *volume == "" {
@@ -52,9 +53,11 @@ func main() {
 	}
 	var lat, floor []time.Duration
 	for i := range *writes {
+		time.Sleep(*pause)
 		t0 := time.Now()
 		call(ctx, ta, tools.Write, map[string]any{"path": "w" + strconv.Itoa(i%20), "content": content})
 		lat = append(lat, time.Since(t0))
+		time.Sleep(*pause)
 		t0 = time.Now()
 		floorReplace(floorDir, "w"+strconv.Itoa(i%20), []byte(content))
 		floor = append(floor, time.Since(t0))
