@@ -20,11 +20,12 @@
 // A Log writes synchronously unless opened with Options.Queue, which a
 // long-lived writer on a request's path (a mount) uses. Record then checks
 // and copies the event, stamps it with the time of the call and puts it
-// in a bounded queue; one goroutine of the Log encodes, chains and
-// appends everything queued in one write(2) under one hold of the chain
-// lock. It lets the lock go half a millisecond after the queue ran empty,
-// and at least every 5 ms under load, so the node's other writers wait
-// no longer than that. Records keep the order of the
+// in a bounded queue; one goroutine of the Log, woken by a record,
+// gathers records for 5 ms (longer where a write is dear) and encodes,
+// chains and appends them in one write(2) under one hold of the chain
+// lock. It lets the lock go once a look finds no new record, and for a
+// moment at least every 5 ms under load, so the node's other writers wait
+// little longer than that. Records keep the order of the
 // Record calls and their time stamps, and none is dropped: Record waits
 // while the queue is full, for as long as the writer's writes take (only
 // storage that does not answer makes that long); a failed write keeps its
@@ -37,12 +38,10 @@
 // the queue out before the writer's close entry; a queue it can't write
 // (it retries for a few seconds) is lost, Close says how many records,
 // and the writer has no close entry. A writer killed with SIGKILL loses
-// what was still queued: the records of the last half millisecond on a
-// local disk (the writer wakes for the first record after a pause and,
-// in a burst, looks again every half millisecond by itself), of the last
-// few where a write is dear (it gathers records there), at most Queue
-// records; Verify reports it, like any killed writer, as ended without
-// closing.
+// what was still queued: the records of the last 5 ms on a local disk,
+// of the last few tens of milliseconds at most where a write is dear, at
+// most Queue records; Verify reports it, like any killed writer, as ended
+// without closing.
 //
 // The package never reads workspace files and never decides policy: a caller
 // that gets ErrUnavailable from Record must refuse the operation itself.

@@ -40,26 +40,27 @@ var (
 	holdGapMost = 20 * time.Millisecond
 	holdMaxMost = 100 * time.Millisecond
 
-	// A write(2) that costs at least gatherFrom makes the writer gather
-	// records before its next write (gathering).
-	gatherFrom = 100 * time.Microsecond
+	// The writer gathers records for at least gatherLeast before each
+	// write (gathering).
+	gatherLeast = 5 * time.Millisecond
 )
 
 // gathering returns how long the queued writer, woken by a record, lets
-// more arrive before it writes, given what its last write cost. Where a
-// write is cheap (a local disk, tens of microseconds) it writes at once:
-// gathering there saved nothing measurable. Where it is dear (a write to
-// a ceph-fuse mount is a request to its daemon, which serves one at a
-// time, about half a millisecond) it waits sixteen times the write's cost,
-// at most holdGapMost, so a mount serving tar -x writes once for several
-// files instead of twice for each, and the requests it serves are not
-// queued behind its records. SIGKILL loses what was gathered; Close
+// more arrive before it writes, given what its last write cost: sixteen
+// times that cost, at least gatherLeast and at most holdGapMost. Each look
+// at the queue is a wake-up of the writer's thread, and on a shared CPU
+// the switches to it and back cost the requests being served more than
+// the records' own encoding: looking every half millisecond, as the writer
+// did on a local disk, kept the small-file cycle of a mount pinned to one
+// core 4.4% slower with the audit on, looking every 5 ms 1.2% (medians of
+// six rounds, BENCHMARKS.md). Where a write is dear (a write to a
+// ceph-fuse mount is a request its daemon serves in turn with every other,
+// about half a millisecond) the longer wait also keeps the requests it
+// serves from queuing behind the records, and a mount serving tar -x
+// writes once for several files. SIGKILL loses what was gathered; Close
 // writes it.
 func gathering(cost time.Duration) time.Duration {
-	if cost < gatherFrom {
-		return 0
-	}
-	return min(16*cost, holdGapMost)
+	return min(max(gatherLeast, 16*cost), holdGapMost)
 }
 
 // holds returns how long the queued writer keeps the chain lock past its
@@ -248,7 +249,7 @@ func (l *Log) run() {
 	held := false
 	var heldAt time.Time
 	gap, most, yieldFor := holds(0)
-	var gather time.Duration
+	gather := gatherLeast
 	retry := retryMin
 	unlock := func() {
 		start := time.Now()

@@ -372,15 +372,15 @@ func TestHolds(t *testing.T) {
 	}
 }
 
-// TestGathering: the queued writer writes at once where a write is cheap
-// and gathers in proportion where it is dear, never past the bound.
+// TestGathering: the queued writer gathers for gatherLeast where a write
+// is cheap and in proportion where it is dear, never past the bound.
 func TestGathering(t *testing.T) {
 	for _, tc := range []struct {
 		cost, want time.Duration
 	}{
-		{0, 0},
-		{20 * time.Microsecond, 0},
-		{gatherFrom, 16 * gatherFrom},
+		{0, gatherLeast},
+		{20 * time.Microsecond, gatherLeast},
+		{gatherLeast / 16, gatherLeast},
 		{500 * time.Microsecond, 8 * time.Millisecond},
 		{time.Second, holdGapMost},
 	} {
