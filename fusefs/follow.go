@@ -263,11 +263,21 @@ func (fl *follower) catchUp() {
 		return
 	}
 	files, err := ws.ReadJournal(fl.from)
+	// trees are the trees other writers moved, removed or restored, and
+	// foreign whether any line was theirs (newdir.go, echoTrees).
+	var trees []string
+	foreign := false
+	defer func() {
+		if foreign {
+			fl.f.echoTrees(trees)
+		}
+	}()
 	if errors.Is(err, store.ErrJournalGone) {
 		// A file was removed (a snapshot reader is done with it) before
 		// this mount read its last lines, which are lost to it: drop
 		// everything once and go on from what is there now.
 		fl.dropAll()
+		foreign, trees = true, []string{"."}
 		fl.forgetGone()
 		if files == nil {
 			return
@@ -287,12 +297,17 @@ func (fl *follower) catchUp() {
 			if own && mine(c) {
 				continue
 			}
+			foreign = true
+			if c.Subtree && !slices.Contains(trees, c.Path) {
+				trees = append(trees, c.Path)
+			}
 			fl.drop(c.Path, c.Subtree)
 		}
 		fl.from[jf.Name] = jf.End
 		if !jf.Trusted() && !fl.doubted[jf.Name] {
 			fl.doubted[jf.Name] = true
 			fl.dropAll()
+			foreign, trees = true, []string{"."}
 		}
 	}
 }

@@ -69,6 +69,9 @@ type fsys struct {
 	// the directories it made holds only while it stands still
 	// (newdir.go); tests use it too.
 	drops atomic.Int64
+	// kept is the directories the mount made and keeps open
+	// (newdir.go).
+	kept keptDirs
 	// absentLookups counts the lookups answered from what the mount knows
 	// of a directory it made (newdir.go); tests use it.
 	absentLookups atomic.Int64

@@ -172,6 +172,7 @@ func (m *Mounted) Dir() string { return m.dir }
 // unmounted from outside is only cleaned up after.
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
+		defer m.fsys.kept.closeAll()
 		defer m.unheld()
 		defer m.releaseOpen()
 		if m.follower != nil {

@@ -2,9 +2,12 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/agentloom/loomfs/policy"
 )
@@ -82,4 +85,159 @@ func TestNewDirLookupsStrict(t *testing.T) {
 	if n := e.m.fsys.absentLookups.Load(); n != 0 {
 		t.Errorf("%d lookups answered from memory under cache: strict", n)
 	}
+}
+
+// TestKeptDirs: requests naming entries of a directory the mount made use
+// the directory it kept open, and land where the directory is: after a
+// rename through the mount, at its new place. Once another door changes
+// the scope they resolve the path again. The kept directories are bounded
+// and closed at unmount.
+func TestKeptDirs(t *testing.T) {
+	e := newEnv(t)
+	f := e.m.fsys
+	mustMkdir(t, e.path("d"))
+	before := f.kept.opens.Load()
+	for i := range 10 {
+		mustWrite(t, e.path(fmt.Sprintf("d/f%d", i)), "x")
+	}
+	if err := os.Rename(e.path("d/f0"), e.path("d/g0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(e.path("d/f1")); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.kept.opens.Load() - before; n < 12 {
+		t.Errorf("%d requests in a directory the mount made used its kept descriptor, want at least 12", n)
+	}
+	if err := os.Rename(e.path("d"), e.path("e")); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, e.path("e/after-move"), "moved")
+	if err := wantContent(e.host("e/after-move"), "moved"); err != nil {
+		t.Errorf("a create in a made directory after the mount moved it: %v", err)
+	}
+	if _, err := os.Lstat(e.host("d")); !os.IsNotExist(err) {
+		t.Errorf("the old place of the moved directory: %v, want it gone", err)
+	}
+
+	drops := f.drops.Load()
+	if _, err := e.ws.WriteFile(context.Background(), "elsewhere", []byte("tools"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seen(t, "the tool door's line read by the follower", func() error {
+		if f.drops.Load() == drops {
+			return errors.New("no drop yet")
+		}
+		return nil
+	})
+	before = f.kept.opens.Load()
+	mustWrite(t, e.path("e/late"), "x")
+	if n := f.kept.opens.Load() - before; n != 0 {
+		t.Errorf("%d requests used a kept descriptor after another door changed the scope, want 0", n)
+	}
+	if err := wantContent(e.host("e/late"), "x"); err != nil {
+		t.Error(err)
+	}
+
+	mustMkdir(t, e.path("many"))
+	for i := range maxKeptDirs + 10 {
+		mustMkdir(t, e.path(fmt.Sprintf("many/%d", i)))
+	}
+	f.kept.mu.Lock()
+	kept := slices.Clone(f.kept.dirs)
+	f.kept.mu.Unlock()
+	if len(kept) > maxKeptDirs {
+		t.Errorf("%d directories kept open, want at most %d", len(kept), maxKeptDirs)
+	}
+	if err := e.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range kept {
+		if m.fd >= 0 {
+			t.Fatal("a kept directory still open after unmount")
+		}
+	}
+}
+
+// TestKeptDirMovedElsewhere: a create through a kept directory that another
+// mount (another node) has moved, made before this mount read the move's
+// lines, lands in the directory at its new place; the mount then notes the
+// moved tree again, so the other mount, which had listed the new place,
+// lists the new entry too.
+func TestKeptDirMovedElsewhere(t *testing.T) {
+	e := newEnv(t)
+	f := e.m.fsys
+	mnt2 := secondMount(t, e)
+	quiet(t, e)
+	mustMkdir(t, e.path("d"))
+	mustWrite(t, e.path("d/first"), "1")
+	seen(t, "the first file through the second mount", func() error { return wantContent(mnt2+"/d/first", "1") })
+
+	// This mount reads no journal until the test lets it: the window
+	// between another node's change and the poll that reads it.
+	fl := e.m.follower
+	fl.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			fl.mu.Unlock()
+		}
+	}()
+	if err := os.Rename(mnt2+"/d", mnt2+"/e"); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := readNames(mnt2 + "/e"); err != nil || !slices.Equal(names, []string{"first"}) {
+		t.Fatalf("the moved directory through the second mount: %v, %v", names, err)
+	}
+	before := f.kept.opens.Load()
+	// No stat of d first: after the create of d/first the kernel asks for
+	// its attributes again, and the mount, resolving the path, finds no d.
+	if err := os.WriteFile(e.path("d/late"), []byte("2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if f.kept.opens.Load() == before {
+		t.Fatal("the create after the other node's move did not use the kept directory")
+	}
+	if err := wantContent(e.host("e/late"), "2"); err != nil {
+		t.Fatalf("a create through the kept directory after another node moved it: %v", err)
+	}
+	fl.mu.Unlock()
+	locked = false
+
+	seen(t, "the entry made in the moved directory, listed by the other mount", func() error {
+		names, err := readNames(mnt2 + "/e")
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(names, "late") {
+			return fmt.Errorf("e lists %v", names)
+		}
+		return nil
+	})
+}
+
+// quiet waits until the mount's follower has read every line the other
+// writers have written and no more come.
+func quiet(t *testing.T, e *env) {
+	t.Helper()
+	f := e.m.fsys
+	for range 100 {
+		e.m.follower.catchUp()
+		drops := f.drops.Load()
+		time.Sleep(50 * time.Millisecond)
+		e.m.follower.catchUp()
+		if f.drops.Load() == drops {
+			return
+		}
+	}
+	t.Fatal("the other writers never went quiet")
+}
+
+func readNames(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	var names []string
+	for _, de := range entries {
+		names = append(names, de.Name())
+	}
+	return names, err
 }

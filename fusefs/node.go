@@ -149,11 +149,6 @@ func (n *node) childRel(name string) (string, error) {
 	return policy.Join(dir, name), nil
 }
 
-// parentOf opens the directory holding rel, for one *at call.
-func (n *node) parentOf(rel string) (*store.Dir, string, error) {
-	return n.fsys.ws.Parent(rel)
-}
-
 // stat describes what the node's path holds now. It answers ESTALE when
 // that is another object than the node's (replaced by rename, or removed),
 // so the kernel looks the path up again.
@@ -170,7 +165,7 @@ func (n *node) stat() (unix.Statx_t, syscall.Errno) {
 		}
 		return sx, 0
 	}
-	parent, name, err := n.parentOf(rel)
+	parent, name, err := f.ws.Parent(rel)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {
 			return unix.Statx_t{}, syscall.ESTALE
@@ -405,7 +400,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, e
 	}
-	if _, err := f.ws.PlaceLink(parent, base, rel, target); err != nil {
+	if _, err := f.ws.PlaceLink(parent.Dir, base, rel, target); err != nil {
 		f.ws.AdjustAt(rel, -size, -1)
 		return nil, f.failed(ctx, ev, err)
 	}
@@ -557,7 +552,7 @@ func (f *fsys) setPerm(fd int, perm uint32) (unix.Statx_t, error) {
 
 // openExisting opens the entry base of parent that a create found already
 // there.
-func (n *node) openExisting(ctx context.Context, rel string, parent *store.Dir, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
+func (n *node) openExisting(ctx context.Context, rel string, parent *parentDir, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, nil, 0, policy.Errno(err)
@@ -609,17 +604,19 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if err != nil {
 		return nil, f.failed(ctx, ev, err)
 	}
-	defer unix.Close(fd)
 	sx, err := f.setPerm(fd, perm)
 	f.ws.NoteChangeBy(rel, false, f.by(store.OpMkdir, rel))
 	if err != nil {
+		unix.Close(fd)
 		return nil, f.failed(ctx, ev, err)
 	}
 	in, e := n.child(ctx, rel, &sx, out)
-	if e == 0 {
-		f.madeDir(in.Operations().(*node), drops)
+	if e != 0 {
+		unix.Close(fd)
+		return nil, e
 	}
-	return in, e
+	f.madeDir(in.Operations().(*node), drops, fd)
+	return in, 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {

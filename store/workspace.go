@@ -111,6 +111,19 @@ func (w *Workspace) Parent(rel string) (*Dir, string, error) {
 	return &Dir{fd}, name, nil
 }
 
+// ParentIn is Parent for a caller that holds the directory of rel open
+// already, as dirFD (a mount keeps the directories it made open): it
+// checks rel's last name as Parent does and takes dirFD over, which the
+// Dir then closes.
+func (w *Workspace) ParentIn(dirFD int, rel string) (*Dir, string, error) {
+	_, name := policy.Split(rel)
+	if err := checkEntry(rel, name); err != nil {
+		unix.Close(dirFD)
+		return nil, "", err
+	}
+	return &Dir{dirFD}, name, nil
+}
+
 // checkEntry refuses a last name that is not one entry of its directory.
 // Cleaned paths never have one, but the store is the last line: without
 // this, ".." (or "a/../..") would open the scope's parent directory, and
