@@ -52,8 +52,8 @@ var (
 // the switches to it and back cost the requests being served more than
 // the records' own encoding: looking every half millisecond, as the writer
 // did on a local disk, kept the small-file cycle of a mount pinned to one
-// core 4.4% slower with the audit on, looking every 5 ms 1.2% (medians of
-// six rounds, BENCHMARKS.md). Where a write is dear (a write to a
+// core 4.4% slower with the audit on, looking every 5 ms 1.8% (medians of
+// 36 rounds, BENCHMARKS.md). Where a write is dear (a write to a
 // ceph-fuse mount is a request its daemon serves in turn with every other,
 // about half a millisecond) the longer wait also keeps the requests it
 // serves from queuing behind the records, and a mount serving tar -x

@@ -10,8 +10,9 @@
 // cleaned path inside the scope, then the policy question
 // (Policy.Check, policy.CheckName, policy.CheckObject,
 // policy.CheckCreateKind, policy.CheckChmod, the limits), then the store
-// (Workspace.Parent or Workspace.Open, one *at call on the fd it returned,
-// fstat of what was opened), then policy.Errno for the answer. Node and
+// (Workspace.Parent or Workspace.Open, or Workspace.ParentIn for a
+// directory the mount made and kept open; one *at call on the fd it
+// returned, fstat of what was opened), then policy.Errno for the answer. Node and
 // file types are our own (node, handle, dirHandle); go-fuse's loopback
 // types, which track files by path string, call path-based syscalls and
 // forward raw ioctls, are never used.
@@ -101,6 +102,18 @@
 // on the file they are writing), whatever its path holds now: the request
 // does not tell futimens from utimes by name, and the open pins the
 // node's own object.
+//
+// A directory the mount made is kept open while the mount knows it
+// (newdir.go: no other writer changed the scope since, within the entry
+// timeout; 64 at most): a request naming one of its entries (create,
+// mkdir, lookup, symlink, unlink, rename) makes its *at call on that
+// descriptor instead of resolving the directory's path from the scope
+// again, a round trip per request on a client that caches no entry
+// (ceph-fuse), and a lookup there of a name the mount did not make is
+// answered from memory. A tree another writer moved, removed or restored
+// while such a descriptor was in use is noted again by the mount after
+// its requests (echoTrees), so other mounts drop what they hold beneath
+// its new place.
 //
 // # Caching, kept coherent by the change journals
 //

@@ -42,10 +42,13 @@ import (
 //
 // Within that window a request through a kept descriptor may reach a
 // directory another node has just moved: it lands in the directory, at
-// its new place, as if made just before the move. That place is inside
-// the scope (no door moves a directory out of it), and never a read-only
-// or hidden part (the policy refuses a move into one at either door), but
-// the request's journal line names the old path. So when the follower
+// its new place, as if made just before the move. No door moves a
+// directory into a read-only or hidden part (the policy refuses either
+// end of such a move), nor out of the scope, but for the old tree a
+// restore sets aside beside the scope and removes (a restore runs with no
+// command running, and what lands there goes with the old tree, as a
+// change made just before the restore would). The request's journal line
+// names the old path, though. So when the follower
 // reads another writer's line for a moved, removed or restored tree while
 // kept descriptors were used, it waits for the requests still using them
 // and notes that tree again as the mount's own change (echoTrees): every
