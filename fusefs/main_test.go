@@ -80,6 +80,7 @@ type env struct {
 }
 
 type envConfig struct {
+	root     string // the volume root; "" for a fresh local directory
 	rules    []policy.Rule
 	subtrees []policy.Subtree
 	limits   func(*policy.Limits)
@@ -101,6 +102,11 @@ func withSubtrees(subs ...policy.Subtree) envOption {
 
 func withLimits(fn func(*policy.Limits)) envOption {
 	return func(c *envConfig) { c.limits = fn }
+}
+
+// withRoot puts the volume at root (a directory of a shared filesystem).
+func withRoot(root string) envOption {
+	return func(c *envConfig) { c.root = root }
 }
 
 func withCache(c policy.Cache) envOption {
@@ -125,7 +131,11 @@ func newEnv(t testing.TB, options ...envOption) *env {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	root := cfg.root
+	if root == "" {
+		root = filepath.Join(base, "volume")
+	}
+	vol, err := store.OpenVolume(ctx, store.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // TestNewDirLookups: in a directory the mount made, the lookup before each
@@ -160,14 +164,46 @@ func TestKeptDirs(t *testing.T) {
 }
 
 // TestKeptDirMovedElsewhere: a create through a kept directory that another
-// mount (another node) has moved, made before this mount read the move's
-// lines, lands in the directory at its new place; the mount then notes the
-// moved tree again, so the other mount, which had listed the new place,
-// lists the new entry too.
+// node has moved, made before this mount read the move's lines, lands in
+// the directory at its new place; the mount then notes the moved tree
+// again, so the other node's mount, which had listed the new place, lists
+// the new entry too. On one disk the other node is a second mount of its
+// own Workspace; with LOOMFS_DFS_ROOTS=A,B (CI: two ceph-fuse clients of
+// one CephFS) it is a mount through the second client.
 func TestKeptDirMovedElsewhere(t *testing.T) {
-	e := newEnv(t)
+	t.Run("one disk", func(t *testing.T) {
+		e := newEnv(t)
+		keptDirMovedElsewhere(t, e, secondMount(t, e), e.host)
+	})
+	ra, rb, ok := strings.Cut(os.Getenv("LOOMFS_DFS_ROOTS"), ",")
+	if !ok {
+		return
+	}
+	t.Run("two ceph-fuse clients", func(t *testing.T) {
+		name := "kept-dir-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		// Removed last, through the client that moved the tree.
+		t.Cleanup(func() { os.RemoveAll(filepath.Join(rb, name)) })
+		e := newEnv(t, withRoot(filepath.Join(ra, name)))
+		vol2, err := store.OpenVolume(context.Background(), store.Config{Root: filepath.Join(rb, name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { vol2.Close() })
+		ws2, err := vol2.Open(context.Background(), testScope, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ws2.Close() })
+		mnt2 := mountAt(t, ws2, filepath.Join(t.TempDir(), "mnt2"), Options{}, nil)
+		keptDirMovedElsewhere(t, e, mnt2, e.host)
+	})
+}
+
+// keptDirMovedElsewhere is TestKeptDirMovedElsewhere with e's mount as this
+// node, mnt2 the other node's mount of the same scope, and host the path
+// of an entry in the backing store as this node sees it.
+func keptDirMovedElsewhere(t *testing.T, e *env, mnt2 string, host func(string) string) {
 	f := e.m.fsys
-	mnt2 := secondMount(t, e)
 	quiet(t, e)
 	mustMkdir(t, e.path("d"))
 	mustWrite(t, e.path("d/first"), "1")
@@ -198,7 +234,7 @@ func TestKeptDirMovedElsewhere(t *testing.T) {
 	if f.kept.opens.Load() == before {
 		t.Fatal("the create after the other node's move did not use the kept directory")
 	}
-	if err := wantContent(e.host("e/late"), "2"); err != nil {
+	if err := wantContent(host("e/late"), "2"); err != nil {
 		t.Fatalf("a create through the kept directory after another node moved it: %v", err)
 	}
 	fl.mu.Unlock()
