@@ -298,7 +298,7 @@ func (fl *follower) catchUp() {
 				continue
 			}
 			foreign = true
-			if c.Subtree && !slices.Contains(trees, c.Path) {
+			if c.Subtree && !echoed(c) && !slices.Contains(trees, c.Path) {
 				trees = append(trees, c.Path)
 			}
 			fl.drop(c.Path, c.Subtree)
@@ -321,6 +321,12 @@ func (fl *follower) catchUp() {
 // name is next looked up, as a replaced file is (the open answers ESTALE).
 func mine(c store.JournalChange) bool {
 	return slices.Contains(mineSources, c.Source)
+}
+
+// echoed reports whether c is another mount's echo of a tree (echoTrees):
+// it moved nothing, and echoing it again would only bounce it back.
+func echoed(c store.JournalChange) bool {
+	return c.Op == store.OpTree && c.Source == store.SourceProjection
 }
 
 // mineSources are the sources of the changes mine reports as the mount's.

@@ -53,7 +53,8 @@ import (
 // kept descriptors were used, it waits for the requests still using them
 // and notes that tree again as the mount's own change (echoTrees): every
 // other mount then drops what it holds beneath the tree's new place after
-// the entries made there.
+// the entries made there. Another mount's echo moved nothing and is not
+// echoed back (follow.go, echoed).
 
 // maxKeptDirs bounds the directories a mount keeps open: tar and a build
 // fill a few directories at a time; the oldest is closed past this.

@@ -277,3 +277,22 @@ func readNames(dir string) ([]string, error) {
 	}
 	return names, err
 }
+
+// TestEchoed: a mount echoes the trees other writers moved, removed or
+// restored, not another mount's echo of one.
+func TestEchoed(t *testing.T) {
+	for _, tc := range []struct {
+		op, src string
+		want    bool
+	}{
+		{store.OpTree, store.SourceProjection, true},
+		{store.OpRename, store.SourceProjection, false},
+		{store.OpTree, store.SourceTool, false},
+		{store.OpTree, store.SourcePlatform, false},
+	} {
+		c := store.JournalChange{Path: "d", Subtree: true, Change: store.Change{Op: tc.op, Source: tc.src}}
+		if got := echoed(c); got != tc.want {
+			t.Errorf("echoed(%s from %s) = %v, want %v", tc.op, tc.src, got, tc.want)
+		}
+	}
+}
