@@ -225,6 +225,10 @@ func keptDirMovedElsewhere(t *testing.T, e *env, mnt2 string, host func(string) 
 	if names, err := readNames(mnt2 + "/e"); err != nil || !slices.Equal(names, []string{"first"}) {
 		t.Fatalf("the moved directory through the second mount: %v, %v", names, err)
 	}
+	// The other mount's kernel keeps this failed lookup too.
+	if _, err := os.Lstat(mnt2 + "/e/late"); !os.IsNotExist(err) {
+		t.Fatalf("e/late through the second mount before it is made: %v", err)
+	}
 	before := f.kept.opens.Load()
 	// No stat of d first: after the create of d/first the kernel asks for
 	// its attributes again, and the mount, resolving the path, finds no d.
@@ -240,7 +244,10 @@ func keptDirMovedElsewhere(t *testing.T, e *env, mnt2 string, host func(string) 
 	fl.mu.Unlock()
 	locked = false
 
-	seen(t, "the entry made in the moved directory, listed by the other mount", func() error {
+	seen(t, "the entry made in the moved directory, through the other mount", func() error {
+		if err := wantContent(mnt2+"/e/late", "2"); err != nil {
+			return err
+		}
 		names, err := readNames(mnt2 + "/e")
 		if err != nil {
 			return err
