@@ -30,6 +30,7 @@ func main() {
 	writes := flag.Int("writes", 300, "workspace_write calls timed")
 	incs := flag.Int("increments", 200, "compare-and-swap increments per node")
 	names := flag.Int("names", 3, "new names made on node A and looked up on node B, by rename and by newname.Place")
+	creates := flag.Int("creates", 100, "workspace_write calls timed that each make a new file (given its name by newname.Place)")
 	pause := flag.Duration("pause", 0, "a pause before each timed tool write and each bare replace, as a model thinks between calls (the audit chain's lock is let go after 20 ms at most)")
 	flag.Parse()
 	a, b, ok := strings.Cut(*roots, ",")
@@ -68,6 +69,19 @@ func main() {
 		ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100]), len(lat))
 	fmt.Printf("  the atomic replace alone (create, write, fsync, rename, fsync of the directory): p50 %.2f ms, p99 %.2f ms\n",
 		ms(floor[len(floor)/2]), ms(floor[len(floor)*99/100]))
+
+	if *creates > 0 {
+		var lat []time.Duration
+		for i := range *creates {
+			time.Sleep(*pause)
+			t0 := time.Now()
+			call(ctx, ta, tools.Write, map[string]any{"path": "new/c" + strconv.Itoa(i), "content": content})
+			lat = append(lat, time.Since(t0))
+		}
+		slices.Sort(lat)
+		fmt.Printf("tool write of a new file in-process (4 KiB, audit on): p50 %.2f ms, p99 %.2f ms (%d calls)\n",
+			ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100]), len(lat))
+	}
 
 	call(ctx, ta, tools.Write, map[string]any{"path": "counter", "content": "0"})
 	var wg sync.WaitGroup
