@@ -552,7 +552,7 @@ func (f *fsys) setPerm(fd int, perm uint32) (unix.Statx_t, error) {
 
 // openExisting opens the entry base of parent that a create found already
 // there.
-func (n *node) openExisting(ctx context.Context, rel string, parent *parentDir, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
+func (n *node) openExisting(ctx context.Context, rel string, parent parentDir, base string, flags uint32, out *fuse.EntryOut) (*fs.Inode, *handle, uint32, syscall.Errno) {
 	sx, err := statAt(int(parent.Fd()), base)
 	if err != nil {
 		return nil, nil, 0, policy.Errno(err)
