@@ -25,18 +25,26 @@ func secondMount(t *testing.T, e *env) string {
 // policy), over a Volume of its own, as another process would.
 func secondWorkspace(t *testing.T, e *env, pol *policy.Policy) *store.Workspace {
 	t.Helper()
+	return workspaceOn(t, e.vol.Config(), pol)
+}
+
+// workspaceOn opens the test scope under pol over a Volume of its own with
+// configuration cfg (another process, or another node's client of the
+// same shared filesystem); both are closed at cleanup.
+func workspaceOn(t *testing.T, cfg store.Config, pol *policy.Policy) *store.Workspace {
+	t.Helper()
 	ctx := context.Background()
-	vol2, err := store.OpenVolume(ctx, e.vol.Config())
+	vol, err := store.OpenVolume(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { vol2.Close() })
-	ws2, err := vol2.Open(ctx, testScope, pol)
+	t.Cleanup(func() { vol.Close() })
+	ws, err := vol.Open(ctx, testScope, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ws2.Close() })
-	return ws2
+	t.Cleanup(func() { ws.Close() })
+	return ws
 }
 
 // seen waits until check passes: the follower drops what a journal line

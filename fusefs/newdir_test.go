@@ -184,16 +184,7 @@ func TestKeptDirMovedElsewhere(t *testing.T) {
 		// Removed last, through the client that moved the tree.
 		t.Cleanup(func() { os.RemoveAll(filepath.Join(rb, name)) })
 		e := newEnv(t, withRoot(filepath.Join(ra, name)))
-		vol2, err := store.OpenVolume(context.Background(), store.Config{Root: filepath.Join(rb, name)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { vol2.Close() })
-		ws2, err := vol2.Open(context.Background(), testScope, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ws2.Close() })
+		ws2 := workspaceOn(t, store.Config{Root: filepath.Join(rb, name)}, nil)
 		mnt2 := mountAt(t, ws2, filepath.Join(t.TempDir(), "mnt2"), Options{}, nil)
 		keptDirMovedElsewhere(t, e, mnt2, e.host)
 	})

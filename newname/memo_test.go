@@ -12,14 +12,9 @@ import (
 // Place goes to link(2) there without asking again (a round trip on
 // ceph-fuse), and still refuses an existing name.
 func TestPlaceRemembersRefusal(t *testing.T) {
+	t.Cleanup(WithoutRenameNoReplace())
 	asked := 0
-	old := renameNoReplace
 	renameNoReplace = func(int, string, string) error { asked++; return unix.EINVAL }
-	t.Cleanup(func() {
-		renameNoReplace = old
-		refused.Clear()
-		anyRefused.Store(false)
-	})
 	dir := t.TempDir()
 	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
