@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -45,8 +46,7 @@ type Account struct {
 	tmp    string  // t-<id>: this holder's temporary name for what it replaces
 	snap   version // name.<n>: the record as last synced
 	live   int     // the live file, OFD-locked while open
-	mem    []byte  // its figures, mapped shared (or a buffer where it can't be)
-	mapped bool
+	mem    []byte  // its figures, mapped shared (nil where it can't be): see store
 
 	mu      sync.Mutex
 	r       record // what mem holds
@@ -108,17 +108,19 @@ func (a *Account) open() error {
 	if err := unix.FcntlFlock(uintptr(a.live), unix.F_OFD_SETLK, &lk); err != nil {
 		return fail("lock quota record", err)
 	}
-	if err := unix.Ftruncate(a.live, recordSize); err != nil {
-		return fail("size quota record", err)
+	// The record is written, and its blocks allocated, before it is
+	// mapped: a store into a page with no block behind it (a full
+	// volume) would be a SIGBUS, so a full volume refuses here.
+	buf := make([]byte, recordSize)
+	a.r.put(buf, a.node)
+	if _, err := unix.Pwrite(a.live, buf, 0); err != nil {
+		return fail("write quota record", err)
+	}
+	if err := unix.Fallocate(a.live, 0, 0, recordSize); err != nil && !unsupported(err) {
+		return fail("allocate quota record", err)
 	}
 	if mem, err := unix.Mmap(a.live, 0, recordSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
-		a.mem, a.mapped = mem, true
-	} else {
-		a.mem = make([]byte, recordSize)
-	}
-	a.r.put(a.mem, a.node)
-	if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
-		return fail("write quota record", err)
+		a.mem = mem
 	}
 	if err := a.sync(); err != nil {
 		return fail("write quota record", err)
@@ -132,13 +134,14 @@ func (a *Account) open() error {
 // sync writes the record where holders on other nodes read it: the live
 // file is current only for those sharing this node's page cache.
 func (a *Account) sync() error {
-	a.r.put(a.mem, a.node)
-	if !a.mapped {
-		if _, err := unix.Pwrite(a.live, a.mem, 0); err != nil {
+	buf := make([]byte, recordSize)
+	a.r.put(buf, a.node)
+	if err := a.store(); err != nil || a.mem == nil {
+		if _, err := unix.Pwrite(a.live, buf, 0); err != nil {
 			return fmt.Errorf("write quota record: %w", err)
 		}
 	}
-	if err := a.snap.publish(a.dir, a.tmp+".rec", a.mem[:recordSize]); err != nil {
+	if err := a.snap.publish(a.dir, a.tmp+".rec", buf); err != nil {
 		return fmt.Errorf("write quota record: %w", err)
 	}
 	return nil
@@ -224,9 +227,10 @@ func (a *Account) spend(bytes, files int64) {
 	a.r.grant.Files = max(a.r.grant.Files-max(files, 0), 0)
 	a.r.spent.Bytes += bytes
 	a.r.spent.Files += files
-	if a.mapped {
-		a.r.put(a.mem, a.node)
-	}
+	// A record that could not be stored is written by the next sync; a
+	// holder on this node reads it late until then, as one on another
+	// node always does.
+	a.store()
 	a.changes++
 	if a.timer == nil {
 		a.seen = a.changes
@@ -517,11 +521,45 @@ func (a *Account) Close() error {
 	return err
 }
 
-func (a *Account) release() {
-	if a.mapped {
-		unix.Munmap(a.mem)
-		a.mapped = false
+// store puts the record into the live file's mapping, where holders on
+// this node read it as it changes without a write per change. A fault on
+// the page (an I/O error of a network filesystem, a block the volume could
+// not give after all) is a SIGBUS that would kill the process: it is
+// turned into an error, and the mapping given up for writes (sync). a.mu
+// is held.
+func (a *Account) store() (err error) {
+	if a.mem == nil {
+		return nil
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			a.unmap()
+			err = fmt.Errorf("quota record mapping faulted: %v", r)
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	a.r.put(a.mem, a.node)
+	return nil
+}
+
+func (a *Account) unmap() {
+	if a.mem != nil {
+		unix.Munmap(a.mem)
+		a.mem = nil
+	}
+}
+
+// unsupported reports whether err says the filesystem does not do an
+// operation at all (rather than failed it).
+func unsupported(err error) bool {
+	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)
+}
+
+func (a *Account) release() {
+	a.unmap()
 	if a.live >= 0 {
 		unix.Close(a.live)
 	}

@@ -39,6 +39,13 @@
 // other node's holder active counts it, so a dead node's grant does not
 // keep the scope short of room.
 //
+// The mapping must never cost the process: a store into a page with no
+// block behind it (a full volume) or one the filesystem can't read back
+// (an I/O error, a file truncated under it) is a SIGBUS. So a record is
+// written and its blocks allocated before it is mapped (a full volume
+// refuses the holder's Open with ENOSPC), and every store into the mapping
+// turns a fault into an error and falls back to writing the record.
+//
 // A refusal names the limit and the figures as seen across all holders:
 // "used" is what the ledger and every holder have spent plus what the
 // other holders still hold as grants.
