@@ -79,13 +79,20 @@ var PollEvery = 20 * time.Millisecond
 // That keeps a cursor small however many processes wrote the scope.
 // Removed is how far the journal removal log had been read
 // (store.RemovedJournals): a file removed after that, and not covered
-// here, held changes never read.
+// here, held changes never read. Scope tags the scope whose feed gave
+// the cursor (scopeTag): another scope's cursor names none of this one's
+// files, and would replay its last Margin as if it were news.
 type cursor struct {
+	Scope   string           `json:"s,omitempty"`
 	Files   map[string]int64 `json:"f,omitempty"`
 	Done    map[string]int64 `json:"d,omitempty"`
 	Time    int64            `json:"t"`
 	Removed int64            `json:"r"`
 }
+
+// scopeTag names ws's scope in its cursors: a prefix of the scope hash,
+// which is the same on every node and says nothing of a host path.
+func scopeTag(ws *store.Workspace) string { return ws.Scope().Hash()[:16] }
 
 // Margin is how long after a journal file last changed a cursor still
 // names it: longer than a shared volume may take to show one node's new
@@ -155,6 +162,16 @@ func Read(ctx context.Context, ws *store.Workspace, q Query) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
+	switch from.Scope {
+	case scopeTag(ws):
+	case "":
+		// A cursor from before cursors named their scope: most likely
+		// this one's, but it can't be told, so its changes are not
+		// replayed as this scope's.
+		return reset(ws)
+	default:
+		return Page{}, policy.Errorf(policy.InvalidCursor, "since is a cursor of another workspace's change feed; pass a cursor this workspace's feed gave, or leave it out to start now")
+	}
 	var deadline time.Time
 	if q.Wait > 0 {
 		deadline = time.Now().Add(q.Wait)
@@ -180,7 +197,7 @@ func Read(ctx context.Context, ws *store.Workspace, q Query) (Page, error) {
 
 // now is a cursor at the end of every journal.
 func now(ws *store.Workspace) (cursor, error) {
-	c := cursor{Time: time.Now().UnixMilli()}
+	c := cursor{Scope: scopeTag(ws), Time: time.Now().UnixMilli()}
 	_, r, err := ws.RemovedJournals(0)
 	if err != nil {
 		return c, journalErr(err)
@@ -256,7 +273,7 @@ func read(ws *store.Workspace, from cursor, q Query) (Page, error) {
 		limit = DefaultLimit
 	}
 	pol := ws.Policy()
-	next := cursor{Time: readAt, Removed: removedTo}
+	next := cursor{Scope: from.Scope, Time: readAt, Removed: removedTo}
 	for name, mtime := range from.Done {
 		// Still named while within its margin (a file removed since is
 		// harmless to name: it is skipped, not missed).

@@ -2,7 +2,9 @@ package changes_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,12 +15,17 @@ import (
 
 func open(t *testing.T, root string, pol *policy.Policy) *store.Workspace {
 	t.Helper()
+	return openScope(t, root, store.Scope{Space: "sp", Agent: "ag", Session: "se"}, pol)
+}
+
+func openScope(t *testing.T, root string, sc store.Scope, pol *policy.Policy) *store.Workspace {
+	t.Helper()
 	vol, err := store.OpenVolume(context.Background(), store.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { vol.Close() })
-	ws, err := vol.Open(context.Background(), store.Scope{Space: "sp", Agent: "ag", Session: "se"}, pol)
+	ws, err := vol.Open(context.Background(), sc, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +181,49 @@ func TestFeedStaleCursor(t *testing.T) {
 	}
 	if _, err := changes.Read(context.Background(), ws2, changes.Query{Since: "not-a-cursor"}); policy.CodeOf(err) != policy.InvalidCursor {
 		t.Errorf("a bad cursor: %v", err)
+	}
+}
+
+// TestFeedCursorOfAnotherScope: a cursor is good only in the scope whose
+// feed gave it. Another scope's answers invalid_cursor and replays
+// nothing of this one; a cursor that names no scope (as cursors did
+// before they named one) answers reset.
+func TestFeedCursorOfAnotherScope(t *testing.T) {
+	root := t.TempDir()
+	ws := open(t, root, nil)
+	must(ws.WriteFile(tool, "recent", []byte("x"), nil))(t)
+	legacy := base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, `{"t":%d,"r":0}`, time.Now().UnixMilli()))
+	for _, tc := range []struct {
+		name  string
+		scope store.Scope
+	}{
+		{"another session", store.Scope{Space: "sp", Agent: "ag", Session: "other"}},
+		{"another agent", store.Scope{Space: "sp", Agent: "other", Session: "se"}},
+		{"a child instance of the session", store.Scope{Space: "sp", Agent: "ag", Session: "se", Run: "r1", Instance: "sub-1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := openScope(t, root, tc.scope, nil)
+			// The other scope's feed, read both fresh and after a change.
+			start := must(changes.Read(context.Background(), other, changes.Query{}))(t)
+			must(other.WriteFile(tool, "theirs", []byte("y"), nil))(t)
+			after := must(changes.Read(context.Background(), other, changes.Query{Since: start.Cursor}))(t)
+			for _, cur := range []string{start.Cursor, after.Cursor} {
+				p, err := changes.Read(context.Background(), ws, changes.Query{Since: cur})
+				if policy.CodeOf(err) != policy.InvalidCursor {
+					t.Fatalf("another scope's cursor: %v, %v; want invalid_cursor", events(p), err)
+				}
+				if msg := policy.AsError(err).Message; !strings.Contains(msg, "leave it out") || strings.Contains(msg, root) {
+					t.Errorf("message %q: want the step that fixes the call and no host path", msg)
+				}
+			}
+		})
+	}
+	p := must(changes.Read(context.Background(), ws, changes.Query{Since: legacy}))(t)
+	if !p.Reset || len(p.Changes) != 0 {
+		t.Errorf("a cursor that names no scope: %+v, want reset", p)
+	}
+	if q := must(changes.Read(context.Background(), ws, changes.Query{Since: p.Cursor}))(t); q.Reset || len(q.Changes) != 0 {
+		t.Errorf("the reset's cursor: %+v", q)
 	}
 }
 
