@@ -28,7 +28,8 @@ type Event struct {
 	// Subtree says anything beneath Path may have changed (a directory
 	// renamed, cleared or restored).
 	Subtree bool `json:"subtree,omitempty"`
-	// Source is tool or projection; CallID the tool call or the command
+	// Source is tool, projection or platform (staged by the platform, or
+	// the layout an opening made); CallID the tool call or the command
 	// that made it, where known.
 	Source string `json:"source,omitempty"`
 	CallID string `json:"call_id,omitempty"`

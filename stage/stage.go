@@ -83,6 +83,9 @@ func (p *Platform) Stage(ctx context.Context, into string, srcs ...Source) (*Res
 		return nil, err
 	}
 	res := &Result{Into: rel, Staged: []Staged{}, Refused: []Refused{}}
+	// Every change staging makes (directories and links as well as files)
+	// is the platform's in the change journal and so in the change feed.
+	ctx = store.WithChange(ctx, store.Change{Source: store.SourcePlatform})
 	if err := ws.CheckQuarantine(); err != nil {
 		return res, err
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/changes"
 	"github.com/agentloom/loomfs/mcpserver"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/stage"
@@ -353,6 +354,62 @@ func TestStageTar(t *testing.T) {
 	// A broken stream stops with an error and keeps what was staged.
 	if _, err := e.door.Stage(context.Background(), "data", stage.Tar("-", strings.NewReader("not a tar stream, just bytes that go on"+strings.Repeat(".", 600)))); policy.CodeOf(err) != policy.InvalidInput {
 		t.Errorf("corrupt tar: %v", err)
+	}
+}
+
+// TestStagedChangesAreThePlatforms: every change staging makes, the
+// directories and links as well as the files, from a host tree and from
+// a tar stream, is in the change feed with source platform.
+func TestStagedChangesAreThePlatforms(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	start, err := changes.Read(ctx, e.ws, changes.Query{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	write(t, filepath.Join(src, "a/b/in.csv"), "a,b\n")
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "cfg/", Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "deep/er/task.json", Mode: 0o644, Size: 2})
+	tw.Write([]byte("{}"))
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "cfg/current", Linkname: "../deep/er/task.json"})
+	tw.Close()
+	for _, c := range []struct {
+		into string
+		src  stage.Source
+	}{
+		{"data/inputs", stage.Path(src)},
+		{"src/tarred", stage.Tar("-", &buf)},
+	} {
+		if res, err := e.door.Stage(ctx, c.into, c.src); err != nil || len(res.Refused) > 0 {
+			t.Fatalf("stage into %s: %v %+v", c.into, err, res)
+		}
+	}
+	p, err := changes.Read(ctx, e.ws, changes.Query{Since: start.Cursor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]string{}
+	for _, ev := range p.Changes {
+		ops[ev.Path] = ev.Op
+		if ev.Source != store.SourcePlatform {
+			t.Errorf("%s %s: source %q, want %q", ev.Op, ev.Path, ev.Source, store.SourcePlatform)
+		}
+	}
+	want := map[string]string{
+		"data/inputs": "mkdir", "data/inputs/a": "mkdir", "data/inputs/a/b": "mkdir", "data/inputs/a/b/in.csv": "create",
+		"src/tarred": "mkdir", "src/tarred/cfg": "mkdir", "src/tarred/deep": "mkdir", "src/tarred/deep/er": "mkdir",
+		"src/tarred/deep/er/task.json": "create", "src/tarred/cfg/current": "symlink",
+	}
+	if len(ops) != len(want) {
+		t.Errorf("feed %v, want %v", ops, want)
+	}
+	for path, op := range want {
+		if ops[path] != op {
+			t.Errorf("%s: %q in the feed, want %q", path, ops[path], op)
+		}
 	}
 }
 
