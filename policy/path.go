@@ -206,13 +206,14 @@ func tooLong(format string, args ...any) *Error {
 	return e
 }
 
+// quote shows a refused path as the model sent it, backslashes and
+// quotes included, so it can see what to fix; only control characters,
+// C1 ones too, are shown as "?", so none reaches a message or a log.
 func quote(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {
-		// C1 controls (U+0080–U+009F) too: the comment on pathErr promises
-		// no control characters are echoed.
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == '"' || r == '\\' {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
 			b.WriteString("?")
 			continue
 		}

@@ -294,6 +294,36 @@ func allOps() []policy.Op {
 	return []policy.Op{policy.OpStat, policy.OpList, policy.OpRead, policy.OpWrite, policy.OpCreate, policy.OpDelete, policy.OpRename, policy.OpSetattr}
 }
 
+// TestRefusalShowsThePath: a refused path is shown in the message as the
+// model sent it, backslashes and quotes included, so it can see what to
+// fix; a control character in it is shown as "?", never echoed.
+func TestRefusalShowsThePath(t *testing.T) {
+	for _, tc := range []struct {
+		name, raw, shown string
+	}{
+		{"backslash", `a\b`, `"a\b"`},
+		{"backslash dot-dot", `..\..\etc`, `"..\..\etc"`},
+		{"backslash at the end", `a\`, `"a\"`},
+		{"backslash before a dot-dot", `x\y/../z`, `"x\y/../z"`},
+		{"double quote", `say "hi"/..`, `"say "hi"/.."`},
+		{"absolute path", `/etc/passwd`, `"/etc/passwd"`},
+		{"control character behind a dot-dot", "../a\nb", `"../a?b"`},
+		{"C1 control character behind a dot-dot", "../a\u0085b", `"../a?b"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := policy.CleanPath(tc.raw, true)
+			if !pathRefusal(err) {
+				t.Fatalf("CleanPath(%q) = %v, want invalid_path", tc.raw, err)
+			}
+			msg := policy.AsError(err).Message
+			if !strings.HasPrefix(msg, "invalid path "+tc.shown+": ") {
+				t.Errorf("CleanPath(%q): message %q, want it to show the path as %s", tc.raw, msg, tc.shown)
+			}
+			checkMessage(t, tc.name, msg)
+		})
+	}
+}
+
 // TestCheckName covers the FUSE door's question for a name created in a
 // directory, beyond the single names of pathTestCases.
 func TestCheckName(t *testing.T) {
