@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/agentloom/loomfs/changes"
+	"github.com/agentloom/loomfs/imagebudget"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -19,7 +20,7 @@ func otherDefinitions(pol *policy.Policy, paths, quota string) []Definition {
 				"patch":           {"type": "string", "minLength": 1, "description": "The whole patch text."},
 				"expected_sha256": patchExpectedProp,
 			})))},
-		{ReadImage, fmt.Sprintf("Read an image file (PNG, JPEG, GIF or WebP, recognised by content) to look at it. It is downscaled to fit max_dimension (default %d px on its longer side) and at most %s; returns the image and width, height, format, mime_type, bytes, original_width, original_height and the file's sha256. Anything else fails with not_an_image; files over %s, or claiming more than %d megapixels, are refused (too_large) without decoding. %s", defaultImageDimension, policy.Bytes(l.ImageBytes), policy.Bytes(l.ImageSource), maxImagePixels/1_000_000, paths),
+		{ReadImage, fmt.Sprintf("Read an image file (PNG, JPEG, GIF or WebP, recognised by content) to look at it. It is downscaled to fit max_dimension (default %d px on its longer side) and at most %s; returns the image and width, height, format, mime_type, bytes, original_width, original_height and the file's sha256. Anything else fails with not_an_image. Files over %s, or whose decoding would take more than %s of memory (judged from the header: 16-bit samples and interlacing cost more), are refused (too_large) without decoding; read a smaller copy instead. %s", defaultImageDimension, policy.Bytes(l.ImageBytes), policy.Bytes(l.ImageSource), policy.Bytes(imagebudget.Limit), paths),
 			schema([]string{"path"}, map[string]prop{
 				"path":          pathProp("Image file to read."),
 				"max_dimension": {"type": "integer", "minimum": minImageDimension, "maximum": maxImageDimension, "description": fmt.Sprintf("Longest side of the returned image in pixels; default %d.", defaultImageDimension)},

@@ -6,34 +6,51 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image"
-	"image/gif"
+	"image/color"
 	"image/jpeg"
 	"image/png"
 	"io"
+	"os"
 
-	"golang.org/x/image/draw"
-	_ "golang.org/x/image/webp" // registers WebP with image.Decode
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/imagebudget" // registers the formats with image.Decode too
 	"github.com/agentloom/loomfs/policy"
 )
 
 // workspace_read_image: an image file for a multimodal model, recognised
 // by its content (PNG, JPEG, GIF, WebP), downscaled to fit max_dimension
-// and the policy's byte cap (Limits.ImageBytes). Its size is read from the
-// header first (image.DecodeConfig), so a small file that claims a huge
-// canvas (a decompression bomb) is refused before any pixel is decoded.
+// and the policy's byte cap (Limits.ImageBytes).
+//
+// What a read may take is bounded by bytes, not pixels: before a pixel is
+// decoded, package imagebudget reads the header and says what the decoder
+// will allocate (16-bit samples, Adam7 passes, progressive coefficients
+// and WebP transforms included); the file, that, the downscaled raster and
+// the encoded answer are charged to the process's one image budget
+// (imagebudget.Process). A read that could never fit it is refused
+// (too_large, with the figures); one that fits but finds the budget held
+// by other reads waits for it, within the call's budget, so an image is
+// never refused only because another was read beside it.
+//
+// No decoder of the standard library or golang.org/x/image decodes
+// downscaled (JPEG's DCT scaling is in libjpeg-turbo only, behind cgo, and
+// a C decoder of hostile input in this process is the worse risk), so the
+// whole image is decoded and then shrunk by area averaging a row at a
+// time (shrink), which needs three rows of accumulators where
+// draw.CatmullRom.Scale keeps a float64 image of the target's width and
+// the source's height.
 
 // Image read bounds.
 const (
 	defaultImageDimension = 1568 // the long edge vision models work at
 	maxImageDimension     = 8192
 	minImageDimension     = 16
-	// maxImagePixels bounds what is decoded: 40 megapixels is 160 MiB
-	// of RGBA.
-	maxImagePixels = 40_000_000
+	// encoderState is what the PNG and JPEG encoders hold beside the
+	// answer (a deflate compressor, filtered rows).
+	encoderState = 2 << 20
 )
 
 // ImageResult is what workspace_read_image returns. Data is the image
@@ -87,54 +104,100 @@ func handleReadImage(ctx context.Context, t *Toolbox, input json.RawMessage) (an
 	if lim.ImageSource > 0 && info.Size > lim.ImageSource {
 		return nil, policy.Errorf(policy.TooLarge, "%s is %s; the image read limit is %s", rel, policy.Bytes(info.Size), policy.Bytes(lim.ImageSource))
 	}
-	data, err := io.ReadAll(io.LimitReader(f, info.Size+1))
-	if err != nil {
-		return nil, policy.FromErrno(err, "read", rel)
-	}
-	sum := sha256.Sum256(data)
-	out := ImageResult{Path: rel, FileBytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
-
-	cfg, format, err := image.DecodeConfig(bytes.NewReader(data))
+	cost, err := imagebudget.Estimate(f, info.Size)
 	if err != nil {
 		return nil, policy.Errorf(policy.NotAnImage, "%s is not a PNG, JPEG, GIF or WebP image (by its content)", rel)
 	}
-	out.OriginalFormat, out.OriginalWidth, out.OriginalHeight = format, cfg.Width, cfg.Height
-	if cfg.Width <= 0 || cfg.Height <= 0 || int64(cfg.Width)*int64(cfg.Height) > maxImagePixels {
-		return nil, policy.Errorf(policy.TooLarge, "%s claims %d×%d pixels; images over %d megapixels are refused without decoding", rel, cfg.Width, cfg.Height, maxImagePixels/1_000_000)
+	need := readCost(cost, info.Size, maxDim, lim.ImageBytes)
+	release, err := imagebudget.Process.Acquire(ctx, need)
+	if tl := (*imagebudget.TooLargeError)(nil); errors.As(err, &tl) {
+		return nil, policy.Errorf(policy.TooLarge, "%s is a %d×%d %s; reading it would take %s of memory, over the %s an image read may take (the whole image is decoded before it is downscaled); read a smaller copy of it instead", rel, cost.Width, cost.Height, cost.Form, policy.Bytes(need), policy.Bytes(tl.Limit))
 	}
+	if err != nil {
+		return nil, policy.WaitEnded(ctx, "image read of %s waited for memory other image reads hold (it needs %s of %s)", rel, policy.Bytes(need), policy.Bytes(imagebudget.Process.Limit()))
+	}
+	// Released after readImage has returned, when nothing it decoded is
+	// referenced any more.
+	defer release()
+	return readImage(ctx, f, rel, info.Size, cost, maxDim, lim.ImageBytes)
+}
+
+// readCost is what a read of an image of cost c, in a file of size bytes,
+// holds at most: the file, the decoded image, the downscaled raster and
+// the encoded answer (in a buffer that grows by doubling).
+func readCost(c imagebudget.Cost, size int64, maxDim int, capBytes int64) int64 {
+	need := size + c.Decode
+	if c.Width <= maxDim && c.Height <= maxDim && size <= capBytes {
+		return need // returned as it is
+	}
+	if w, h := fitSize(c.Width, c.Height, maxDim); w != c.Width || h != c.Height {
+		need += 4*int64(w)*int64(h) + shrinkRows*4*8*int64(w)
+	}
+	return need + 3*capBytes + encoderState
+}
+
+// readImage reads and decodes the image in f, whose cost Estimate gave
+// before the budget was charged for it, and returns it as the answer.
+func readImage(ctx context.Context, f *os.File, rel string, size int64, cost imagebudget.Cost, maxDim int, capBytes int64) (ImageResult, error) {
+	data := make([]byte, size)
+	n, err := io.ReadFull(io.NewSectionReader(f, 0, size), data)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return ImageResult{}, policy.FromErrno(err, "read", rel)
+	}
+	data = data[:n]
+	// What is decoded is what was charged for: a header rewritten
+	// since Estimate read it is not trusted.
+	if now, err := imagebudget.Estimate(bytes.NewReader(data), int64(len(data))); err != nil || now.Decode > cost.Decode || now.Width != cost.Width || now.Height != cost.Height {
+		return ImageResult{}, policy.Errorf(policy.Conflict, "%s changed while it was being read; read it again once it is written", rel)
+	}
+	sum := sha256.Sum256(data)
+	out := ImageResult{Path: rel, FileBytes: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+	format := cost.Format
+	out.OriginalFormat, out.OriginalWidth, out.OriginalHeight = format, cost.Width, cost.Height
 	// Small enough as it is: the file itself, untouched.
-	if cfg.Width <= maxDim && cfg.Height <= maxDim && int64(len(data)) <= lim.ImageBytes {
+	if cost.Width <= maxDim && cost.Height <= maxDim && int64(len(data)) <= capBytes {
 		if _, _, err := image.Decode(bytes.NewReader(data)); err != nil {
-			return nil, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
+			return ImageResult{}, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
 		}
-		out.Format, out.MIMEType, out.Width, out.Height = format, mimeOf(format), cfg.Width, cfg.Height
+		out.Format, out.MIMEType, out.Width, out.Height = format, mimeOf(format), cost.Width, cost.Height
 		out.Data, out.Bytes = data, int64(len(data))
 		return out, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, policy.Errorf(policy.Cancelled, "image read of %s cancelled", rel)
+		return ImageResult{}, policy.Errorf(policy.Cancelled, "image read of %s cancelled", rel)
 	}
 	img, _, err := image.Decode(bytes.NewReader(data))
 	if err != nil {
-		return nil, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
+		return ImageResult{}, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
 	}
+	data = nil // the file's bytes are no longer needed
 	// Photographs go out as JPEG; drawings (PNG, GIF) stay lossless
 	// unless they can't fit the cap that way.
 	enc := "png"
 	if format == "jpeg" || format == "webp" {
 		enc = "jpeg"
 	}
+	var raster []byte // one raster, reused by each smaller try
 	dim := maxDim
 	for try := 0; ; try++ {
-		small := fit(img, dim)
-		b, err := encodeImage(small, enc)
-		if err != nil {
-			return nil, fmt.Errorf("encode %s: %w", rel, err)
+		if err := ctx.Err(); err != nil {
+			return ImageResult{}, policy.Errorf(policy.Cancelled, "image read of %s cancelled", rel)
 		}
-		if int64(len(b)) <= lim.ImageBytes {
+		small := img
+		if w, h := fitSize(cost.Width, cost.Height, dim); w != cost.Width || h != cost.Height {
+			if raster == nil {
+				raster = make([]byte, 4*w*h)
+			}
+			small = shrink(img, raster, w, h)
+		}
+		b, err := encodeImage(small, enc, capBytes)
+		if err != nil && !errors.Is(err, errOverCap) {
+			return ImageResult{}, fmt.Errorf("encode %s: %w", rel, err)
+		}
+		if err == nil {
 			bounds := small.Bounds()
 			out.Format, out.MIMEType, out.Width, out.Height = enc, mimeOf(enc), bounds.Dx(), bounds.Dy()
-			out.Downscaled = bounds.Dx() != cfg.Width || bounds.Dy() != cfg.Height
+			out.Downscaled = bounds.Dx() != cost.Width || bounds.Dy() != cost.Height
 			out.Data, out.Bytes = b, int64(len(b))
 			return out, nil
 		}
@@ -144,38 +207,120 @@ func handleReadImage(ctx context.Context, t *Toolbox, input json.RawMessage) (an
 		case dim > minImageDimension*4 && try < 12:
 			dim = dim * 3 / 4
 		default:
-			return nil, policy.Errorf(policy.TooLarge, "%s does not fit the image limit of %s even downscaled", rel, policy.Bytes(lim.ImageBytes))
+			return ImageResult{}, policy.Errorf(policy.TooLarge, "%s does not fit the image limit of %s even downscaled", rel, policy.Bytes(capBytes))
 		}
 	}
 }
 
-// fit scales img down, keeping its aspect, so neither side exceeds dim.
-func fit(img image.Image, dim int) image.Image {
-	b := img.Bounds()
-	w, h := b.Dx(), b.Dy()
-	if w <= dim && h <= dim {
-		return img
+// fitSize is the size of a w×h image scaled down, keeping its aspect, so
+// neither side exceeds dim.
+func fitSize(w, h, dim int) (int, int) {
+	switch {
+	case w <= dim && h <= dim:
+		return w, h
+	case w >= h:
+		return dim, max(1, int(int64(h)*int64(dim)/int64(w)))
+	default:
+		return max(1, int(int64(w)*int64(dim)/int64(h))), dim
 	}
-	if w >= h {
-		w, h = dim, max(1, h*dim/w)
-	} else {
-		w, h = max(1, w*dim/h), dim
+}
+
+// shrinkRows is how many rows of four float64 a pixel shrink keeps.
+const shrinkRows = 3
+
+// shrink scales src down to w×h into an RGBA image over pix (4·w·h bytes
+// at least), each pixel the average of the source area it covers (a box
+// filter with exact weights). It goes through src one row at a time: a
+// source row is averaged across into row, and row is added into the one
+// or two destination rows it overlaps (acc); a finished destination row
+// is written out.
+func shrink(src image.Image, pix []byte, w, h int) *image.RGBA {
+	sb := src.Bounds()
+	sw, sh := sb.Dx(), sb.Dy()
+	dst := &image.RGBA{Pix: pix[:4*w*h], Stride: 4 * w, Rect: image.Rect(0, 0, w, h)}
+	at := rgba64At(src)
+	row := make([]float64, 4*w)
+	acc, next := make([]float64, 4*w), make([]float64, 4*w)
+	// In units where a source pixel is w (across) or h (down) long and a
+	// destination pixel sw or sh, both images have the same size.
+	area := float64(sw) * float64(sh)
+	for sy := range sh {
+		clear(row)
+		for sx := range sw {
+			c := at(sb.Min.X+sx, sb.Min.Y+sy)
+			v := [4]float64{float64(c.R), float64(c.G), float64(c.B), float64(c.A)}
+			lo := sx * w
+			dx, end := lo/sw, (lo/sw+1)*sw
+			in := min(w, end-lo) // the part in column dx, the rest in dx+1
+			for i := range 4 {
+				row[4*dx+i] += v[i] * float64(in)
+			}
+			if in < w {
+				for i := range 4 {
+					row[4*dx+4+i] += v[i] * float64(w-in)
+				}
+			}
+		}
+		lo := sy * h
+		dy, end := lo/sh, (lo/sh+1)*sh
+		in := min(h, end-lo)
+		for i, v := range row {
+			acc[i] += v * float64(in)
+		}
+		if in < h {
+			for i, v := range row {
+				next[i] += v * float64(h-in)
+			}
+		}
+		if lo+h >= end {
+			out := dst.Pix[dy*dst.Stride : dy*dst.Stride+4*w]
+			for i, v := range acc {
+				out[i] = uint8(v/area/257 + 0.5)
+			}
+			acc, next = next, acc
+			clear(next)
+		}
 	}
-	dst := image.NewRGBA(image.Rect(0, 0, w, h))
-	draw.CatmullRom.Scale(dst, dst.Bounds(), img, b, draw.Over, nil)
 	return dst
 }
 
-func encodeImage(img image.Image, format string) ([]byte, error) {
-	var buf bytes.Buffer
+// rgba64At returns src's pixel reader that allocates nothing (every image
+// the decoders return has RGBA64At).
+func rgba64At(src image.Image) func(x, y int) color.RGBA64 {
+	if m, ok := src.(image.RGBA64Image); ok {
+		return m.RGBA64At
+	}
+	return func(x, y int) color.RGBA64 {
+		r, g, b, a := src.At(x, y).RGBA()
+		return color.RGBA64{uint16(r), uint16(g), uint16(b), uint16(a)}
+	}
+}
+
+// errOverCap ends an encode whose output has passed the cap: no need to
+// finish it to know it does not fit.
+var errOverCap = errors.New("over the image byte cap")
+
+// cappedBuffer is a bytes.Buffer that refuses to grow past max bytes.
+type cappedBuffer struct {
+	bytes.Buffer
+	max int64
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	if int64(c.Len()+len(p)) > c.max {
+		return 0, errOverCap
+	}
+	return c.Buffer.Write(p)
+}
+
+func encodeImage(img image.Image, format string, capBytes int64) ([]byte, error) {
+	buf := &cappedBuffer{max: capBytes}
 	var err error
 	switch format {
 	case "png":
-		err = (&png.Encoder{CompressionLevel: png.BestSpeed}).Encode(&buf, img)
-	case "gif":
-		err = gif.Encode(&buf, img, nil)
+		err = (&png.Encoder{CompressionLevel: png.BestSpeed}).Encode(buf, img)
 	default:
-		err = jpeg.Encode(&buf, img, &jpeg.Options{Quality: 85})
+		err = jpeg.Encode(buf, img, &jpeg.Options{Quality: 85})
 	}
 	return buf.Bytes(), err
 }
