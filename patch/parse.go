@@ -25,8 +25,11 @@ type File struct {
 	// Content is an added file's whole text.
 	Content string
 	Hunks   []Hunk
-	// Line is the patch line (1-based) where this file's part starts.
-	Line int
+	// Line is the patch line (1-based) where this file's part starts, and
+	// Header that line as written ("*** Update File: a.go", "--- a/a.go"),
+	// so a refusal can name the part a model wrote.
+	Line   int
+	Header string
 }
 
 // Hunk is one run of changed lines with the context around them.
@@ -68,17 +71,22 @@ const (
 	MaxHunks = 10000
 )
 
-// Error is a patch that can't be parsed: the line (1-based) and why.
+// Error is a patch that can't be parsed: the line (1-based), the header
+// of the file part it is in ("" outside one) and why.
 type Error struct {
-	Line int
-	Msg  string
+	Line   int
+	Header string
+	Msg    string
 }
 
 func (e *Error) Error() string {
-	if e.Line == 0 {
+	switch {
+	case e.Line == 0:
 		return "invalid patch: " + e.Msg
+	case e.Header == "":
+		return fmt.Sprintf("invalid patch at line %d: %s", e.Line, e.Msg)
 	}
-	return fmt.Sprintf("invalid patch at line %d: %s", e.Line, e.Msg)
+	return fmt.Sprintf("invalid patch at line %d (in %s): %s", e.Line, clip(e.Header), e.Msg)
 }
 
 const (
@@ -93,9 +101,14 @@ const (
 
 // Parse reads a patch in Codex's apply_patch format ("*** Begin Patch"
 // … "*** End Patch") or as a unified diff ("--- a/…", "+++ b/…", "@@").
+// Line numbers in files and errors count from the text's first line,
+// blank lines and a heredoc opener included, as the model wrote it.
 func Parse(text string) ([]File, error) {
 	text = strings.ReplaceAll(text, "\r\n", "\n")
-	lines := strings.Split(strings.TrimSpace(text), "\n")
+	trimmed := strings.TrimSpace(text)
+	// base is the number of lines before the first one kept.
+	base := strings.Count(text[:strings.Index(text, trimmed)], "\n")
+	lines := strings.Split(trimmed, "\n")
 	if len(lines) == 0 || lines[0] == "" {
 		return nil, &Error{Msg: "the patch is empty"}
 	}
@@ -104,19 +117,20 @@ func Parse(text string) ([]File, error) {
 	if (first == "<<EOF" || first == "<<'EOF'" || first == `<<"EOF"`) && len(lines) >= 4 && strings.HasSuffix(lines[len(lines)-1], "EOF") {
 		lines = lines[1 : len(lines)-1]
 		first = strings.TrimSpace(lines[0])
+		base++
 	}
 	var files []File
 	var err error
 	if first == beginMarker {
-		files, err = parseCodex(lines)
+		files, err = parseCodex(lines, base)
 	} else {
-		files, err = parseUnified(lines)
+		files, err = parseUnified(lines, base)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if len(files) == 0 {
-		return nil, &Error{Msg: "the patch changes no file"}
+		return nil, &Error{Line: base + len(lines), Msg: "the patch changes no file; put '*** Add File:', '*** Update File:' or '*** Delete File:' parts before '" + endMarker + "'"}
 	}
 	if len(files) > MaxFiles {
 		return nil, &Error{Msg: fmt.Sprintf("the patch changes %d files; at most %d per patch", len(files), MaxFiles)}
@@ -134,21 +148,22 @@ func Parse(text string) ([]File, error) {
 // parseCodex follows Codex's grammar (codex-rs/apply-patch, parser.rs),
 // as leniently as Codex: markers may carry surrounding whitespace, blank
 // lines may separate hunks, and the first hunk of a file needs no "@@".
-func parseCodex(lines []string) ([]File, error) {
+// base is the number of patch lines before lines[0].
+func parseCodex(lines []string, base int) ([]File, error) {
 	last := strings.TrimSpace(lines[len(lines)-1])
 	if len(lines) < 2 || last != endMarker {
-		return nil, &Error{Line: len(lines), Msg: "the last line of the patch must be '" + endMarker + "'"}
+		return nil, &Error{Line: base + len(lines), Msg: "the last line of the patch must be '" + endMarker + "'"}
 	}
 	body := lines[1 : len(lines)-1]
 	var files []File
 	for i := 0; i < len(body); {
-		lineNo := i + 2
+		lineNo := base + i + 2
 		head := strings.TrimSpace(body[i])
 		switch {
 		case head == "":
 			i++
 		case strings.HasPrefix(head, addMarker):
-			f := File{Action: Add, Path: strings.TrimSpace(strings.TrimPrefix(head, addMarker)), Line: lineNo}
+			f := File{Action: Add, Path: strings.TrimSpace(strings.TrimPrefix(head, addMarker)), Line: lineNo, Header: head}
 			var b strings.Builder
 			i++
 			for ; i < len(body) && strings.HasPrefix(body[i], "+"); i++ {
@@ -158,10 +173,10 @@ func parseCodex(lines []string) ([]File, error) {
 			f.Content = b.String()
 			files = append(files, f)
 		case strings.HasPrefix(head, deleteMarker):
-			files = append(files, File{Action: Delete, Path: strings.TrimSpace(strings.TrimPrefix(head, deleteMarker)), Line: lineNo})
+			files = append(files, File{Action: Delete, Path: strings.TrimSpace(strings.TrimPrefix(head, deleteMarker)), Line: lineNo, Header: head})
 			i++
 		case strings.HasPrefix(head, updateMarker):
-			f := File{Action: Update, Path: strings.TrimSpace(strings.TrimPrefix(head, updateMarker)), Line: lineNo}
+			f := File{Action: Update, Path: strings.TrimSpace(strings.TrimPrefix(head, updateMarker)), Line: lineNo, Header: head}
 			i++
 			if i < len(body) && strings.HasPrefix(strings.TrimSpace(body[i]), moveMarker) {
 				f.MoveTo = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(body[i]), moveMarker))
@@ -175,15 +190,16 @@ func parseCodex(lines []string) ([]File, error) {
 				if strings.HasPrefix(body[i], "*") {
 					break
 				}
-				h, n, err := parseCodexHunk(body[i:], i+2, len(f.Hunks) == 0)
+				h, n, err := parseCodexHunk(body[i:], base+i+2, len(f.Hunks) == 0)
 				if err != nil {
+					err.Header = head
 					return nil, err
 				}
 				f.Hunks = append(f.Hunks, h)
 				i += n
 			}
 			if len(f.Hunks) == 0 && f.MoveTo == "" {
-				return nil, &Error{Line: lineNo, Msg: fmt.Sprintf("the update of %q has no hunks", f.Path)}
+				return nil, &Error{Line: lineNo, Header: head, Msg: fmt.Sprintf("the update of %q has no hunks; give it an '@@' hunk of ' ' (context), '-' (removed) and '+' (added) lines", f.Path)}
 			}
 			files = append(files, f)
 		default:
@@ -195,7 +211,7 @@ func parseCodex(lines []string) ([]File, error) {
 
 // parseCodexHunk reads one hunk at the start of lines and says how many
 // lines it took.
-func parseCodexHunk(lines []string, lineNo int, first bool) (Hunk, int, error) {
+func parseCodexHunk(lines []string, lineNo int, first bool) (Hunk, int, *Error) {
 	h := Hunk{Line: lineNo}
 	start := 0
 	switch {
@@ -245,8 +261,9 @@ func parseCodexHunk(lines []string, lineNo int, first bool) (Hunk, int, error) {
 }
 
 // parseUnified reads a unified diff (git's or diff -u's). Its hunks keep
-// no line numbers: they are located by their lines, like Codex's.
-func parseUnified(lines []string) ([]File, error) {
+// no line numbers: they are located by their lines, like Codex's. base is
+// the number of patch lines before lines[0].
+func parseUnified(lines []string, base int) ([]File, error) {
 	var files []File
 	for i := 0; i < len(lines); {
 		if !strings.HasPrefix(lines[i], "--- ") {
@@ -254,14 +271,15 @@ func parseUnified(lines []string) ([]File, error) {
 			i++
 			continue
 		}
+		head := strings.TrimSpace(lines[i])
 		if i+1 >= len(lines) || !strings.HasPrefix(lines[i+1], "+++ ") {
-			return nil, &Error{Line: i + 1, Msg: "a '--- ' line must be followed by a '+++ ' line"}
+			return nil, &Error{Line: base + i + 1, Header: head, Msg: "a '--- ' line must be followed by a '+++ ' line"}
 		}
 		from, to := diffPath(lines[i][4:]), diffPath(lines[i+1][4:])
-		f := File{Line: i + 1}
+		f := File{Line: base + i + 1, Header: head}
 		switch {
 		case from == "" && to == "":
-			return nil, &Error{Line: i + 1, Msg: "both sides of the file header are /dev/null"}
+			return nil, &Error{Line: base + i + 1, Header: head, Msg: "both sides of the file header are /dev/null"}
 		case from == "":
 			f.Action, f.Path = Add, to
 		case to == "":
@@ -274,8 +292,9 @@ func parseUnified(lines []string) ([]File, error) {
 		}
 		i += 2
 		for i < len(lines) && strings.HasPrefix(lines[i], "@@") {
-			h, n, err := parseUnifiedHunk(lines[i:], i+1)
+			h, n, err := parseUnifiedHunk(lines[i:], base+i+1)
 			if err != nil {
+				err.Header = head
 				return nil, err
 			}
 			f.Hunks = append(f.Hunks, h)
@@ -295,20 +314,20 @@ func parseUnified(lines []string) ([]File, error) {
 			f.Hunks = nil
 		case Update:
 			if len(f.Hunks) == 0 && f.MoveTo == "" {
-				return nil, &Error{Line: f.Line, Msg: fmt.Sprintf("the diff of %q has no hunks", f.Path)}
+				return nil, &Error{Line: f.Line, Header: head, Msg: fmt.Sprintf("the diff of %q has no hunks; give it an '@@ -LINE,COUNT +LINE,COUNT @@' hunk", f.Path)}
 			}
 		}
 		files = append(files, f)
 	}
 	if len(files) == 0 {
-		return nil, &Error{Line: 1, Msg: "not a patch: expected '*** Begin Patch' (apply_patch format) or '--- a/PATH' and '+++ b/PATH' (unified diff)"}
+		return nil, &Error{Line: base + 1, Msg: "not a patch: expected '*** Begin Patch' (apply_patch format) or '--- a/PATH' and '+++ b/PATH' (unified diff)"}
 	}
 	return files, nil
 }
 
 // parseUnifiedHunk reads "@@ -l,n +l,n @@ context" and its lines. The
 // counts say where the hunk ends; the line numbers are not used.
-func parseUnifiedHunk(lines []string, lineNo int) (Hunk, int, error) {
+func parseUnifiedHunk(lines []string, lineNo int) (Hunk, int, *Error) {
 	h := Hunk{Line: lineNo}
 	oldN, newN, ok := hunkCounts(lines[0])
 	if !ok {

@@ -182,3 +182,40 @@ func FuzzParseApply(f *testing.F) {
 		}
 	})
 }
+
+// TestParseNamesLines: a file part and a refusal name the line as the
+// model wrote the patch (blank lines and a heredoc opener counted) and
+// the header of the part it is in.
+func TestParseNamesLines(t *testing.T) {
+	files, err := Parse("\n\n<<'EOF'\n*** Begin Patch\n*** Add File: a\n+x\n  *** Delete File: b\n*** End Patch\nEOF\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := files[1]; f.Line != 7 || f.Header != "*** Delete File: b" {
+		t.Errorf("delete part at line %d, header %q; want 7, %q", f.Line, f.Header, "*** Delete File: b")
+	}
+	for _, c := range []struct {
+		name, text string
+		line       int
+		header     string
+	}{
+		{"a bad hunk line", "*** Begin Patch\n*** Update File: x\n@@\n a\n?what\n*** End Patch", 5, "*** Update File: x"},
+		{"after blank lines", "\n\n*** Begin Patch\n*** Update File: x\n@@\n a\n?what\n*** End Patch", 7, "*** Update File: x"},
+		{"an update without hunks", "*** Begin Patch\n*** Update File: x\n*** End Patch", 2, "*** Update File: x"},
+		{"a second hunk without @@", "*** Begin Patch\n*** Update File: x\n@@\n-a\n*** End of File\nb\n*** End Patch", 6, "*** Update File: x"},
+		{"a bad header", "*** Begin Patch\n*** Rename File: x\n*** End Patch", 2, ""},
+		{"no file", "*** Begin Patch\n*** End Patch", 2, ""},
+		{"a short unified hunk", "--- a/x\n+++ b/x\n@@ -1,3 +1,3 @@\n a\n", 3, "--- a/x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse(c.text)
+			var pe *Error
+			if !errors.As(err, &pe) {
+				t.Fatalf("Parse = %v, want a *patch.Error", err)
+			}
+			if pe.Line != c.line || pe.Header != c.header {
+				t.Errorf("line %d, header %q; want %d, %q (%v)", pe.Line, pe.Header, c.line, c.header, err)
+			}
+		})
+	}
+}

@@ -45,6 +45,10 @@ type FileChange struct {
 	// must not exist yet: the caller's view of the file it computed the
 	// change from.
 	Expected string
+	// Link, with Delete, removes an emulated link as Remove does: the
+	// link itself, which has no content hash (it is never read as a
+	// file); Expected is not used, and anything else there is a conflict.
+	Link bool
 }
 
 type intentEntry struct {
@@ -245,6 +249,17 @@ func (w *Workspace) plan(c FileChange) (*planned, []string, error) {
 		return nil, nil, err
 	}
 	p.parent, p.name = parent, name
+	if c.Link {
+		info, err := w.lstatChecked(policy.OpDelete, c.Path, int(parent.Fd()), name)
+		if err != nil {
+			return p, nil, err
+		}
+		if !c.Delete || info.Kind != policy.KindLink {
+			return p, nil, policy.Errorf(policy.Conflict, "%s is no longer a symbolic link", c.Path)
+		}
+		p.exists, p.size = true, info.Size
+		return p, nil, nil
+	}
 	cur, info, exists, err := w.currentHash(parent, c.Path, name)
 	if err != nil {
 		return p, nil, err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentloom/loomfs/patch"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -149,14 +150,20 @@ func TestApplyPatchAllOrNothing(t *testing.T) {
 			policy.Conflict, []string{"a.txt", sha("one\ntwo\n")}},
 		{"into a read-only subtree", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Update File: data/in.csv\n@@\n-x,y\n+z\n*** End Patch", nil,
 			policy.ReadOnly, []string{"data/in.csv"}},
-		{"an add over an existing file", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Add File: b.txt\n+x\n*** End Patch", nil,
-			policy.Exists, []string{"b.txt"}},
+		{"an add over a file expected_sha256 says must not exist", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Add File: b.txt\n+x\n*** End Patch", map[string]string{"b.txt": ""},
+			policy.Conflict, []string{"patch line 6 (*** Add File: b.txt)", "b.txt exists", sha("three\nfour\n")}},
+		{"a delete of a missing file", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Delete File: nope.txt\n*** End Patch", nil,
+			policy.NotFound, []string{"patch line 6 (*** Delete File: nope.txt)", "take its '*** Delete File:' part out"}},
 		{"a reserved name", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Add File: .agentloom-x\n+x\n*** End Patch", nil,
 			policy.InvalidPath, nil},
 		{"a path twice", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Delete File: a.txt\n*** End Patch", nil,
-			policy.InvalidInput, []string{"twice"}},
+			policy.InvalidInput, []string{"patch line 6 (*** Delete File: a.txt)", "the part at patch line 2"}},
 		{"an unparsable patch", "*** Begin Patch\n*** Frobnicate: a.txt\n*** End Patch", nil,
 			policy.InvalidPatch, []string{"line 2"}},
+		{"an unparsable hunk", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n@@\n?\n*** End Patch", nil,
+			policy.InvalidPatch, []string{"line 7 (in *** Update File: a.txt)"}},
+		{"expected_sha256 of a file the patch leaves alone", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** End Patch", map[string]string{"b.txt": sha("three\nfour\n")},
+			policy.InvalidInput, []string{"take it out of expected_sha256"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -170,10 +177,13 @@ func TestApplyPatchAllOrNothing(t *testing.T) {
 			if policy.CodeOf(err) != c.code {
 				t.Fatalf("got %v, want code %s", err, c.code)
 			}
-			for _, s := range c.says {
+			for _, s := range append(c.says, "Nothing was written.") {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("message %q does not say %q", err, s)
 				}
+			}
+			if c.expected == nil && strings.Contains(err.Error(), "re-read") {
+				t.Errorf("message %q sends a model that read nothing back to re-read", err)
 			}
 			sameFiles(t, files(t, root), before)
 		})
@@ -326,4 +336,311 @@ func TestApplyPatchConfirmation(t *testing.T) {
 	if _, err := call(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Update File: output/r2.txt\n@@\n-x\n+y\n*** End Patch"}); policy.CodeOf(err) != policy.PermissionDenied {
 		t.Errorf("update in wo: %v", err)
 	}
+}
+
+// TestApplyPatchCodexScenarios: the 23 scenarios of Codex's own
+// apply_patch tests (codex-rs/apply-patch/tests/fixtures/scenarios, named
+// by their numbers), written out here, run through the tool on a real
+// scope: each leaves the tree Codex leaves, except 015, where Codex keeps
+// the file it added before the part that failed and loomfs writes
+// nothing. A refusal names its patch line and header and says nothing was
+// written.
+func TestApplyPatchCodexScenarios(t *testing.T) {
+	cases := []struct {
+		name          string
+		before, after map[string]string
+		patch         string
+		code          policy.Code // "" for success
+		says          []string    // in a refusal, besides "Nothing was written."
+	}{
+		{name: "001 add file",
+			patch: "*** Begin Patch\n*** Add File: bar.md\n+This is a new file\n*** End Patch\n",
+			after: map[string]string{"bar.md": "This is a new file\n"}},
+		{name: "002 multiple operations",
+			before: map[string]string{"delete.txt": "obsolete\n", "modify.txt": "line1\nline2\n"},
+			patch:  "*** Begin Patch\n*** Add File: nested/new.txt\n+created\n*** Delete File: delete.txt\n*** Update File: modify.txt\n@@\n-line2\n+changed\n*** End Patch\n",
+			after:  map[string]string{"nested/new.txt": "created\n", "modify.txt": "line1\nchanged\n"}},
+		{name: "003 multiple chunks",
+			before: map[string]string{"multi.txt": "line1\nline2\nline3\nline4\n"},
+			patch:  "*** Begin Patch\n*** Update File: multi.txt\n@@\n-line2\n+changed2\n@@\n-line4\n+changed4\n*** End Patch\n",
+			after:  map[string]string{"multi.txt": "line1\nchanged2\nline3\nchanged4\n"}},
+		{name: "004 move to a new directory",
+			before: map[string]string{"old/name.txt": "old content\n", "old/other.txt": "unrelated file\n"},
+			patch:  "*** Begin Patch\n*** Update File: old/name.txt\n*** Move to: renamed/dir/name.txt\n@@\n-old content\n+new content\n*** End Patch\n",
+			after:  map[string]string{"renamed/dir/name.txt": "new content\n", "old/other.txt": "unrelated file\n"}},
+		{name: "005 an empty patch is refused",
+			before: map[string]string{"foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** End Patch\n",
+			code:   policy.InvalidPatch, says: []string{"line 2", "changes no file"}},
+		{name: "006 missing context is refused",
+			before: map[string]string{"modify.txt": "line1\nline2\n"},
+			patch:  "*** Begin Patch\n*** Update File: modify.txt\n@@\n-missing\n+changed\n*** End Patch\n",
+			code:   policy.PatchFailed, says: []string{"patch line 3 (hunk 1 of *** Update File: modify.txt)"}},
+		{name: "007 deleting a missing file is refused",
+			before: map[string]string{"foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** Delete File: missing.txt\n*** End Patch\n",
+			code:   policy.NotFound, says: []string{"patch line 2 (*** Delete File: missing.txt)"}},
+		{name: "008 an update without hunks is refused",
+			before: map[string]string{"foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** Update File: foo.txt\n*** End Patch\n",
+			code:   policy.InvalidPatch, says: []string{"line 2 (in *** Update File: foo.txt)", "no hunks"}},
+		{name: "009 updating a missing file is refused",
+			before: map[string]string{"foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** Update File: missing.txt\n@@\n-old\n+new\n*** End Patch\n",
+			code:   policy.NotFound, says: []string{"patch line 2 (*** Update File: missing.txt)", "'*** Add File: missing.txt'"}},
+		{name: "010 a move replaces an existing destination",
+			before: map[string]string{"old/name.txt": "from\n", "old/other.txt": "unrelated file\n", "renamed/dir/name.txt": "existing\n"},
+			patch:  "*** Begin Patch\n*** Update File: old/name.txt\n*** Move to: renamed/dir/name.txt\n@@\n-from\n+new\n*** End Patch\n",
+			after:  map[string]string{"renamed/dir/name.txt": "new\n", "old/other.txt": "unrelated file\n"}},
+		{name: "011 an add replaces an existing file",
+			before: map[string]string{"duplicate.txt": "old content\n"},
+			patch:  "*** Begin Patch\n*** Add File: duplicate.txt\n+new content\n*** End Patch\n",
+			after:  map[string]string{"duplicate.txt": "new content\n"}},
+		{name: "012 deleting a directory is refused",
+			before: map[string]string{"dir/foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** Delete File: dir\n*** End Patch\n",
+			code:   policy.IsDir, says: []string{"patch line 2 (*** Delete File: dir)"}},
+		{name: "013 an unknown header is refused",
+			before: map[string]string{"foo.txt": "stable\n"},
+			patch:  "*** Begin Patch\n*** Frobnicate File: foo\n*** End Patch\n",
+			code:   policy.InvalidPatch, says: []string{"line 2", "*** Frobnicate File: foo"}},
+		{name: "014 an update ends the file with a newline",
+			before: map[string]string{"no_newline.txt": "no newline at end"},
+			patch:  "*** Begin Patch\n*** Update File: no_newline.txt\n@@\n-no newline at end\n+first line\n+second line\n*** End Patch\n",
+			after:  map[string]string{"no_newline.txt": "first line\nsecond line\n"}},
+		{name: "015 a failure after a part that applies writes nothing (Codex keeps created.txt)",
+			patch: "*** Begin Patch\n*** Add File: created.txt\n+hello\n*** Update File: missing.txt\n@@\n-old\n+new\n*** End Patch\n",
+			code:  policy.NotFound, says: []string{"patch line 4 (*** Update File: missing.txt)"}},
+		{name: "016 a pure addition appends",
+			before: map[string]string{"input.txt": "line1\nline2\n"},
+			patch:  "*** Begin Patch\n*** Update File: input.txt\n@@\n+added line 1\n+added line 2\n*** End Patch\n",
+			after:  map[string]string{"input.txt": "line1\nline2\nadded line 1\nadded line 2\n"}},
+		{name: "017 a whitespace-padded file header",
+			before: map[string]string{"foo.txt": "old\n"},
+			patch:  "*** Begin Patch\n  *** Update File: foo.txt\n@@\n-old\n+new\n*** End Patch\n",
+			after:  map[string]string{"foo.txt": "new\n"}},
+		{name: "018 whitespace-padded patch markers",
+			before: map[string]string{"file.txt": "one\n"},
+			patch:  " *** Begin Patch\n*** Update File: file.txt\n@@\n-one\n+two\n*** End Patch \n",
+			after:  map[string]string{"file.txt": "two\n"}},
+		{name: "019 unicode",
+			before: map[string]string{"foo.txt": "line1\nnaïve café\nline3\n"},
+			patch:  "*** Begin Patch\n*** Update File: foo.txt\n@@\n line1\n-naïve café\n+naïve café ✅\n*** End Patch\n",
+			after:  map[string]string{"foo.txt": "line1\nnaïve café ✅\nline3\n"}},
+		{name: "020 delete a file",
+			before: map[string]string{"keep.txt": "keep\n", "obsolete.txt": "obsolete\n"},
+			patch:  "*** Begin Patch\n*** Delete File: obsolete.txt\n*** End Patch\n",
+			after:  map[string]string{"keep.txt": "keep\n"}},
+		{name: "020 whitespace-padded marker lines",
+			before: map[string]string{"file.txt": "one\n"},
+			patch:  "*** Begin Patch \n*** Update File: file.txt\n@@\n-one\n+two\n *** End Patch\n",
+			after:  map[string]string{"file.txt": "two\n"}},
+		{name: "021 an update that only deletes",
+			before: map[string]string{"lines.txt": "line1\nline2\nline3\n"},
+			patch:  "*** Begin Patch\n*** Update File: lines.txt\n@@\n line1\n-line2\n line3\n*** End Patch\n",
+			after:  map[string]string{"lines.txt": "line1\nline3\n"}},
+		{name: "022 an end-of-file marker",
+			before: map[string]string{"tail.txt": "first\nsecond\n"},
+			patch:  "*** Begin Patch\n*** Update File: tail.txt\n@@\n first\n-second\n+second updated\n*** End of File\n*** End Patch\n",
+			after:  map[string]string{"tail.txt": "first\nsecond updated\n"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tb, root := newBox(t, nil)
+			seed(t, root, c.before)
+			_, err := call(t, tb, ApplyPatch, map[string]any{"patch": c.patch})
+			if c.code == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				sameFiles(t, files(t, root), c.after)
+				return
+			}
+			pe := wantCode(t, err, c.code)
+			for _, s := range append(c.says, "Nothing was written.") {
+				if !strings.Contains(pe.Message, s) {
+					t.Errorf("message %q does not say %q", pe.Message, s)
+				}
+			}
+			if strings.Contains(pe.Message, "re-read") {
+				t.Errorf("message %q sends a model that read nothing back to re-read", pe.Message)
+			}
+			sameFiles(t, files(t, root), c.before)
+		})
+	}
+}
+
+// TestApplyPatchReplaces: "*** Add File:" over a file and "*** Move to:"
+// onto one replace it, as Codex does, keeping its mode, unless the call's
+// expected_sha256 for that path says otherwise: then a mismatch is a
+// conflict carrying the current hash, and nothing is written.
+func TestApplyPatchReplaces(t *testing.T) {
+	const (
+		add  = "*** Begin Patch\n*** Add File: b.txt\n+new\n*** End Patch"
+		move = "*** Begin Patch\n*** Update File: a.txt\n*** Move to: b.txt\n@@\n-one\n+new\n*** End Patch"
+	)
+	old := sha("old\n")
+	for _, c := range []struct {
+		name, patch string
+		expected    map[string]string
+		code        policy.Code
+		says        []string
+	}{
+		{"add, no expected_sha256", add, nil, "", nil},
+		{"add, the current hash", add, map[string]string{"b.txt": old}, "", nil},
+		{"add, a stale hash", add, map[string]string{"b.txt": sha("other\n")}, policy.Conflict, []string{"patch line 2 (*** Add File: b.txt)", old}},
+		{"add, must not exist", add, map[string]string{"b.txt": ""}, policy.Conflict, []string{"patch line 2 (*** Add File: b.txt)", "b.txt exists (current sha256 " + old + ")", "take it out of expected_sha256"}},
+		{"move, no expected_sha256", move, nil, "", nil},
+		{"move, the current hash", move, map[string]string{"b.txt": old}, "", nil},
+		{"move, a stale hash", move, map[string]string{"b.txt": sha("other\n")}, policy.Conflict, []string{"patch line 2 (*** Update File: a.txt)", old}},
+		{"move, must not exist", move, map[string]string{"b.txt": ""}, policy.Conflict, []string{"patch line 2 (*** Update File: a.txt)", "b.txt exists (current sha256 " + old + ")"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tb, root := newBox(t, nil)
+			before := map[string]string{"a.txt": "one\n", "b.txt": "old\n"}
+			seed(t, root, before)
+			if err := os.Chmod(filepath.Join(root, "b.txt"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			in := map[string]any{"patch": c.patch}
+			if c.expected != nil {
+				in["expected_sha256"] = c.expected
+			}
+			res, err := call(t, tb, ApplyPatch, in)
+			if c.code != "" {
+				pe := wantCode(t, err, c.code)
+				if pe.SHA256 != old {
+					t.Errorf("conflict carries sha256 %q, want the current %s", pe.SHA256, old)
+				}
+				for _, s := range append(c.says, "Nothing was written.") {
+					if !strings.Contains(pe.Message, s) {
+						t.Errorf("message %q does not say %q", pe.Message, s)
+					}
+				}
+				sameFiles(t, files(t, root), before)
+				return
+			}
+			if err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			want := map[string]string{"a.txt": "one\n", "b.txt": "new\n"}
+			if strings.Contains(c.patch, "Move to") {
+				delete(want, "a.txt")
+			}
+			sameFiles(t, files(t, root), want)
+			f := res["files"].([]any)[0].(map[string]any)
+			if f["path"] != "b.txt" || f["replaced"] != true || f["sha256"] != sha("new\n") {
+				t.Errorf("result %v, want b.txt replaced", f)
+			}
+			if st, err := os.Stat(filepath.Join(root, "b.txt")); err != nil || st.Mode().Perm() != 0o700 {
+				t.Errorf("the replaced file's mode is not kept: %v %v", st.Mode(), err)
+			}
+		})
+	}
+	// What a write may not replace, a patch may not either.
+	tb, root := newBox(t, nil)
+	seed(t, root, map[string]string{"a.txt": "one\n", "d/x.txt": "x\n", "secret.txt": "s\n"})
+	if _, err := tb.WS.Symlink(context.Background(), "lnk", "secret.txt"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		patch string
+		code  policy.Code
+	}{
+		{"*** Begin Patch\n*** Add File: d\n+x\n*** End Patch", policy.IsDir},
+		{"*** Begin Patch\n*** Add File: lnk\n+x\n*** End Patch", policy.SymlinkRefused},
+		{"*** Begin Patch\n*** Update File: a.txt\n*** Move to: d\n@@\n-one\n+two\n*** End Patch", policy.IsDir},
+		{"*** Begin Patch\n*** Update File: a.txt\n*** Move to: lnk\n@@\n-one\n+two\n*** End Patch", policy.SymlinkRefused},
+	} {
+		_, err := call(t, tb, ApplyPatch, map[string]any{"patch": c.patch})
+		if pe := wantCode(t, err, c.code); !strings.Contains(pe.Message, "patch line 2") {
+			t.Errorf("message %q does not name the patch line", pe.Message)
+		}
+	}
+	if got := files(t, root); got["a.txt"] != "one\n" || got["secret.txt"] != "s\n" {
+		t.Errorf("a refused patch changed files: %v", got)
+	}
+}
+
+// TestApplyPatchDeletesLink: "*** Delete File:" of an emulated link
+// removes the link, as workspace_delete does, and never its target.
+func TestApplyPatchDeletesLink(t *testing.T) {
+	tb, root := newBox(t, nil)
+	seed(t, root, map[string]string{"secret.txt": "CANARY\n", "other.txt": "x\n"})
+	if _, err := tb.WS.Symlink(context.Background(), "lnk", "secret.txt"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := call(t, tb, ApplyPatch, map[string]any{
+		"patch":           "*** Begin Patch\n*** Delete File: lnk\n*** End Patch",
+		"expected_sha256": map[string]string{"lnk": sha("secret.txt")},
+	})
+	if pe := wantCode(t, err, policy.InvalidInput); !strings.Contains(pe.Message, "take it out of expected_sha256") {
+		t.Errorf("message %q", pe.Message)
+	}
+	res := mustCall(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Delete File: lnk\n*** Update File: other.txt\n@@\n-x\n+y\n*** End Patch"})
+	if f := res["files"].([]any)[0].(map[string]any); f["action"] != "delete" || f["path"] != "lnk" {
+		t.Errorf("result %v", res)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "lnk")); !os.IsNotExist(err) {
+		t.Fatalf("the link is still there: %v", err)
+	}
+	sameFiles(t, files(t, root), map[string]string{"secret.txt": "CANARY\n", "other.txt": "y\n"})
+	// The quota gave the link's file back.
+	if _, err := tb.WS.Symlink(context.Background(), "lnk", "secret.txt"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestApplyPatchChangedMeanwhile: a file another writer changed between
+// this call's checks and its writes is a conflict the store finds; to a
+// call that gave no hash for it the answer says to send the patch again,
+// never to re-read, and names the patch line.
+func TestApplyPatchChangedMeanwhile(t *testing.T) {
+	tb, _ := newBox(t, nil)
+	files, err := patch.Parse("*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+two\n*** Add File: b.txt\n+new\n*** End Patch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := []patchPart{{File: files[0], rel: "a.txt"}, {File: files[1], rel: "b.txt"}}
+	for _, c := range []struct {
+		name  string
+		given bool
+		says  []string
+		not   string
+	}{
+		{"no hash given", false, []string{"patch line 6 (*** Add File: b.txt)", "changed by another writer", "send the patch again", "Nothing was written."}, "re-read"},
+		{"a hash given", true, []string{"patch line 6 (*** Add File: b.txt)", "re-read", "Nothing was written."}, "send the patch again"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pc := &patchCall{t: tb, expected: map[string]string{}, given: map[string]bool{"b.txt": c.given}}
+			err := pc.storeRefusal(tb.WS.ConflictError("b.txt", sha("now\n")), parts)
+			pe := wantCode(t, err, policy.Conflict)
+			if pe.SHA256 != sha("now\n") {
+				t.Errorf("sha256 %q, want the current one", pe.SHA256)
+			}
+			for _, s := range c.says {
+				if !strings.Contains(pe.Message, s) {
+					t.Errorf("message %q does not say %q", pe.Message, s)
+				}
+			}
+			if strings.Contains(pe.Message, c.not) {
+				t.Errorf("message %q says %q", pe.Message, c.not)
+			}
+		})
+	}
+}
+
+// TestApplyPatchMoveOntoConfirmed: a move onto a file where overwriting
+// needs confirmation (output/ in the standard layout) asks for it.
+func TestApplyPatchMoveOntoConfirmed(t *testing.T) {
+	pol, _ := policy.Preset("standard")
+	tb, root := newBox(t, pol)
+	before := map[string]string{"src/a.txt": "a\n", "output/r.txt": "v1\n"}
+	seed(t, root, before)
+	p := "*** Begin Patch\n*** Update File: src/a.txt\n*** Move to: output/r.txt\n@@\n-a\n+b\n*** End Patch"
+	_, err := call(t, tb, ApplyPatch, map[string]any{"patch": p})
+	pe := wantCode(t, err, policy.ConfirmationRequired)
+	sameFiles(t, files(t, root), before)
+	mustCall(t, tb, ApplyPatch, map[string]any{"patch": p, "confirm_token": pe.Token})
+	sameFiles(t, files(t, root), map[string]string{"output/r.txt": "b\n"})
 }
