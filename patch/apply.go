@@ -74,7 +74,7 @@ func Apply(text string, hunks []Hunk) (string, error) {
 			if at > 0 {
 				where = fmt.Sprintf("the file after line %d", at)
 			}
-			return "", closest(&HunkError{Hunk: i, Line: h.Line, Msg: fmt.Sprintf("its %d expected lines are not in %s (matched exactly, then ignoring trailing and surrounding whitespace)", len(h.Old), where)}, lines, h.Old)
+			return "", closest(&HunkError{Hunk: i, Line: h.Line, Msg: fmt.Sprintf("its %d expected lines are not in %s (matched exactly, then ignoring trailing and surrounding whitespace, then typographic punctuation)", len(h.Old), where)}, lines, h.Old)
 		}
 		reps = append(reps, replacement{idx, len(old), h.spelled(lines[idx:idx+len(old)], repl)})
 		at = idx + len(old)

@@ -281,7 +281,9 @@ func parseUnified(lines []string, base int) ([]File, error) {
 		case from == "" && to == "":
 			return nil, &Error{Line: base + i + 1, Header: head, Msg: "both sides of the file header are /dev/null"}
 		case from == "":
+			// "--- /dev/null" names no file: the part is its "+++ " line.
 			f.Action, f.Path = Add, to
+			f.Line, f.Header = base+i+2, strings.TrimSpace(lines[i+1])
 		case to == "":
 			f.Action, f.Path = Delete, from
 		default:

@@ -194,6 +194,18 @@ func TestParseNamesLines(t *testing.T) {
 	if f := files[1]; f.Line != 7 || f.Header != "*** Delete File: b" {
 		t.Errorf("delete part at line %d, header %q; want 7, %q", f.Line, f.Header, "*** Delete File: b")
 	}
+	// A unified diff's add is named by its "+++ " line: "--- /dev/null"
+	// names no file.
+	files, err = Parse("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n--- /dev/null\n+++ b/new\n@@ -0,0 +1 @@\n+n\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := files[0]; f.Line != 1 || f.Header != "--- a/x" {
+		t.Errorf("update part at line %d, header %q", f.Line, f.Header)
+	}
+	if f := files[1]; f.Line != 7 || f.Header != "+++ b/new" {
+		t.Errorf("add part at line %d, header %q", f.Line, f.Header)
+	}
 	for _, c := range []struct {
 		name, text string
 		line       int

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -306,6 +307,14 @@ func (w *Workspace) reserve(ctx context.Context, plan []*planned) (undo func(), 
 			}
 			if err := w.ReserveAt(ctx, h.rel, h.bytes, h.files); err != nil {
 				undo()
+				// Named, so the caller can tell which of its files
+				// the quota ran out at.
+				var pe *policy.Error
+				if errors.As(err, &pe) {
+					named := *pe
+					named.Message = h.rel + ": " + pe.Message
+					err = &named
+				}
 				return nil, err
 			}
 			done = append(done, h)

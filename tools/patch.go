@@ -114,6 +114,9 @@ func handleApplyPatch(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 	out := PatchResult{Files: []PatchFile{}}
 	for _, p := range parts {
 		pf, cs, err := c.plan(ctx, p)
+		if policy.CodeOf(err) == policy.PatchFailed {
+			return nil, err // hunkRefusal named the hunk's line
+		}
 		if err != nil {
 			return nil, refusal(p.File, err)
 		}
@@ -166,6 +169,9 @@ func resolvePart(t *Toolbox, f patch.File, claim func(rel string, line int) erro
 	if f.MoveTo != "" {
 		if p.to, err = t.resolve(policy.OpWrite, f.MoveTo); err != nil {
 			return p, err
+		}
+		if p.to == p.rel {
+			return p, policy.Errorf(policy.InvalidInput, "the file is moved to itself; leave out the '*** Move to:' line")
 		}
 		if err := claim(p.to, f.Line); err != nil {
 			return p, err
@@ -367,18 +373,23 @@ func (c *patchCall) storeRefusal(err error, parts []patchPart) error {
 	if !errors.As(err, &pe) {
 		return err
 	}
-	// The part whose path the message starts with, the longest such.
+	// The part whose path the message starts with, the longest such ("a
+	// changed since…", "a: quota exceeded…").
 	var part *patchPart
 	var rel string
 	for i, p := range parts {
 		for _, r := range []string{p.rel, p.to} {
-			if r != "" && len(r) > len(rel) && strings.HasPrefix(pe.Message, r+" ") {
+			if r != "" && len(r) > len(rel) && (strings.HasPrefix(pe.Message, r+" ") || strings.HasPrefix(pe.Message, r+": ")) {
 				part, rel = &parts[i], r
 			}
 		}
 	}
-	if pe.Code == policy.Conflict && rel != "" && !c.given[rel] {
+	switch {
+	case pe.Code == policy.Conflict && rel != "" && !c.given[rel]:
 		err = c.changedMeanwhile(rel, pe.SHA256)
+	case rel != "" && strings.HasPrefix(pe.Message, rel+": "):
+		// The header names the file already.
+		err = withMessage(pe, "%s", strings.TrimPrefix(pe.Message, rel+": "))
 	}
 	if part == nil {
 		return withMessage(err, "%s", nothingWritten(pe.Message))

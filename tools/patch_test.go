@@ -145,7 +145,9 @@ func TestApplyPatchAllOrNothing(t *testing.T) {
 		says        []string
 	}{
 		{"the last hunk fails", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Add File: c.txt\n+new\n*** Update File: b.txt\n@@\n three\n-fuor\n+FOUR\n*** End Patch", nil,
-			policy.PatchFailed, []string{"b.txt", "hunk 1", "three", "line 1"}},
+			policy.PatchFailed, []string{"patch line 9 (hunk 1 of *** Update File: b.txt)", "Nothing was written; make the hunk's", "closest lines of b.txt are at line 1:\nthree\nfour"}},
+		{"a move onto itself", "*** Begin Patch\n*** Update File: a.txt\n*** Move to: a.txt\n@@\n-one\n+ONE\n*** End Patch", nil,
+			policy.InvalidInput, []string{"patch line 2 (*** Update File: a.txt)", "leave out the '*** Move to:' line"}},
 		{"a stale expected_sha256", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** End Patch", map[string]string{"a.txt": sha("something else")},
 			policy.Conflict, []string{"a.txt", sha("one\ntwo\n")}},
 		{"into a read-only subtree", "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Update File: data/in.csv\n@@\n-x,y\n+z\n*** End Patch", nil,
@@ -177,10 +179,13 @@ func TestApplyPatchAllOrNothing(t *testing.T) {
 			if policy.CodeOf(err) != c.code {
 				t.Fatalf("got %v, want code %s", err, c.code)
 			}
-			for _, s := range append(c.says, "Nothing was written.") {
+			for _, s := range append(c.says, "Nothing was written") {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("message %q does not say %q", err, s)
 				}
+			}
+			if n := strings.Count(err.Error(), "Nothing was written"); n != 1 {
+				t.Errorf("message %q says %d times that nothing was written", err, n)
 			}
 			if c.expected == nil && strings.Contains(err.Error(), "re-read") {
 				t.Errorf("message %q sends a model that read nothing back to re-read", err)
@@ -199,8 +204,8 @@ func TestApplyPatchOverQuota(t *testing.T) {
 	seed(t, root, map[string]string{"a.txt": "one\n"})
 	big := "+" + strings.Repeat("x", 60) + "\n"
 	_, err := call(t, tb, ApplyPatch, map[string]any{"patch": "*** Begin Patch\n*** Update File: a.txt\n@@\n-one\n+ONE\n*** Add File: b.txt\n" + big + "*** Add File: c.txt\n" + big + "*** End Patch"})
-	if policy.CodeOf(err) != policy.QuotaExceeded {
-		t.Fatalf("got %v, want quota_exceeded", err)
+	if pe := wantCode(t, err, policy.QuotaExceeded); !strings.HasPrefix(pe.Message, "patch line 8 (*** Add File: c.txt): quota exceeded") || !strings.HasSuffix(pe.Message, "Nothing was written.") {
+		t.Errorf("message %q names no patch line or does not say nothing was written", pe.Message)
 	}
 	sameFiles(t, files(t, root), map[string]string{"a.txt": "one\n"})
 	// The reservation was given back: a patch that fits goes through.
@@ -457,7 +462,7 @@ func TestApplyPatchCodexScenarios(t *testing.T) {
 				return
 			}
 			pe := wantCode(t, err, c.code)
-			for _, s := range append(c.says, "Nothing was written.") {
+			for _, s := range append(c.says, "Nothing was written") {
 				if !strings.Contains(pe.Message, s) {
 					t.Errorf("message %q does not say %q", pe.Message, s)
 				}
@@ -643,4 +648,21 @@ func TestApplyPatchMoveOntoConfirmed(t *testing.T) {
 	sameFiles(t, files(t, root), before)
 	mustCall(t, tb, ApplyPatch, map[string]any{"patch": p, "confirm_token": pe.Token})
 	sameFiles(t, files(t, root), map[string]string{"output/r.txt": "b\n"})
+}
+
+// TestApplyPatchDescription: the model reads in the tool's description
+// what the README says the tool does: hunks matched through typographic
+// punctuation, adds and moves that replace, links deleted as links.
+func TestApplyPatchDescription(t *testing.T) {
+	var desc string
+	for _, d := range Definitions(policy.Default()) {
+		if d.Name == ApplyPatch {
+			desc = d.Description
+		}
+	}
+	for _, s := range []string{"typographic dashes, quotes and spaces", "replace it", "removes the link", "names the patch line"} {
+		if !strings.Contains(desc, s) {
+			t.Errorf("the description does not say %q: %s", s, desc)
+		}
+	}
 }
