@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentloom/loomfs/patch"
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // files reads every regular file under root (relative path → content),
@@ -665,4 +666,26 @@ func TestApplyPatchDescription(t *testing.T) {
 			t.Errorf("the description does not say %q: %s", s, desc)
 		}
 	}
+}
+
+// TestApplyChangesLink: the store removes a change set's link only if it
+// is still a link; a file put in its place is a conflict, and nothing of
+// the set is written.
+func TestApplyChangesLink(t *testing.T) {
+	tb, root := newBox(t, nil)
+	seed(t, root, map[string]string{"f.txt": "file\n", "a.txt": "a\n"})
+	if _, err := tb.WS.Symlink(context.Background(), "lnk", "a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, err := tb.WS.ApplyChanges(ctx, []store.FileChange{
+		{Path: "a.txt", Data: []byte("b\n"), Expected: sha("a\n")},
+		{Path: "f.txt", Delete: true, Link: true},
+	})
+	wantCode(t, err, policy.Conflict)
+	sameFiles(t, files(t, root), map[string]string{"f.txt": "file\n", "a.txt": "a\n", "lnk": "a.txt"})
+	if _, err := tb.WS.ApplyChanges(ctx, []store.FileChange{{Path: "lnk", Delete: true, Link: true}}); err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, files(t, root), map[string]string{"f.txt": "file\n", "a.txt": "a\n"})
 }
