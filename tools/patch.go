@@ -128,9 +128,9 @@ func handleApplyPatch(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 		return nil, c.storeRefusal(err, parts)
 	}
 	byPath := map[string]store.WriteResult{}
-	for i, c := range changes {
-		if !c.Delete {
-			byPath[c.Path] = res[i]
+	for i, ch := range changes {
+		if !ch.Delete {
+			byPath[ch.Path] = res[i]
 		}
 	}
 	for i := range out.Files {
@@ -140,8 +140,8 @@ func handleApplyPatch(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 			out.Bytes += r.Bytes
 		}
 	}
-	for _, c := range changes {
-		t.changed(c.Path)
+	for _, ch := range changes {
+		t.changed(ch.Path)
 	}
 	return out, nil
 }
