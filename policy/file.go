@@ -476,7 +476,11 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 }
 
 func (p *parser) limits(n *yaml.Node, l *Limits) error {
-	known := []string{"text_bytes", "file_bytes", "scope_bytes", "scope_files", "list_entries", "glob_results", "grep_matches", "grep_scan", "grep_line", "regex_timeout", "grep_budget", "walk_entries", "image_bytes", "image_source_bytes", "io_bytes_per_s", "io_ops_per_s", "session_idle", "session_lifetime", "process_output_bytes"}
+	// The keys Limits.Keys shows, so none is taken and never shown.
+	var known []string
+	for _, k := range l.Keys() {
+		known = append(known, k.Name)
+	}
 	return p.mapping(n, "limits", known, func(key string, k, v *yaml.Node) error {
 		var err error
 		switch key {

@@ -440,3 +440,42 @@ func TestCommandsKey(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitKeys: Limits.Keys names every key of a file's limits section
+// (the parser takes those and no others), and each shows the value the
+// file set, so loomfs policy show can't leave a limit out.
+func TestLimitKeys(t *testing.T) {
+	def := policy.DefaultLimits().Keys()
+	for i, k := range def {
+		t.Run(k.Name, func(t *testing.T) {
+			// A number (bytes or a count) or, where the default is a
+			// string, a duration: either unlike every default.
+			value, want := "3", any(int64(3))
+			if _, ok := k.Value.(string); ok {
+				value, want = "7s", "7s"
+			}
+			pol, err := policy.Parse("p.yaml", []byte("limits:\n  "+k.Name+": "+value+"\n"))
+			if err != nil {
+				t.Fatalf("%s: %s: %v", k.Name, value, err)
+			}
+			got := pol.Limits.Keys()
+			if len(got) != len(def) || got[i].Name != k.Name {
+				t.Fatalf("keys %v, want the same keys as the defaults'", got)
+			}
+			if got[i].Value != want || got[i].Text == k.Text {
+				t.Errorf("%s: %s shows as %v, %q (default %v, %q)", k.Name, value, got[i].Value, got[i].Text, k.Value, k.Text)
+			}
+			for j := range got {
+				if j != i && got[j] != def[j] {
+					t.Errorf("setting %s changed %s: %+v, default %+v", k.Name, got[j].Name, got[j], def[j])
+				}
+			}
+		})
+	}
+	_, err := policy.Parse("p.yaml", []byte("limits:\n  no_such_limit: 1\n"))
+	for _, k := range def {
+		if err == nil || !strings.Contains(err.Error(), k.Name) {
+			t.Errorf("an unknown key's refusal does not name %s among the known: %v", k.Name, err)
+		}
+	}
+}

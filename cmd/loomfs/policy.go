@@ -176,31 +176,11 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 		fmt.Fprintln(tw, "(everything else)\trw\t-\t-\t-")
 	}
 	tw.Flush()
-	l := pol.Limits
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	limit := func(name, v string) { fmt.Fprintf(tw, "%s\t%s\n", name, v) }
-	orUnlimited := func(n int64, f func(int64) string) string {
-		if n == 0 {
-			return "unlimited"
-		}
-		return f(n)
+	for _, k := range pol.Limits.Keys() {
+		fmt.Fprintf(tw, "%s\t%s\n", k.Name, k.Text)
 	}
-	count := func(n int64) string { return fmt.Sprint(n) }
-	limit("text_bytes", policy.Bytes(l.TextBytes))
-	limit("file_bytes", orUnlimited(l.FileBytes, policy.Bytes))
-	limit("scope_bytes", orUnlimited(l.ScopeBytes, policy.Bytes))
-	limit("scope_files", orUnlimited(l.ScopeFiles, count))
-	limit("list_entries", fmt.Sprint(l.ListEntries))
-	limit("glob_results", fmt.Sprint(l.GlobResults))
-	limit("grep_matches", fmt.Sprint(l.GrepMatches))
-	limit("grep_scan", policy.Bytes(l.GrepScan))
-	limit("grep_line", policy.Bytes(int64(l.GrepLine)))
-	limit("regex_timeout", l.RegexTimeout.String())
-	limit("grep_budget", l.GrepBudget.String())
-	limit("walk_entries", fmt.Sprint(l.WalkEntries))
-	limit("io_bytes_per_s", orUnlimited(l.IOBytesPerSec, policy.Bytes))
-	limit("io_ops_per_s", orUnlimited(l.IOOpsPerSec, count))
 	tw.Flush()
 	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\ncommands: %s\n", symlinksOf(pol), cacheOf(pol), commandsOf(pol))
 	if len(pol.Layout) > 0 {
@@ -241,13 +221,11 @@ func policyJSON(pol *policy.Policy, src string) any {
 		}
 		out.Subtrees = append(out.Subtrees, st)
 	}
-	l := pol.Limits
-	out.Limits = map[string]any{
-		"text_bytes": l.TextBytes, "file_bytes": l.FileBytes, "scope_bytes": l.ScopeBytes, "scope_files": l.ScopeFiles,
-		"list_entries": l.ListEntries, "glob_results": l.GlobResults, "grep_matches": l.GrepMatches, "grep_scan": l.GrepScan,
-		"grep_line": l.GrepLine, "regex_timeout": l.RegexTimeout.String(), "grep_budget": l.GrepBudget.String(), "walk_entries": l.WalkEntries,
-		"io_bytes_per_s": l.IOBytesPerSec, "io_ops_per_s": l.IOOpsPerSec,
+	limits := map[string]any{}
+	for _, k := range pol.Limits.Keys() {
+		limits[k.Name] = k.Value
 	}
+	out.Limits = limits
 	return out
 }
 

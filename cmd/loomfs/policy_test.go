@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -45,6 +46,50 @@ func TestPolicyFileAtStart(t *testing.T) {
 	}
 	if _, err := os.Stat(root); err == nil {
 		t.Error("a refused policy still created the volume root")
+	}
+}
+
+// TestPolicyShowNamesEveryLimit: policy show prints every limit a policy
+// file sets, as text and as JSON, the session sandbox's and the image
+// tool's among them.
+func TestPolicyShowNamesEveryLimit(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(file, []byte("preset: standard\nlimits:\n  session_idle: 3m\n  session_lifetime: 45m\n  process_output_bytes: 256 KiB\n  image_bytes: 1 MiB\n  image_source_bytes: 8 MiB\n"), 0o600)
+	want := []struct {
+		key  string
+		text string
+		json any
+	}{
+		{"session_idle", "3m0s", "3m0s"},
+		{"session_lifetime", "45m0s", "45m0s"},
+		{"process_output_bytes", "256 KiB", float64(256 << 10)},
+		{"image_bytes", "1 MiB", float64(1 << 20)},
+		{"image_source_bytes", "8 MiB", float64(8 << 20)},
+		{"text_bytes", "2 MiB", float64(2 << 20)},
+		{"scope_bytes", "5 GiB", float64(5 << 30)},
+		{"io_ops_per_s", "unlimited", float64(0)},
+	}
+	out, errOut, code := runLoomfs(t, "policy", "show", file)
+	if code != exitOK {
+		t.Fatalf("policy show: exit %d\n%s%s", code, out, errOut)
+	}
+	limits := out[:strings.Index(out, "--- README.md ---")]
+	for _, w := range want {
+		if !regexp.MustCompile(`(?m)^` + w.key + ` +` + regexp.QuoteMeta(w.text) + `$`).MatchString(limits) {
+			t.Errorf("policy show does not print %s %s:\n%s", w.key, w.text, limits)
+		}
+	}
+	out, errOut, code = runLoomfs(t, "--json", "policy", "show", file)
+	var shown struct {
+		Limits map[string]any `json:"limits"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
+		t.Fatalf("policy show --json: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, w := range want {
+		if got, ok := shown.Limits[w.key]; !ok || got != w.json {
+			t.Errorf("policy show --json: %s is %v (%v), want %v", w.key, got, ok, w.json)
+		}
 	}
 }
 
