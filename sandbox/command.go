@@ -155,15 +155,19 @@ func (c *Commands) projection(ctx context.Context, ws *store.Workspace, call Cal
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("mountpoint: %w", err)
 	}
+	if err := shareMountpoint(mp); err != nil {
+		os.Remove(mp)
+		return nil, 0, nil, err
+	}
 	proj, err := c.Mount(ctx, ws, mp, call)
 	if err != nil {
-		os.Remove(mp)
+		removeMountpoint(mp)
 		return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(proj.Dir(), &st); err != nil {
 		proj.Unmount()
-		os.Remove(mp)
+		removeMountpoint(mp)
 		return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "the workspace projection does not answer: %v", err)
 	}
 	return removingDir{proj, mp}, st.Dev, nil, nil
@@ -177,7 +181,7 @@ type removingDir struct {
 
 func (r removingDir) Unmount() error {
 	err := r.Projection.Unmount()
-	os.Remove(r.mp)
+	removeMountpoint(r.mp)
 	return err
 }
 
@@ -334,7 +338,7 @@ func sweepStaleMounts(dir string) {
 		var st unix.Statfs_t
 		if err := unix.Statfs(p, &st); err == unix.ENOTCONN {
 			unix.Unmount(p, unix.MNT_DETACH)
-			os.Remove(p)
+			removeMountpoint(p) // and the shared bind under it
 		}
 	}
 }

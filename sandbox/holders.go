@@ -18,8 +18,12 @@ import (
 // Holders lists the processes other than this one that keep the mount of
 // device dev (a projection, mounted at dir in this process's namespace)
 // alive: a process with an open file, working directory or root on it, and
-// every process of another mount namespace that still has it mounted (a
-// runtime's helper that outlived its container, such as gVisor's gofer).
+// every process of another mount namespace that has a copy of it of its own
+// (a runtime's helper that outlived its container, such as gVisor's gofer).
+// A copy that receives propagation from this one (every new namespace's
+// copy of a projection mounted on shareMountpoint, as a container runtime's
+// init has until it pivots into its root) goes when this mount goes: only a
+// process that uses it, by a file or a directory, holds it.
 // With dir "", only the container's leftovers are looked for. With
 // containerID set, processes whose command line names that container
 // (its runtime shim, a runtime process that outlived it) count too: once
@@ -37,8 +41,8 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 	}
 	self := os.Getpid()
 	peer := peerGroup(dir, dev)
-	// Mount ids of dev in each namespace, read once per namespace.
-	ids := map[string]map[string]bool{}
+	// The copies of dev in each namespace, read once per namespace.
+	copies := map[string]nsCopies{}
 	var out []store.Holder
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -59,25 +63,47 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 		if dir == "" {
 			continue // leftovers of the container only
 		}
-		mids, ok := ids[ns]
+		c, ok := copies[ns]
 		if !ok {
 			if ns == selfNS {
-				mids = mountIDs(proc+"/mountinfo", dev, "")
+				c.used = mountIDs(proc+"/mountinfo", dev)
 			} else {
-				mids = mountIDs(proc+"/mountinfo", dev, peer)
+				c = namespaceCopies(proc+"/mountinfo", dev, peer)
 			}
-			ids[ns] = mids
+			copies[ns] = c
 		}
-		if len(mids) == 0 {
-			continue
-		}
-		if ns != selfNS || holdsFile(proc, dir, mids) {
+		if len(c.own) > 0 || len(c.used) > 0 && holdsFile(proc, dir, c.used) {
 			if h, ok := holder(pid); ok {
 				out = append(out, h)
 			}
 		}
 	}
 	return out, nil
+}
+
+// nsCopies are the mounts of a projection's device in one mount namespace.
+type nsCopies struct {
+	own  map[string]bool // copies of its own: every process of the namespace holds them
+	used map[string]bool // copies that hold only while a process uses them
+}
+
+// namespaceCopies sorts the mounts of device dev in another namespace's
+// mountinfo: copies in peer group peer, or its slaves, go when the mount
+// in this namespace goes, so they hold only what a process keeps open on
+// them; any other copy is the namespace's own.
+func namespaceCopies(path string, dev uint64, peer string) nsCopies {
+	var c nsCopies
+	eachMount(path, dev, func(f []string) {
+		set := &c.own
+		if peer != "" && (slices.Contains(f[6:], "shared:"+peer) || slices.Contains(f[6:], "master:"+peer)) {
+			set = &c.used
+		}
+		if *set == nil {
+			*set = map[string]bool{}
+		}
+		(*set)[f[0]] = true
+	})
+	return c
 }
 
 // namesContainer reports whether the command line of the process at proc
@@ -96,16 +122,9 @@ func namesContainer(proc, id string) bool {
 }
 
 // mountIDs returns the ids of the mounts of device dev in a mountinfo file.
-// With peer set, copies that receive mount propagation from that peer group
-// are left out: they go when the mount in this namespace goes, so they hold
-// nothing (a systemd service's private namespace, on a host whose / is
-// shared, has one of every mount made after it started).
-func mountIDs(path string, dev uint64, peer string) map[string]bool {
+func mountIDs(path string, dev uint64) map[string]bool {
 	var mids map[string]bool
 	eachMount(path, dev, func(f []string) {
-		if peer != "" && (slices.Contains(f[6:], "shared:"+peer) || slices.Contains(f[6:], "master:"+peer)) {
-			return
-		}
 		if mids == nil {
 			mids = map[string]bool{}
 		}
@@ -211,6 +230,60 @@ func procStart(pid int) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(f[19], 10, 64) // field 22 of stat(5)
 	return v, err == nil
+}
+
+// shareMountpoint binds the directory mp onto itself as a shared mount,
+// for a projection to be mounted on. Every new mount namespace starts with
+// a copy of every mount (a container runtime's init keeps them until it
+// pivots into its container's root); with its parent shared, the copy of a
+// projection is that parent copy's child, so unmounting the projection here
+// unmounts the copies too, and they hold nothing (Holders) unless a process
+// uses one.
+func shareMountpoint(mp string) error {
+	if err := unix.Mount(mp, mp, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the mountpoint onto itself: %w", err)
+	}
+	if err := unix.Mount("", mp, "", unix.MS_SHARED, ""); err != nil {
+		unix.Unmount(mp, unix.MNT_DETACH)
+		return fmt.Errorf("make the mountpoint shared: %w", err)
+	}
+	return nil
+}
+
+// removeMountpoint takes down the bind shareMountpoint made at mp, unless a
+// projection is still mounted on it, and removes the directory. It reads
+// mountinfo rather than asking the mount, which may not answer.
+func removeMountpoint(mp string) {
+	if fs, ok := topMount(mp); ok && !strings.HasPrefix(fs, "fuse") {
+		unix.Unmount(mp, unix.MNT_DETACH)
+	}
+	os.Remove(mp)
+}
+
+// topMount returns the filesystem type of the uppermost mount at dir in
+// this namespace, or false when nothing is mounted there.
+func topMount(dir string) (string, bool) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	fstype := map[string]string{} // mount id → type, of the mounts at dir
+	parents := map[string]bool{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		i := slices.Index(f, "-")
+		if i < 6 || i+1 >= len(f) || f[4] != dir {
+			continue
+		}
+		fstype[f[0]] = f[i+1]
+		parents[f[1]] = true
+	}
+	for id, t := range fstype {
+		if !parents[id] {
+			return t, true
+		}
+	}
+	return "", false
 }
 
 // HolderAlive reports whether h is still running on this node: the same pid

@@ -49,37 +49,51 @@ func TestLeftoversOfContainer(t *testing.T) {
 	}
 }
 
-// TestHoldersByNamespace: another mount namespace holds a mount only when
-// its copy is its own: a copy that receives propagation from this one (a
+// TestHoldersByNamespace: another mount namespace holds a mount when its
+// copy is its own (what a runtime's helper gets). A copy that receives
+// propagation from this one (a container runtime's init has one of every
+// projection, mounted on its shared mountpoint, until it pivots; so has a
 // service's namespace on a host whose / is shared) goes when the mount
-// goes, and is no holder; a private copy (what a runtime's helper gets) is.
+// goes, and holds it only while a process there uses it.
 func TestHoldersByNamespace(t *testing.T) {
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp(t.TempDir(), "ws-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := shareMountpoint(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeMountpoint(dir) })
 	if err := unix.Mount("loomfs-test", dir, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatalf("mount: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatalf("make shared: %v", err)
-	}
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	start := func(propagation string) *exec.Cmd {
-		c := exec.Command("unshare", "--mount", "--propagation", propagation, "sleep", "600")
+	start := func(args ...string) *exec.Cmd {
+		c := exec.Command("unshare", append([]string{"--mount"}, append(args, "sleep", "600")...)...)
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
 		return c
 	}
-	slave := start("slave")
-	private := start("private")
+	cases := []struct {
+		name string
+		cmd  *exec.Cmd
+		held bool
+	}{
+		{"a slave copy nobody uses", start("--propagation", "slave"), false},
+		{"a peer copy nobody uses", start("--propagation", "unchanged"), false},
+		{"a slave copy a process works in", start("--propagation", "slave", "--wd", dir), true},
+		{"a private copy", start("--propagation", "private"), true},
+	}
 	// unshare execs sleep once the namespace is set up.
-	for _, c := range []*exec.Cmd{slave, private} {
+	for _, c := range cases {
 		for i := 0; i < 100; i++ {
-			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.cmd.Process.Pid)); strings.TrimSpace(string(b)) == "sleep" {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -93,7 +107,18 @@ func TestHoldersByNamespace(t *testing.T) {
 	for _, h := range hs {
 		pids = append(pids, h.PID)
 	}
-	if !slices.Contains(pids, private.Process.Pid) || slices.Contains(pids, slave.Process.Pid) {
-		t.Errorf("holders %v; want the private namespace's %d and not the slave's %d", pids, private.Process.Pid, slave.Process.Pid)
+	for _, c := range cases {
+		if got := slices.Contains(pids, c.cmd.Process.Pid); got != c.held {
+			t.Errorf("%s (pid %d): held %v, want %v (holders %v)", c.name, c.cmd.Process.Pid, got, c.held, pids)
+		}
+	}
+	// What makes the unused copies no holders: they go with the mount.
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases[:2] {
+		if mids := mountIDs(fmt.Sprintf("/proc/%d/mountinfo", c.cmd.Process.Pid), st.Dev); len(mids) != 0 {
+			t.Errorf("%s: still mounted there after the unmount here", c.name)
+		}
 	}
 }

@@ -113,21 +113,25 @@ func (p *Pool) mount(ctx context.Context, ws *store.Workspace, call CallInfo) (*
 	if err != nil {
 		return nil, fmt.Errorf("mountpoint: %w", err)
 	}
+	if err := shareMountpoint(mp); err != nil {
+		os.Remove(mp)
+		return nil, err
+	}
 	proj, err := p.Mount(ctx, ws, mp, call)
 	if err != nil {
-		os.Remove(mp)
+		removeMountpoint(mp)
 		return nil, err
 	}
 	rp, ok := proj.(ReusableProjection)
 	if !ok {
 		proj.Unmount()
-		os.Remove(mp)
+		removeMountpoint(mp)
 		return nil, fmt.Errorf("the projection can't serve more than one command")
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(proj.Dir(), &st); err != nil {
 		proj.Unmount()
-		os.Remove(mp)
+		removeMountpoint(mp)
 		return nil, fmt.Errorf("the workspace projection does not answer: %w", err)
 	}
 	l := &Lease{pool: p, ws: ws, proj: rp, dir: mp, dev: st.Dev, busy: true}
@@ -171,7 +175,7 @@ func (l *Lease) Unmount() error { return l.unmount() }
 
 func (l *Lease) unmount() error {
 	err := l.proj.Unmount()
-	os.Remove(l.dir)
+	removeMountpoint(l.dir)
 	return err
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/store"
@@ -118,6 +121,7 @@ func TestPoolLifetime(t *testing.T) {
 	var served []string
 	pool := &Pool{Dir: t.TempDir(), Idle: time.Hour, Mount: func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
 		mounted++
+		tmpfsAt(t, mp)
 		return fakeProjection{dir: mp, unmounted: &unmounted, served: &served}, nil
 	}}
 	ws1, ws2 := &store.Workspace{}, &store.Workspace{}
@@ -146,6 +150,7 @@ func TestPoolLifetime(t *testing.T) {
 	// Idle: unmounted by the timer.
 	var idleGone atomic.Int32
 	idlePool := &Pool{Dir: t.TempDir(), Idle: time.Millisecond, Mount: func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		tmpfsAt(t, mp)
 		return countingUnmount{fakeProjection{dir: mp, unmounted: new(int), served: &[]string{}}, &idleGone}, nil
 	}}
 	il, err := idlePool.Acquire(ctx, ws1, CallInfo{})
@@ -172,6 +177,16 @@ func TestPoolLifetime(t *testing.T) {
 	if _, err := pool.Acquire(ctx, ws1, CallInfo{}); err == nil {
 		t.Fatal("lease after Close")
 	}
+}
+
+// tmpfsAt mounts a small tmpfs at mp for the test's life: the pool makes
+// what it is given shared, which only a mount can be.
+func tmpfsAt(t *testing.T, mp string) {
+	t.Helper()
+	if err := unix.Mount("loomfs-test", mp, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(mp, unix.MNT_DETACH) })
 }
 
 type countingUnmount struct {
@@ -228,4 +243,91 @@ func BenchmarkWorkspaceCommand(b *testing.B) {
 			c.cmds.Pool.Close()
 		}
 	}
+}
+
+// TestRuntimeCopyIsNoHolder: a container runtime starting another
+// container while a command runs takes a copy of every mount, the
+// command's projection included, into its new namespace (made a slave, as
+// runc makes it, until it pivots). A copy still there when the command
+// ends is no holder: the command answers and the scope is not quarantined,
+// pooled or mounted per command, and the projection is unmounted at the end.
+func TestRuntimeCopyIsNoHolder(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(base, "volume")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	mount := func(ctx context.Context, ws *store.Workspace, mp string, call CallInfo) (Projection, error) {
+		m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, CallID: call.CallID})
+		if err != nil {
+			return nil, err
+		}
+		return servedMount{m}, nil
+	}
+	r := newTestRunner(t, Config{})
+	for _, tc := range []struct {
+		name string
+		dir  string
+		cmds *Commands
+	}{
+		{"pooled", filepath.Join(base, "pool"), &Commands{Runner: r, Pool: &Pool{Mount: mount, Dir: filepath.Join(base, "pool")}}},
+		{"per-call", filepath.Join(base, "each"), &Commands{Runner: r, Mount: mount, MountDir: filepath.Join(base, "each")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, err := vol.Open(ctx, store.Scope{Space: "s", Agent: "a", Session: tc.name}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ws.Close() })
+			copied := make(chan *exec.Cmd, 1)
+			go func() {
+				// Once the projection is mounted, a namespace takes its copy.
+				for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if mounted(tc.dir) {
+						break
+					}
+				}
+				c := exec.Command("unshare", "--mount", "--propagation", "slave", "sleep", "600")
+				if err := c.Start(); err != nil {
+					copied <- nil
+					return
+				}
+				copied <- c
+			}()
+			res, err := tc.cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c1", Command: "sleep 2; echo done"})
+			c := <-copied
+			if c == nil {
+				t.Fatal("unshare did not start")
+			}
+			t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+			if err != nil || res.Stdout != "done\n" {
+				t.Fatalf("with a runtime's copy of the projection alive: %+v, %v", res, err)
+			}
+			if err := ws.CheckQuarantine(); err != nil {
+				t.Fatalf("quarantined: %v", err)
+			}
+			if tc.cmds.Pool != nil {
+				tc.cmds.Pool.Close()
+			}
+			if mounted(tc.dir) {
+				t.Fatal("the projection is still mounted")
+			}
+		})
+	}
+}
+
+// mounted reports whether anything is mounted under dir in this namespace.
+func mounted(dir string) bool {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			return true
+		}
+	}
+	return false
 }
