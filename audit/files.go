@@ -263,3 +263,70 @@ func lockHeld(f *os.File, start, length int64) (bool, error) {
 	}
 	return lk.Type != unix.F_UNLCK, nil
 }
+
+// Room kept allocated past the end of the node's chain (chainRoom) and
+// ledger (ledgerRoom) with fallocate(FALLOC_FL_KEEP_SIZE): when the volume
+// fills up, records go on being written into it for a while, so reads and
+// refusals are still recorded (and a writer's close entry still fits)
+// while changes are refused for want of space. About 3,000 records.
+const (
+	chainRoom  = 1 << 20
+	ledgerRoom = 64 << 10
+)
+
+// room is the part of a file allocated past its end, as this writer last
+// made it.
+type room struct {
+	f       *os.File // the file it was allocated in
+	to      int64    // allocated up to here
+	retryAt int64    // after a failure, not tried again before the file reaches this
+	refused bool     // the filesystem has no fallocate: don't ask again
+}
+
+// keep makes sure f has room allocated up to end and half of chainRoom
+// past it, allocating chainRoom more from end when it has not. A
+// filesystem that can't (CephFS, NFS before 4.2) or a volume already full
+// is not an error: the write then takes its chances as it would without.
+func (r *room) keep(f *os.File, end int64) {
+	if r.refused || r.f == f && (end+chainRoom/2 <= r.to || end < r.retryAt) {
+		return
+	}
+	r.f, r.to = f, 0
+	switch err := allocate(f, end, chainRoom); {
+	case err == nil:
+		r.to = end + chainRoom
+	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS):
+		r.refused = true
+	default:
+		r.retryAt = end + chainRoom/16
+	}
+}
+
+// allocate allocates n bytes of f from off without changing its size,
+// where its filesystem has at least roomShare times n free: on a small
+// volume, room kept ahead would take what the records need.
+func allocate(f *os.File, off, n int64) error {
+	c, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := c.Control(func(fd uintptr) {
+		var st unix.Statfs_t
+		if ferr = unix.Fstatfs(int(fd), &st); ferr != nil {
+			return
+		}
+		if int64(st.Bavail)*st.Bsize < roomShare*n {
+			ferr = unix.ENOSPC
+			return
+		}
+		ferr = unix.Fallocate(int(fd), unix.FALLOC_FL_KEEP_SIZE, off, n)
+	}); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// roomShare: room is kept ahead only on a volume with this many times as
+// much free.
+const roomShare = 64

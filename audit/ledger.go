@@ -123,5 +123,10 @@ func openLedger(dir, node string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
+	// Room for this writer's entries on a volume that fills up (see
+	// ledgerRoom); best effort, as for the chain.
+	if fi, err := f.Stat(); err == nil {
+		allocate(f, fi.Size(), ledgerRoom)
+	}
 	return f, nil
 }

@@ -116,6 +116,7 @@ type Log struct {
 	group    []byte          // the lines of one write, reused under mu
 	lastErr  error           // last failure; nil after a success
 	broken   error           // set when the chain can no longer be continued
+	room     room            // what the chain's current file has allocated past its end
 	closed   bool
 
 	q *queue // nil in a synchronous Log
@@ -495,6 +496,7 @@ func (l *Log) flush(buf []byte, n int, seq uint64, prev string) error {
 	if n == 0 {
 		return nil
 	}
+	l.room.keep(l.f, l.size+int64(len(buf)))
 	w, err := l.ws.Write(buf)
 	if err != nil {
 		l.cutOff(w)
@@ -666,6 +668,7 @@ func (l *Log) writeErr(err error) error {
 // cut off again so the file stays a chain; if even that fails the Log
 // refuses every later record.
 func (l *Log) append(line []byte, lf lineFields) error {
+	l.room.keep(l.f, l.size+int64(len(line)))
 	n, err := l.ws.Write(line)
 	if err != nil {
 		l.cutOff(n)

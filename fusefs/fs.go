@@ -266,7 +266,7 @@ func (f *fsys) begin(ctx context.Context, e audit.Event) syscall.Errno {
 	}
 	e.Result = "ok"
 	if err := f.sink.Record(ctx, e); err != nil {
-		return policy.Errno(&policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written; changes are refused until it can", Err: err})
+		return policy.Errno(policy.Unavailable(policy.AuditUnavailable, "the audit log", err))
 	}
 	return 0
 }

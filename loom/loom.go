@@ -231,7 +231,7 @@ func Actor(sc store.Scope) audit.Actor {
 
 // AuditUnavailable is the refusal when the audit log can't be written.
 func AuditUnavailable(err error) error {
-	return &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written, so nothing is done: " + err.Error(), Err: err}
+	return policy.Unavailable(policy.AuditUnavailable, "the audit log", err)
 }
 
 // SandboxUnavailable is the refusal when the engine does not answer.

@@ -33,6 +33,12 @@ const (
 	ReadOnly           Code = "read_only"
 	TooLarge           Code = "too_large"
 	QuotaExceeded      Code = "quota_exceeded"
+	// NoSpace answers a change the storage itself refused for want of
+	// room: the volume is full (bytes or inodes, ENOSPC) or the host
+	// filesystem's own quota for the service is spent (EDQUOT from the
+	// backing store). QuotaExceeded is the policy's limit; this is the
+	// operator's volume. Reads go on working.
+	NoSpace            Code = "no_space"
 	Conflict           Code = "conflict"
 	AmbiguousEdit      Code = "ambiguous_edit"
 	NoMatch            Code = "no_match"
@@ -106,6 +112,22 @@ func WaitEnded(ctx context.Context, format string, args ...any) *Error {
 		return Errorf(Cancelled, "interrupted while waiting: "+format, args...)
 	}
 	return Errorf(Timeout, format, args...)
+}
+
+// Unavailable is the refusal of a call because something loomfs keeps on
+// the volume (named by what: "the quota account", "the audit log") can't
+// be opened or written. A full volume or the backing store's own quota is
+// NoSpace, a message a model can act on; anything else is code
+// (VolumeUnavailable, AuditUnavailable), whose detail only the operator's
+// log shows.
+func Unavailable(code Code, what string, err error) *Error {
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return &Error{Code: NoSpace, Message: what + " can't be written: the storage volume is full (no space or no inodes left), so the call was refused and nothing was written; deleting files this workspace no longer needs may make room, otherwise the operator must free space", Err: err}
+	case errors.Is(err, syscall.EDQUOT):
+		return &Error{Code: NoSpace, Message: what + " can't be written: the storage volume's own quota for this service is spent (not this workspace's quota), so the call was refused and nothing was written; deleting files this workspace no longer needs may make room, otherwise the operator must raise it", Err: err}
+	}
+	return &Error{Code: code, Message: fmt.Sprintf("%s can't be written, so nothing is done: %v", what, err), Err: err}
 }
 
 // CodeOf returns the code of err, or Internal for an error of another kind.
@@ -258,8 +280,10 @@ func FromErrno(err error, op, path string) error {
 		e.Code, e.Message = PermissionDenied, fmt.Sprintf("%s %s: permission denied", op, path)
 	case syscall.EROFS:
 		e.Code, e.Message = ReadOnly, fmt.Sprintf("%s %s: read-only file system", op, path)
-	case syscall.EDQUOT, syscall.ENOSPC:
-		e.Code, e.Message = QuotaExceeded, fmt.Sprintf("%s %s: no space left on the volume", op, path)
+	case syscall.ENOSPC:
+		e.Code, e.Message = NoSpace, fmt.Sprintf("%s %s: the storage volume is full (no space or no inodes left), so nothing was written; deleting files this workspace no longer needs may make room, otherwise the operator must free space", op, path)
+	case syscall.EDQUOT:
+		e.Code, e.Message = NoSpace, fmt.Sprintf("%s %s: the storage volume's own quota for this service is spent (not this workspace's quota), so nothing was written; deleting files this workspace no longer needs may make room, otherwise the operator must raise it", op, path)
 	case syscall.EFBIG:
 		e.Code, e.Message = TooLarge, fmt.Sprintf("%s %s: file too large", op, path)
 	case syscall.ENAMETOOLONG:

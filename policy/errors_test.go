@@ -90,6 +90,13 @@ func TestErrno(t *testing.T) {
 			t.Errorf("Errno = %v, want ESTALE", got)
 		}
 	})
+	t.Run("a full volume answers the errno the storage gave", func(t *testing.T) {
+		for _, en := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+			if got := policy.Errno(policy.FromErrno(en, "write", "x")); got != en {
+				t.Errorf("Errno(FromErrno(%v)) = %v", en, got)
+			}
+		}
+	})
 	t.Run("a mapped code wins over its cause", func(t *testing.T) {
 		err := &policy.Error{Code: policy.SymlinkRefused, Message: "x", Err: syscall.ELOOP}
 		if got := policy.Errno(err); got != syscall.EPERM {
@@ -118,8 +125,9 @@ func TestFromErrno(t *testing.T) {
 		{syscall.EACCES, policy.PermissionDenied},
 		{syscall.EPERM, policy.PermissionDenied},
 		{syscall.EROFS, policy.ReadOnly},
-		{syscall.EDQUOT, policy.QuotaExceeded},
-		{syscall.ENOSPC, policy.QuotaExceeded},
+		// The volume's own limits, not the workspace's quota.
+		{syscall.EDQUOT, policy.NoSpace},
+		{syscall.ENOSPC, policy.NoSpace},
 		{syscall.EFBIG, policy.TooLarge},
 		{syscall.ENAMETOOLONG, policy.NameTooLong},
 		{syscall.EIO, policy.Internal},

@@ -210,7 +210,7 @@ func (w *Workspace) ReadyToChange() error {
 		return nil
 	}
 	if err := j.open(w); err != nil {
-		return &policy.Error{Code: policy.VolumeUnavailable, Message: "the scope's change journal can't be written; changes are refused until it can", Err: err}
+		return policy.Unavailable(policy.VolumeUnavailable, "the scope's change journal", err)
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func capDirName(prefix string) string {
 func (w *Workspace) capAccount(s policy.Subtree) (*quota.Account, error) {
 	a, err := w.joinCap(s, true)
 	if err != nil {
-		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account of %s/ can't be opened: %v", s.Prefix, err)
+		return nil, policy.Unavailable(policy.VolumeUnavailable, "the quota account of "+s.Prefix+"/", err)
 	}
 	return a, nil
 }

@@ -91,12 +91,12 @@ func (w *Workspace) account() (*quota.Account, error) {
 	}
 	dfd, err := w.stateSubdir(QuotaDir)
 	if err != nil {
-		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account can't be opened: %v", err)
+		return nil, policy.Unavailable(policy.VolumeUnavailable, "the quota account", err)
 	}
 	defer unix.Close(dfd)
 	a, err := quota.Open(dfd, quota.Options{Limits: w.pol.Limits, Walk: w.countScope})
 	if err != nil {
-		return nil, policy.Errorf(policy.VolumeUnavailable, "the quota account can't be opened: %v", err)
+		return nil, policy.Unavailable(policy.VolumeUnavailable, "the quota account", err)
 	}
 	q.acct = a
 	return a, nil

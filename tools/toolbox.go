@@ -122,9 +122,15 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 	res, err := t.audited(ctx, name, callID, input)
 	if err != nil {
 		orig, pe := policy.AsError(err), policy.Public(err)
-		if pe.Message != orig.Message {
-			t.log().Warn("tool call failed", zap.String("tool", name), zap.String("call_id", callID),
-				zap.String("code", string(orig.Code)), zap.Error(orig))
+		// The operator hears of what a model can't fix: trouble whose
+		// message the boundary replaced, and a full volume.
+		if pe.Message != orig.Message || pe.Code == policy.NoSpace {
+			fields := []zap.Field{zap.String("tool", name), zap.String("call_id", callID),
+				zap.String("code", string(orig.Code)), zap.Error(orig)}
+			if orig.Err != nil && !strings.Contains(orig.Message, orig.Err.Error()) {
+				fields = append(fields, zap.NamedError("cause", orig.Err))
+			}
+			t.log().Warn("tool call failed", fields...)
 		}
 		return nil, pe
 	}
@@ -430,7 +436,7 @@ func (t *Toolbox) changed(rel string) {
 }
 
 func auditErr(err error) error {
-	return &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written, so no operation is done: " + err.Error(), Err: err}
+	return policy.Unavailable(policy.AuditUnavailable, "the audit log", err)
 }
 
 type callIDKey struct{}
