@@ -317,6 +317,22 @@ func TestReadmeNamesEveryRule(t *testing.T) {
 	})
 }
 
+// TestReadmeStatesImageAndProcessLimits: the workspace README states the
+// limits a file sets for images and for the session sandbox's processes,
+// as the tool descriptions do.
+func TestReadmeStatesImageAndProcessLimits(t *testing.T) {
+	pol, err := policy.Parse("p.yaml", []byte("limits:\n  session_idle: 3m\n  session_lifetime: 45m\n  process_output_bytes: 256 KiB\n  image_bytes: 1 MiB\n  image_source_bytes: 8 MiB\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := policy.WorkspaceReadme(pol)
+	for _, want := range []string{"stops after 3m0s with no running process", "45m0s after it started", "last 256 KiB of output", "at most 1 MiB", "files up to 8 MiB"} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("README lacks %q:\n%s", want, readme)
+		}
+	}
+}
+
 func fmtInt(n int64) string { return strconv.FormatInt(n, 10) }
 
 func TestReadmeKey(t *testing.T) {

@@ -223,6 +223,8 @@ func WorkspaceReadme(pol *Policy) string {
 	l := pol.Limits
 	fmt.Fprintf(&b, "Listing shows at most %d entries and glob at most %d paths per call; grep returns at most %d matching lines, reads at most %s per call, and stops a regular expression after %s per match and %s per call. A result that was cut says truncated.\n\n",
 		l.ListEntries, l.GlobResults, l.GrepMatches, Bytes(l.GrepScan), l.RegexTimeout, l.GrepBudget)
+	fmt.Fprintf(&b, "An image read (workspace_read_image) returns at most %s and reads files up to %s. Processes (workspace_process_start) run in this workspace's session sandbox, which stops after %s with no running process and no call, and %s after it started in any case; each process keeps its last %s of output.\n\n",
+		Bytes(l.ImageBytes), Bytes(l.ImageSource), l.SessionIdle, l.SessionLifetime, Bytes(l.ProcessOutput))
 
 	if c := ConfirmSummary(pol); c != "" {
 		b.WriteString("## Confirmation\n\n")
