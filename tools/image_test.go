@@ -268,11 +268,12 @@ func solidWebP(w, h int) []byte {
 	put(0x2f, 8) // signature
 	put(uint64(w-1), 14)
 	put(uint64(h-1), 14)
-	put(0, 1+3)                                            // alpha hint, version 0
-	put(0, 1)                                              // no transform
-	put(0, 1)                                              // no colour cache
-	put(0, 1)                                              // no meta prefix codes
-	for _, sym := range []uint64{0x40, 0x80, 0xc0, 0xff} { // green, red, blue, alpha
+	put(0, 1+3) // alpha hint, version 0
+	put(0, 1)   // no transform
+	put(0, 1)   // no colour cache
+	put(0, 1)   // no meta prefix codes
+	// Green, red, blue and alpha: one 8-bit symbol each.
+	for _, sym := range []uint64{0x40, 0x80, 0xc0, 0xff} {
 		put(1, 1)   // simple code
 		put(0, 1)   // one symbol
 		put(1, 1)   // of 8 bits
