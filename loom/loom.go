@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -58,7 +59,26 @@ func New(cfg Config) *Node {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
+	sweepStaleMounts(cfg.MountDir)
 	return &Node{cfg: cfg}
+}
+
+// sweepStaleMounts detaches the projections in the mount directory whose
+// daemon is gone (a worker killed during a command leaves a dead FUSE
+// mount there), whatever first uses the directory on a node: a tool call,
+// loomfs serve or mcp. The sweep asks each mount for its statistics, which
+// a dead one answers at once; one whose daemon is alive but stuck is left
+// alone, and not waited for past a second.
+func sweepStaleMounts(dir string) {
+	done := make(chan struct{})
+	go func() {
+		sandbox.SweepStaleMounts(dir)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
 }
 
 // Close stops the Node's own session sandboxes, if it started any, and
@@ -378,11 +398,12 @@ func policyEvent(refused func(tools.PolicyEvent)) func(fusefs.Refusal) {
 	}
 }
 
-// ReportOrphans logs which loomfs containers exist on the engine as this
-// program starts using it. Each command removes its container before it
-// returns, so one still there belongs to a command or session sandbox
-// running elsewhere, or to a worker that died (its scope is then
-// quarantined).
+// ReportOrphans logs the loomfs containers on the engine that no live
+// loomfs process owns (sandbox.Runner.Orphans) as this program starts using
+// it: each command removes its container before it returns, so one whose
+// owner is gone was left by a worker that died (its scope is then
+// quarantined). Other calls' containers, starting or running, are not
+// reported.
 func (n *Node) ReportOrphans(ctx context.Context, r *sandbox.Runner) {
 	list, err := r.Orphans(ctx)
 	if err != nil {
@@ -390,8 +411,8 @@ func (n *Node) ReportOrphans(ctx context.Context, r *sandbox.Runner) {
 		return
 	}
 	for _, c := range list {
-		n.cfg.Log.Warn("loomfs container found at start: running elsewhere or orphaned (see loomfs quarantine list)",
+		n.cfg.Log.Warn("loomfs container found at start whose owner is gone: orphaned (see loomfs quarantine list)",
 			zap.String("container", c.Name), zap.String("state", c.State), zap.String("scope", c.Scope),
-			zap.String("node", c.Node), zap.String("call", c.Call), zap.Time("created", c.Created))
+			zap.String("node", c.Node), zap.String("call", c.Call), zap.String("owner", c.Owner), zap.Time("created", c.Created))
 	}
 }

@@ -220,7 +220,7 @@ type markerHooks struct {
 }
 
 func (h *markerHooks) Set(ctx context.Context, m Marker) error {
-	sm := store.Marker{Container: m.Container, Node: m.Node, PID: m.PID, Run: m.Run, Call: m.Call, Time: m.Time}
+	sm := store.Marker{Container: m.Container, Node: m.Node, PID: m.PID, PIDStart: m.PIDStart, Run: m.Run, Call: m.Call, Time: m.Time}
 	h.mu.Lock()
 	h.last = sm
 	h.mu.Unlock()

@@ -3,12 +3,16 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+
+	"github.com/agentloom/loomfs/store"
 )
 
 // Container is a sandbox container the engine still knows.
@@ -22,13 +26,45 @@ type Container struct {
 	Run       string    `json:"run"`
 	Call      string    `json:"call"`
 	Node      string    `json:"node"`
+	Owner     string    `json:"owner"` // LabelOwner; "" from a loomfs that did not label it
 }
 
-// Orphans lists every container on the engine that carries loomfs labels,
-// running or not: the containers of commands in flight, and, since Run
-// removes what it starts, any left over from a crash or an unconfirmed
-// cleanup.
-func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
+// Owner names a process on this node for good: its pid and its start time.
+type Owner struct {
+	PID   int
+	Start uint64 // clock ticks after boot
+}
+
+// self is this process.
+func self() Owner {
+	pid := os.Getpid()
+	start, _ := procStart(pid)
+	return Owner{PID: pid, Start: start}
+}
+
+// String is the LabelOwner value, "PID:START".
+func (o Owner) String() string { return fmt.Sprintf("%d:%d", o.PID, o.Start) }
+
+// parseOwner reads a LabelOwner value.
+func parseOwner(s string) (Owner, bool) {
+	p, st, ok := strings.Cut(s, ":")
+	pid, err1 := strconv.Atoi(p)
+	start, err2 := strconv.ParseUint(st, 10, 64)
+	if !ok || err1 != nil || err2 != nil || pid <= 0 {
+		return Owner{}, false
+	}
+	return Owner{PID: pid, Start: start}, true
+}
+
+// Alive reports whether the owner still runs: the engine is local, so the
+// owner of one of its containers is a process of this node.
+func (o Owner) Alive() bool { return HolderAlive(store.Holder{PID: o.PID, Start: o.Start}) }
+
+// Containers lists every container on the engine that carries loomfs
+// labels, running or not: the containers of commands and session
+// sandboxes in flight, and, since Run removes what it starts, any left
+// over from a crash or an unconfirmed cleanup.
+func (r *Runner) Containers(ctx context.Context) ([]Container, error) {
 	list, err := r.cli.ContainerList(ctx, container.ListOptions{
 		All:     true,
 		Filters: filters.NewArgs(filters.Arg("label", LabelScopeHash)),
@@ -46,7 +82,27 @@ func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
 			ID: c.ID, Name: name, State: c.State, Created: time.Unix(c.Created, 0).UTC(),
 			Scope: c.Labels[LabelScope], ScopeHash: c.Labels[LabelScopeHash],
 			Run: c.Labels[LabelRun], Call: c.Labels[LabelCall], Node: c.Labels[LabelNode],
+			Owner: c.Labels[LabelOwner],
 		})
+	}
+	return out, nil
+}
+
+// Orphans lists the loomfs containers on the engine that no live loomfs
+// process owns: their owner (LabelOwner) has exited, or they carry none.
+// Another call's container, starting or running, is not one of them,
+// whatever its state.
+func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
+	all, err := r.Containers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Container
+	for _, c := range all {
+		if o, ok := parseOwner(c.Owner); ok && o.Alive() {
+			continue
+		}
+		out = append(out, c)
 	}
 	return out, nil
 }

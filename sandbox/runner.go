@@ -37,6 +37,10 @@ const (
 	LabelRun       = "io.loomfs.run"
 	LabelCall      = "io.loomfs.call"
 	LabelNode      = "io.loomfs.node"
+	// LabelOwner names the loomfs process that created the container,
+	// "PID:START" (START in clock ticks since boot), so that a container
+	// found later is told from an orphan by whether its owner still runs.
+	LabelOwner = "io.loomfs.owner"
 )
 
 // Defaults for a zero Config field.
@@ -160,6 +164,7 @@ type Runner struct {
 	cli     *client.Client
 	cfg     Config
 	seccomp string // the profile's JSON (SeccompProfile)
+	owner   Owner  // this process, in LabelOwner and markers
 }
 
 // NewRunner connects to the engine named by cfg and checks that it answers.
@@ -177,7 +182,7 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cli: cli, cfg: cfg, seccomp: profile}, nil
+	return &Runner{cli: cli, cfg: cfg, seccomp: profile, owner: self()}, nil
 }
 
 // Close releases the engine connection.
@@ -228,6 +233,7 @@ type Marker struct {
 	Scope     string    `json:"scope"`
 	Time      time.Time `json:"time"`
 	PID       int       `json:"pid"`
+	PIDStart  uint64    `json:"pid_start_ticks"` // with PID, names this process for good
 }
 
 // MarkerHooks persists a scope's execution marker. Set is called before the
@@ -279,7 +285,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 		return res, fmt.Errorf("%w: container name %q", ErrInvalidRequest, res.ContainerName)
 	}
 	m := Marker{Container: res.ContainerName, Node: r.cfg.Node, Run: req.Run, Call: req.Call,
-		Scope: req.Scope, Time: began.UTC(), PID: os.Getpid()}
+		Scope: req.Scope, Time: began.UTC(), PID: r.owner.PID, PIDStart: r.owner.Start}
 	if err := req.Marker.Set(ctx, m); err != nil {
 		// No container was requested, so a half-written marker may go.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CleanupTimeout)
@@ -501,6 +507,7 @@ func (r *Runner) containerConfig(req Request) (*container.Config, *container.Hos
 		Labels: map[string]string{
 			LabelScope: req.Scope, LabelScopeHash: req.ScopeHash,
 			LabelRun: req.Run, LabelCall: req.Call, LabelNode: r.cfg.Node,
+			LabelOwner: r.owner.String(),
 		},
 	}
 	hc := &container.HostConfig{

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/docker/docker/api/types/container"
 )
 
 func TestCheckHost(t *testing.T) {
@@ -556,8 +559,9 @@ func TestMissingImageRefused(t *testing.T) {
 	}
 }
 
-// TestOrphansAndContainerConfig inspects a running container: its labels,
-// explicit bind mounts and host config, and that Orphans reports it.
+// TestOrphansAndContainerConfig inspects a running container: its labels
+// (its owner, this process, among them), explicit bind mounts and host
+// config, and that Containers lists it and Orphans does not.
 func TestOrphansAndContainerConfig(t *testing.T) {
 	r := newTestRunner(t, Config{Memory: 256 << 20, PidsLimit: 100, TmpSize: 16 << 20})
 	req, m := newRequest(t, "sleep 60")
@@ -572,7 +576,7 @@ func TestOrphansAndContainerConfig(t *testing.T) {
 
 	var found Container
 	for deadline := time.Now().Add(20 * time.Second); found.ID == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		list, err := r.Orphans(context.Background())
+		list, err := r.Containers(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -584,10 +588,20 @@ func TestOrphansAndContainerConfig(t *testing.T) {
 	}
 	if found.ID == "" {
 		cancel()
-		t.Fatal("Orphans never listed the running container")
+		t.Fatal("Containers never listed the running container")
 	}
-	if found.Scope != req.Scope || found.Run != "run-1" || found.Call != "call-1" || found.Node != testNode || !strings.HasPrefix(found.Name, "loomfs-") {
-		t.Errorf("orphan %+v", found)
+	if found.Scope != req.Scope || found.Run != "run-1" || found.Call != "call-1" || found.Node != testNode || !strings.HasPrefix(found.Name, "loomfs-") ||
+		found.Owner != fmt.Sprintf("%d:%d", os.Getpid(), self().Start) || self().Start == 0 {
+		t.Errorf("container %+v", found)
+	}
+	orphans, err := r.Orphans(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range orphans {
+		if c.ID == found.ID {
+			t.Errorf("a running command's container, its owner alive, is listed as an orphan: %+v", c)
+		}
 	}
 	if ok, err := r.ContainerExists(context.Background(), found.Name); !ok || err != nil {
 		t.Errorf("ContainerExists(%s) = %v, %v", found.Name, ok, err)
@@ -630,10 +644,76 @@ func TestOrphansAndContainerConfig(t *testing.T) {
 	if _, clears := m.counts(); clears != 1 {
 		t.Fatalf("marker cleared %d times", clears)
 	}
-	list, _ := r.Orphans(context.Background())
+	list, _ := r.Containers(context.Background())
 	for _, c := range list {
 		if c.ScopeHash == req.ScopeHash {
 			t.Fatalf("still listed after Run returned: %+v", c)
+		}
+	}
+	if ms := m.set; len(ms) != 1 || ms[0].PID != os.Getpid() || ms[0].PIDStart != self().Start {
+		t.Errorf("the marker does not name this process: %+v", ms)
+	}
+}
+
+// TestOrphansByOwner: a container is an orphan only when no live process
+// owns it. Containers of a live owner, created or running, are not; one
+// whose owner exited is, and so is one that names no owner.
+func TestOrphansByOwner(t *testing.T) {
+	r := newTestRunner(t, Config{})
+	ctx := context.Background()
+	gone := exec.Command("sleep", "0.3")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	goneStart, ok := procStart(gone.Process.Pid)
+	gone.Wait()
+	if !ok {
+		t.Fatal("no start time of a running process")
+	}
+	cases := []struct {
+		name   string
+		owner  string
+		start  bool
+		orphan bool
+	}{
+		{"created, owner alive", self().String(), false, false},
+		{"running, owner alive", self().String(), true, false},
+		{"running, owner exited", Owner{PID: gone.Process.Pid, Start: goneStart}.String(), true, true},
+		{"running, a later process with the owner's pid", Owner{PID: os.Getpid(), Start: self().Start + 1}.String(), true, true},
+		{"created, no owner named", "", false, true},
+	}
+	ids := map[string]string{}
+	for _, c := range cases {
+		req, _ := newRequest(t, "sleep 60")
+		cc, hc := r.containerConfig(req)
+		cc.Labels[LabelOwner] = c.owner
+		if c.owner == "" {
+			delete(cc.Labels, LabelOwner)
+		}
+		hc.Mounts = nil
+		created, err := r.cli.ContainerCreate(ctx, cc, hc, nil, nil, NewContainerName(req.ScopeHash))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.removeConfirmed(context.Background(), created.ID) })
+		if c.start {
+			if err := r.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids[created.ID] = c.name
+	}
+	orphans, err := r.Orphans(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, o := range orphans {
+		listed[ids[o.ID]] = true
+	}
+	for _, c := range cases {
+		if listed[c.name] != c.orphan {
+			t.Errorf("%s: orphan %v, want %v", c.name, listed[c.name], c.orphan)
 		}
 	}
 }

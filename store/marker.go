@@ -23,15 +23,18 @@ const (
 // Marker records a command in flight: written before its container starts,
 // removed only once the engine confirmed the container is gone.
 type Marker struct {
-	Scope     string    `json:"scope"`
-	ScopeHash string    `json:"scope_hash"`
-	Container string    `json:"container_name"`
-	Node      string    `json:"node"`
-	PID       int       `json:"pid"`
-	Run       string    `json:"run,omitempty"`
-	Call      string    `json:"call,omitempty"`
-	Time      time.Time `json:"time"`
-	Reason    string    `json:"reason,omitempty"`
+	Scope     string `json:"scope"`
+	ScopeHash string `json:"scope_hash"`
+	Container string `json:"container_name"`
+	Node      string `json:"node"`
+	PID       int    `json:"pid"`
+	// PIDStart is the owning process's start time in clock ticks since
+	// boot (see Holder.Start): with PID, it names the owner for good.
+	PIDStart uint64    `json:"pid_start_ticks,omitempty"`
+	Run      string    `json:"run,omitempty"`
+	Call     string    `json:"call,omitempty"`
+	Time     time.Time `json:"time"`
+	Reason   string    `json:"reason,omitempty"`
 	// Holders are the processes, not loomfs's own, that still held the
 	// command's projection after its container was removed.
 	Holders []Holder `json:"holders,omitempty"`
