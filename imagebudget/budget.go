@@ -148,3 +148,10 @@ func (b *Budget) Used() int64 {
 	defer b.mu.Unlock()
 	return b.used
 }
+
+// Waiting returns how many charges wait for the budget now.
+func (b *Budget) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiters)
+}
