@@ -2,6 +2,7 @@ package imagebudget_test
 
 import (
 	"bytes"
+	"cmp"
 	"compress/zlib"
 	"encoding/binary"
 	"errors"
@@ -18,7 +19,7 @@ import (
 	"github.com/agentloom/loomfs/imagebudget"
 )
 
-const testW, testH = 301, 203 // odd, so padding to blocks shows
+const testW, testH = 1201, 803 // odd, so padding to blocks shows
 
 // pngOf is a valid testW×testH PNG of colour type ct and depth, with a
 // tRNS chunk if trns, Adam7-interlaced if interlaced.
@@ -100,7 +101,8 @@ func decodeAlloc(t *testing.T, data []byte) uint64 {
 
 // TestEstimate: for each kind of image the decoders treat differently,
 // the estimate is at least what decoding it allocates, and not more than
-// twice that (beside the fixed overhead): the budget is neither exceeded
+// twice that (beside the fixed overhead; the images are large enough for
+// the pixels to outweigh what a decoder allocates whatever their size): the budget is neither exceeded
 // nor wasted.
 func TestEstimate(t *testing.T) {
 	rgba := image.NewRGBA(image.Rect(0, 0, testW, testH))
@@ -152,8 +154,12 @@ func TestEstimate(t *testing.T) {
 			if uint64(est.Decode) < got {
 				t.Errorf("estimated %d bytes, decode allocated %d", est.Decode, got)
 			}
-			if uint64(pixels) > 2*got {
-				t.Errorf("estimated %d bytes beside the overhead, over twice the %d decode allocated", pixels, got)
+			// Whether a colour-indexing transform copies a lossless WebP's
+			// pixels is known only once its sub-images are decoded, so
+			// the estimate counts the copy; this image has none.
+			slack := map[string]float64{"WebP lossless": 2.5}[c.name]
+			if slack = cmp.Or(slack, 2); float64(pixels) > slack*float64(got) {
+				t.Errorf("estimated %d bytes beside the overhead, over %g times the %d decode allocated", pixels, slack, got)
 			}
 		})
 	}
