@@ -147,7 +147,7 @@ func (s *stager) run(ctx context.Context, into string, srcs []Source) error {
 // one object.
 func fatal(err error) bool {
 	switch policy.CodeOf(err) {
-	case policy.AuditUnavailable, policy.VolumeUnavailable, policy.Quarantined, policy.Cancelled, policy.Internal:
+	case policy.AuditUnavailable, policy.VolumeUnavailable, policy.NoSpace, policy.Quarantined, policy.Cancelled, policy.Internal:
 		return true
 	}
 	return false
@@ -421,7 +421,7 @@ func (p *Platform) record(ctx context.Context, ev audit.Event) error {
 	ev.Actor = p.Actor
 	ev.Scope = p.WS.Scope().Hash()
 	if err := sink.Record(ctx, ev); err != nil {
-		return &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written, so nothing more is done: " + err.Error(), Err: err}
+		return policy.Unavailable(policy.AuditUnavailable, "the audit log", err)
 	}
 	return nil
 }
