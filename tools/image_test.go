@@ -468,7 +468,8 @@ func imageMemoryChild(t *testing.T, mode string) (int64, []byte) {
 
 // TestReadImageMemoryChild is TestReadImageMemory's child: it reads the
 // hostile images as LOOMFS_IMAGE_MEMORY says (one: each in turn; four:
-// four callers at once, each through all of them) and prints its VmHWM.
+// four callers at once, each through all of them) and prints its VmHWM;
+// dump only writes them into LOOMFS_IMAGE_DIR.
 func TestReadImageMemoryChild(t *testing.T) {
 	mode := os.Getenv("LOOMFS_IMAGE_MEMORY")
 	if mode == "" {
@@ -476,10 +477,17 @@ func TestReadImageMemoryChild(t *testing.T) {
 	}
 	tb, root := newBox(t, nil)
 	imgs := hostileImages(t)
+	if mode == "dump" { // bench/image-memory.sh reads them with loomfs tool
+		root = os.Getenv("LOOMFS_IMAGE_DIR")
+	}
 	for i, c := range imgs {
 		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("h%d.img", i)), c.make(t), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		fmt.Printf("image h%d.img: %s\n", i, c.name)
+	}
+	if mode == "dump" {
+		return
 	}
 	// Count the reads, not the making of the images: collect, then
 	// reset the high-water mark to what is resident now.
