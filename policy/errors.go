@@ -38,7 +38,16 @@ const (
 	// filesystem's own quota for the service is spent (EDQUOT from the
 	// backing store). QuotaExceeded is the policy's limit; this is the
 	// operator's volume. Reads go on working.
-	NoSpace            Code = "no_space"
+	NoSpace Code = "no_space"
+	// VolumeReserved answers growth of a scope whose priority class is
+	// below its watermark on a volume near full (seed 001 §5.3): the
+	// volume keeps its last room for higher-priority work. Reads, deletes
+	// and truncations go on working.
+	VolumeReserved Code = "volume_reserved"
+	// DeniedByHook answers a call a tool.before hook of the platform
+	// denied, or one whose hook failed (it fails closed); the message
+	// gives the hook's reason.
+	DeniedByHook       Code = "denied_by_hook"
 	Conflict           Code = "conflict"
 	AmbiguousEdit      Code = "ambiguous_edit"
 	NoMatch            Code = "no_match"
@@ -210,6 +219,7 @@ var errnos = map[Code]syscall.Errno{
 	ReadOnly:           syscall.EROFS,
 	TooLarge:           syscall.EFBIG,
 	QuotaExceeded:      syscall.EDQUOT,
+	VolumeReserved:     syscall.ENOSPC,
 	Conflict:           syscall.EBUSY,
 	Timeout:            syscall.ETIMEDOUT,
 	Quarantined:        syscall.EROFS,

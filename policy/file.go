@@ -45,6 +45,22 @@ import (
 //	  process_output_bytes: 1 MiB  # output kept per process for workspace_process_read
 //	  io_bytes_per_s: 50 MiB  # per scope, both doors; over it I/O is delayed, never refused
 //	  io_ops_per_s: 5000      # filesystem requests and tool calls per second
+//	priority: normal        # class of a scope no run gives one: low, normal or high
+//	limits_by_priority:     # a class's limits, laid over limits
+//	  high:
+//	    scope_bytes: 20 GiB
+//	  low:
+//	    scope_bytes: 1 GiB
+//	volume_reserve_low: 10%      # below this much free room low scopes can't grow
+//	volume_reserve_normal: 2 GiB # nor normal ones below this; high ones go on
+//	hooks:                  # command hooks of the tool door (Claude Code's shape)
+//	  before:
+//	    - tools: [workspace_write, workspace_apply_patch]  # omitted: every tool
+//	      command: [/usr/local/bin/check-call, --strict]   # no shell unless sh -c
+//	      timeout: 5s
+//	      rewrite: false     # true: stdout may give the call new arguments
+//	  after:
+//	    - command: [sh, -c, "cat >> /var/log/calls.jsonl"]
 //
 // The search limits (list_entries, glob_results, grep_matches, grep_scan,
 // grep_line, regex_timeout, grep_budget, walk_entries) and the image limits
@@ -211,8 +227,14 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		symlinks   Symlinks
 		cache      Cache
 		commands   Commands
+		priority   Priority
+		byPriority *yaml.Node
+		reserve    = map[string]Watermark{}
+		hooks      Hooks
 	)
-	err := p.mapping(root, "the policy file", []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache", "commands"}, func(key string, k, v *yaml.Node) error {
+	known := []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache", "commands",
+		"priority", "limits_by_priority", "volume_reserve_low", "volume_reserve_normal", "hooks"}
+	err := p.mapping(root, "the policy file", known, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
 			if v.Kind != yaml.ScalarNode || v.Value != "1" {
@@ -265,6 +287,32 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			if commands != CommandsFresh && commands != CommandsSession {
 				return p.errf(v, "commands %q is not one of fresh, session", s)
 			}
+		case "priority":
+			s, err := p.str(v, "priority")
+			if err != nil {
+				return err
+			}
+			if priority, err = ParsePriority(s); err != nil || s == "" {
+				return p.errf(v, "priority %q is not one of low, normal, high", s)
+			}
+		case "limits_by_priority":
+			byPriority = v
+		case "volume_reserve_low", "volume_reserve_normal":
+			s, err := p.str(v, key)
+			if err != nil {
+				return err
+			}
+			w, err := ParseWatermark(s)
+			if err != nil {
+				return p.errf(v, "%s: %v (write e.g. 10%% or 2 GiB)", key, err)
+			}
+			reserve[key] = w
+		case "hooks":
+			h, err := p.hooks(v)
+			if err != nil {
+				return err
+			}
+			hooks = h
 		}
 		return nil
 	})
@@ -280,6 +328,18 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			return nil, err
 		}
 	}
+	if byPriority != nil {
+		if err := p.limitsByPriority(byPriority, pol); err != nil {
+			return nil, err
+		}
+	}
+	low, normal := reserve["volume_reserve_low"], reserve["volume_reserve_normal"]
+	if (low.Percent > 0) == (normal.Percent > 0) && low.Of(100) < normal.Of(100) {
+		return nil, p.errf(root, "volume_reserve_low (%s) is less than volume_reserve_normal (%s): low-priority work must stop first", low, normal)
+	}
+	pol.VolumeReserveLow, pol.VolumeReserveNormal = low, normal
+	pol.Priority = priority
+	pol.Hooks = hooks
 	if err := p.merge(pol, entries); err != nil {
 		return nil, err
 	}
@@ -296,6 +356,98 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		pol.Commands = commands
 	}
 	return pol, nil
+}
+
+// limitsByPriority reads limits_by_priority: each class's keys laid over
+// the file's limits. A class the file does not name keeps those.
+func (p *parser) limitsByPriority(n *yaml.Node, pol *Policy) error {
+	by := map[Priority]Limits{}
+	for _, c := range Priorities {
+		by[c] = pol.Limits
+	}
+	err := p.mapping(n, "limits_by_priority", []string{"low", "normal", "high"}, func(key string, k, v *yaml.Node) error {
+		l := by[Priority(key)]
+		if err := p.limits(v, &l); err != nil {
+			return err
+		}
+		by[Priority(key)] = l
+		return nil
+	})
+	pol.LimitsByPriority = by
+	return err
+}
+
+// hooks reads the hooks section: before and after, each a list of
+// command hooks.
+func (p *parser) hooks(n *yaml.Node) (Hooks, error) {
+	var h Hooks
+	err := p.mapping(n, "hooks", []string{"before", "after"}, func(key string, k, v *yaml.Node) error {
+		if v.Kind != yaml.SequenceNode {
+			return p.errf(v, "hooks.%s must be a list of entries like \"- command: [program, arg]\"", key)
+		}
+		for _, item := range v.Content {
+			c, err := p.hook(deref(item), key)
+			if err != nil {
+				return err
+			}
+			if key == "before" {
+				h.Before = append(h.Before, c)
+			} else {
+				h.After = append(h.After, c)
+			}
+		}
+		return nil
+	})
+	return h, err
+}
+
+func (p *parser) hook(n *yaml.Node, when string) (HookCommand, error) {
+	var c HookCommand
+	known := []string{"tools", "command", "timeout"}
+	if when == "before" {
+		known = append(known, "rewrite")
+	}
+	list := func(v *yaml.Node, what string) ([]string, error) {
+		if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+			return nil, p.errf(v, "%s must be a non-empty list, e.g. [workspace_write]", what)
+		}
+		var out []string
+		for _, x := range v.Content {
+			s, err := p.str(deref(x), what)
+			if err != nil {
+				return nil, err
+			}
+			if s == "" {
+				return nil, p.errf(x, "%s: an empty entry", what)
+			}
+			out = append(out, s)
+		}
+		return out, nil
+	}
+	err := p.mapping(n, "a hook", known, func(key string, k, v *yaml.Node) error {
+		var err error
+		switch key {
+		case "tools":
+			c.Tools, err = list(v, "tools")
+		case "command":
+			c.Command, err = list(v, "command")
+		case "timeout":
+			c.Timeout, err = p.duration(v, "timeout")
+		case "rewrite":
+			c.Rewrite, err = p.boolean(v, "rewrite")
+		}
+		return err
+	})
+	if err != nil {
+		return c, err
+	}
+	if len(c.Command) == 0 {
+		return c, p.errf(n, "a hook needs a command, e.g. \"command: [/usr/local/bin/check, --strict]\" (no shell unless you write [sh, -c, ...])")
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultHookTimeout
+	}
+	return c, nil
 }
 
 func (p *parser) str(n *yaml.Node, what string) (string, error) {

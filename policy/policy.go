@@ -71,6 +71,18 @@ type Policy struct {
 	// the standard preset's, and every rule's of a policy file unless it
 	// says "create: false". Set it with SetLayout.
 	Layout []string
+	// Priority is the class of a scope no run gives one (priority.go);
+	// "" is normal. ForPriority applies a class.
+	Priority Priority
+	// LimitsByPriority holds each class's limits when the policy file
+	// sets limits_by_priority: the file's limits with the class's keys
+	// laid over them.
+	LimitsByPriority map[Priority]Limits
+	// VolumeReserveLow and VolumeReserveNormal are the free room the
+	// volume keeps from low and from normal scopes (CheckVolume).
+	VolumeReserveLow, VolumeReserveNormal Watermark
+	// Hooks are the command hooks of the tool door (hooks.go).
+	Hooks Hooks
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
