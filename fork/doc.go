@@ -1,0 +1,38 @@
+// Package fork copies a scope into another as of a snapshot (Fork) and
+// brings the copy's changes back with a three-way comparison against that
+// snapshot (Merge), per file, with the base's hash as the expected one, so
+// a change made in the source since the fork is never overwritten.
+//
+// It reads and writes scopes only through package store and takes file
+// contents from the snapshot store's blobs (package snapshot); it never
+// copies a hidden or write-only subtree of the source into a scope where
+// it would be readable, and never carries content into a read-only or
+// hidden subtree of the target.
+//
+// # The fork's base
+//
+// A fork's record (RecordFile in the fork's state directory, outside every
+// projection) names the source scope and snapshot and lists every entry
+// the fork received, with its sha256 and what fstat said of the fork's
+// copy right after it was made (inode, size, times). A file whose fstat
+// still says the same is unchanged and is not read again by Merge or
+// Status; anything else is hashed. After a merge the paths it brought over
+// (or found already the same) take the fork's state as their new base.
+//
+// # Cost
+//
+// File data comes from the blobs by FICLONE where the filesystem shares
+// extents (XFS with reflink=1, btrfs), so a fork writes only metadata
+// there; elsewhere it is copied (copy_file_range). Blobs are named by
+// their content and checked when stored; a fork checks each one's size,
+// not its hash.
+//
+// # What a merge carries
+//
+// Regular files (created, changed, deleted) are applied as one change set
+// under the target's scope lock (store.Workspace.ApplyChanges: an intent
+// record, all or none). Directories the fork made empty are made after it,
+// and directories it removed are removed when they are empty in the target
+// too. Emulated links and permission bits are not carried: a link change
+// is listed as skipped, and a new file gets the store's 0600.
+package fork

@@ -1,0 +1,127 @@
+package fork
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/snapshot"
+	"github.com/agentloom/loomfs/store"
+)
+
+// RecordFile is a fork's record in its scope's state directory.
+const RecordFile = "fork.json"
+
+const recordVersion = 1
+
+// Record is what a scope was forked from: the source and snapshot, and
+// the base every merge compares against.
+type Record struct {
+	Version  int                `json:"version"`
+	From     store.Scope        `json:"from"`
+	Snapshot string             `json:"snapshot"`
+	Created  time.Time          `json:"created"`
+	Clone    string             `json:"clone"` // "reflink" or "copy": how file data came over
+	Entries  []Entry            `json:"entries"`
+	Skipped  []snapshot.Skipped `json:"skipped,omitempty"`
+}
+
+// Entry is one path of a fork's base: the snapshot's entry, and what
+// fstat said of the fork's copy when it became the base.
+type Entry struct {
+	snapshot.Entry
+	Ino   uint64 `json:"ino,omitempty"`
+	CTime int64  `json:"ctime_ns,omitempty"`
+	FSize int64  `json:"fsize,omitempty"` // the fork copy's size (a link's is its target's)
+	FMod  int64  `json:"fmtime_ns,omitempty"`
+}
+
+// unchanged reports whether st still describes the fork's copy of e.
+func (e *Entry) unchanged(st *unix.Stat_t) bool {
+	return e.Ino != 0 && st.Ino == e.Ino && st.Size == e.FSize && st.Mtim.Nano() == e.FMod && st.Ctim.Nano() == e.CTime
+}
+
+func (e *Entry) setStat(st *unix.Stat_t) {
+	e.Ino, e.FSize, e.FMod, e.CTime = st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()
+}
+
+// ReadRecord returns the record of the fork scope sc; a scope that is no
+// fork answers not_found.
+func ReadRecord(vol *store.Volume, sc store.Scope) (*Record, error) {
+	dir, err := vol.ScopeState(sc)
+	if err != nil {
+		return nil, fmt.Errorf("open the state of %s: %w", sc, err)
+	}
+	defer dir.Close()
+	fd, err := unix.Openat(int(dir.Fd()), RecordFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, policy.Errorf(policy.NotFound, "scope %s is not a fork: fork it first (loomfs fork --from SCOPE --to %s)", sc, sc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the fork record of %s: %w", sc, err)
+	}
+	f := os.NewFile(uintptr(fd), RecordFile)
+	defer f.Close()
+	var r Record
+	if err := json.NewDecoder(f).Decode(&r); err != nil {
+		return nil, fmt.Errorf("the fork record of %s is damaged: %w", sc, err)
+	}
+	if r.Version != recordVersion {
+		return nil, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d", sc, r.Version, recordVersion)
+	}
+	return &r, nil
+}
+
+// writeRecord replaces the record of scope sc atomically: a temporary file
+// fsynced, renamed over the old one, the directory fsynced.
+func writeRecord(vol *store.Volume, sc store.Scope, r *Record) error {
+	dir, err := vol.ScopeState(sc)
+	if err != nil {
+		return fmt.Errorf("open the state of %s: %w", sc, err)
+	}
+	defer dir.Close()
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf(".%s.%d.tmp", RecordFile, os.Getpid())
+	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write the fork record of %s: %w", sc, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), RecordFile)
+	}
+	if err != nil {
+		unix.Unlinkat(int(dir.Fd()), tmp, 0)
+		return fmt.Errorf("write the fork record of %s: %w", sc, err)
+	}
+	return dir.Sync()
+}
+
+// removeRecord removes the record of scope sc, if any.
+func removeRecord(vol *store.Volume, sc store.Scope) error {
+	dir, err := vol.ScopeState(sc)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	if err := unix.Unlinkat(int(dir.Fd()), RecordFile, 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
