@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/hooks"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -110,6 +111,9 @@ type Toolbox struct {
 	// TraceID and Actor are copied into every audit record.
 	TraceID string
 	Actor   audit.Actor
+	// Hooks are the platform's tool.before and tool.after hooks (package
+	// hooks); nil runs none.
+	Hooks *hooks.Chain
 
 	inflight sync.WaitGroup
 }
@@ -138,7 +142,7 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 }
 
 // audited runs the call between its audit records.
-func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.RawMessage) (res json.RawMessage, err error) {
 	begun := time.Now()
 	h, ok := handlers[name]
 	if !ok {
@@ -149,6 +153,11 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	}
 	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
 	fields, ferr := topFields(name, input)
+	if ferr == nil && !t.Hooks.Empty() {
+		// The hooks see validated arguments; a rewrite is validated again.
+		input, fields, ferr = t.before(ctx, name, callID, input, &ev)
+		defer func() { t.after(ctx, name, callID, input, res, err) }()
+	}
 	json.Unmarshal(fields["path"], &ev.Path)
 	// A change is recorded before it is made ("started"), so nothing
 	// changes unrecorded. A read changes nothing, and input refused before
@@ -162,8 +171,7 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 		start = t.recordStart(ctx, name, started)
 	}
 
-	var res json.RawMessage
-	err := ferr
+	err = ferr
 	if err == nil {
 		res, err = t.callWithin(ctx, h, name, callID, input, start)
 		// The scope's I/O limits (throttle): the call's bytes are its
