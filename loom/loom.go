@@ -13,6 +13,7 @@ import (
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/budget"
 	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/hooks"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/process"
 	"github.com/agentloom/loomfs/sandbox"
@@ -35,12 +36,20 @@ type Config struct {
 	// program; a nodeservice.Client reaches another program's (loomfs
 	// serve) instead.
 	Processes tools.ProcessRunner
-	Log       *zap.Logger // nil: discarded
+	// Hooks are the platform's tool.before and tool.after Go hooks
+	// (package hooks), run before the policy file's command hooks on every
+	// session's tool calls. nil: the policy's alone.
+	Hooks *hooks.Chain
+	Log   *zap.Logger // nil: discarded
 }
 
 // Node is loomfs on one worker. It is safe for concurrent use.
 type Node struct {
 	cfg Config
+
+	hooksOnce sync.Once
+	hooks     *hooks.Chain
+	hooksErr  error
 
 	once   sync.Once
 	runner *sandbox.Runner
@@ -192,6 +201,10 @@ type Session struct {
 // Open opens scope (as OpenWorkspace names it) and its audit log. The
 // engine is reached only when a command or process first runs.
 func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
+	chain, err := n.toolHooks()
+	if err != nil {
+		return nil, err
+	}
 	ws, done, err := n.OpenWorkspace(ctx, scope)
 	if err != nil {
 		return nil, err
@@ -219,6 +232,7 @@ func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
 		Processes: procs,
 		Actor:     Actor(ws.Scope()),
 		Log:       n.cfg.Log,
+		Hooks:     chain,
 	}
 	s.close = func() {
 		s.cmds.close()
@@ -228,6 +242,23 @@ func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
 		done()
 	}
 	return s, nil
+}
+
+// toolHooks is the sessions' hook chain: the Config's Go hooks, then the
+// policy file's command hooks. nil when there are none, so a call pays
+// nothing for them.
+func (n *Node) toolHooks() (*hooks.Chain, error) {
+	n.hooksOnce.Do(func() {
+		cmds, err := hooks.FromPolicy(n.cfg.Policy.Hooks, tools.Names)
+		if err != nil {
+			n.hooksErr = &policy.Error{Code: policy.InvalidInput, Message: "the policy's hooks: " + err.Error(), Err: err}
+			return
+		}
+		if ch := hooks.Join(n.cfg.Hooks, cmds); !ch.Empty() {
+			n.hooks = ch
+		}
+	})
+	return n.hooks, n.hooksErr
 }
 
 // Close closes the session's workspace and audit log. A program that
