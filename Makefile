@@ -10,7 +10,7 @@ FUZZTIME  ?= 400000x
 FUZZMINIMIZE ?= 2000x
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test test-dfs unit fuzz lint bench demo setup clean
+.PHONY: all build test test-dfs unit fuzz faults lint bench demo setup clean
 
 all: build
 
@@ -21,11 +21,12 @@ build:
 SANDBOX_E2E ?= TestProcessesAcrossCallers|TestServiceKilledWithLiveSession|TestSessionCommandsThroughTheService|TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
 
 ## test: vet, race-enabled tests of every package, the sandbox tests again
-## under gVisor (runsc, registered by scripts/setup), a short fuzz of the
-## path validator.
+## under gVisor (runsc, registered by scripts/setup), the CI slice of the
+## fault matrix (RELIABILITY.md), a short fuzz of the path validator.
 test: build
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/faults$$)
+	LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/faults/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/ ./process/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m -run '^($(SANDBOX_E2E))$$' ./test/
 	$(MAKE) fuzz
@@ -33,6 +34,11 @@ test: build
 ## fuzz: a short fuzz of the path validator; prints the final execution count, fails if it stalls.
 fuzz:
 	GO=$(GO) bash scripts/fuzz FuzzCleanPath ./policy/ $(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZE)
+
+## faults: the whole fault matrix (RELIABILITY.md): every call site of every
+## door under each errno and a kill, and the device cases; root, strace.
+faults: build
+	LOOMFS_BIN=$(CURDIR)/$(BIN) LOOMFS_FAULTS=full $(GO) test -count=1 -timeout 4h ./test/faults/
 
 ## test-dfs: the shared-volume tests on two clients of a single-host CephFS (root; scripts/cephfs), and the
 ## peer probe's negative control on GlusterFS (scripts/glusterfs), each taken down after.
