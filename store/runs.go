@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -48,6 +49,9 @@ type RunSpec struct {
 	Space, Agent, Session string
 	Run                   string
 	User                  string // the authenticated user who started the run
+	// Priority is the run's class (policy.Priority); "" leaves it to the
+	// policy's default when the run is opened.
+	Priority policy.Priority
 }
 
 // Binding is a run's record: where its files are, fixed at creation.
@@ -61,6 +65,9 @@ type Binding struct {
 	Session       string    `json:"session"`
 	User          string    `json:"user"`
 	Created       time.Time `json:"created"`
+	// Priority is the run's class; "" (a binding from before priorities)
+	// is the policy's default.
+	Priority policy.Priority `json:"priority,omitempty"`
 }
 
 // MainScope is the scope of the session's main agent, which every run of
@@ -119,6 +126,11 @@ func (s RunSpec) validate() error {
 	if err := sc.Validate(); err != nil {
 		return err
 	}
+	if s.Priority != "" {
+		if _, err := policy.ParsePriority(string(s.Priority)); err != nil {
+			return err
+		}
+	}
 	return ValidateUser(s.User)
 }
 
@@ -161,7 +173,7 @@ func CreateRun(ctx context.Context, cfg Config, spec RunSpec) (*Binding, error) 
 
 	now := time.Now().UTC()
 	b := &Binding{RunID: spec.Run, Backend: backend, VolumeID: volumeID, LayoutVersion: LayoutVersion,
-		Space: spec.Space, Agent: spec.Agent, Session: spec.Session, User: spec.User, Created: now}
+		Space: spec.Space, Agent: spec.Agent, Session: spec.Session, User: spec.User, Created: now, Priority: spec.Priority}
 	name := spec.Run + ".json"
 	// An existing binding is answered before the session is bound, so a
 	// refused request records nothing; the create below settles races.
@@ -440,7 +452,7 @@ func (r *Run) Close() error { return r.vol.Close() }
 // run, <data>/runs/<run_id> for a legacy run.
 func (r *Run) Main(ctx context.Context, pol *policy.Policy) (*Workspace, error) {
 	if r.binding != nil {
-		return r.vol.Open(ctx, r.binding.MainScope(), pol)
+		return r.vol.Open(ctx, r.binding.MainScope(), r.policy(pol))
 	}
 	return r.openLegacy(pol)
 }
@@ -450,7 +462,15 @@ func (r *Run) Instance(ctx context.Context, instance string, pol *policy.Policy)
 	if r.binding == nil {
 		return nil, policy.Errorf(policy.Unsupported, "run %s is a legacy run: its files are one directory, with no child instances", r.id)
 	}
-	return r.vol.Open(ctx, r.binding.InstanceScope(instance), pol)
+	return r.vol.Open(ctx, r.binding.InstanceScope(instance), r.policy(pol))
+}
+
+// policy is pol for the run's priority class, as its binding records it.
+func (r *Run) policy(pol *policy.Policy) *policy.Policy {
+	if pol == nil {
+		pol = policy.Default()
+	}
+	return pol.ForPriority(r.binding.Priority)
 }
 
 // openLegacy opens <data>/runs/<run_id> beneath the data directory without
@@ -481,7 +501,7 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		scope: s,
 		// Not a main scope: a legacy run never reserved "subagents", and
 		// its files must all stay reachable.
-		pol:     pol.WithScope(false),
+		pol:     pol.ForPriority("").WithScope(false),
 		dir:     os.NewFile(uintptr(fd), rel),
 		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
 		dev:     st.Dev,
@@ -531,4 +551,44 @@ func readJSONAt(dfd int, name string, v any) (bool, error) {
 		return false, fmt.Errorf("%s: %w", name, err)
 	}
 	return true, nil
+}
+
+// SessionPriorities returns the priority class of each session that has
+// run bindings on the volume, by its main scope: the highest class of its
+// runs, a run recorded without one counting as def. Reclaim takes the
+// lowest first (package retention).
+func (v *Volume) SessionPriorities(ctx context.Context, def policy.Priority) (map[Scope]policy.Priority, error) {
+	out := map[Scope]policy.Priority{}
+	dfd, err := openBeneath(int(v.root.Fd()), RunsDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err == unix.ENOENT {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", RunsDir, err)
+	}
+	dir := os.NewFile(uintptr(dfd), RunsDir)
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", RunsDir, err)
+	}
+	for _, name := range names {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		runID, ok := strings.CutSuffix(name, ".json")
+		if !ok || ValidateID("run", runID) != nil {
+			continue
+		}
+		var b Binding
+		if found, err := readJSONAt(dfd, name, &b); err != nil || !found || b.check(runID) != nil {
+			continue // not a binding this loomfs honours: it names no session
+		}
+		c := b.Priority.Or(def)
+		sc := b.MainScope()
+		if have, ok := out[sc]; !ok || c.Rank() > have.Rank() {
+			out[sc] = c
+		}
+	}
+	return out, nil
 }

@@ -239,7 +239,27 @@ func (w *Workspace) Reserve(ctx context.Context, addBytes, addFiles int64) error
 	if err != nil {
 		return err
 	}
+	if err := w.checkVolume(addBytes, addFiles); err != nil {
+		return err
+	}
 	return a.Reserve(ctx, addBytes, addFiles)
+}
+
+// checkVolume refuses growth of a scope whose priority class is below its
+// watermark on the volume (policy.CheckVolume), from the filesystem's free
+// space read at most once a second (space.go). A policy with no watermark
+// for the class reads nothing.
+func (w *Workspace) checkVolume(addBytes, addFiles int64) error {
+	if (addBytes <= 0 && addFiles <= 0) || w.pol.VolumeWatermark().IsZero() {
+		return nil
+	}
+	err := growVolume(int(w.dir.Fd()), w.dev, addBytes, func(free, total int64) error {
+		return w.pol.CheckVolume(free, total, addBytes, addFiles)
+	})
+	if err != nil && policy.CodeOf(err) != policy.VolumeReserved {
+		return policy.Unavailable(policy.VolumeUnavailable, "the volume's free space", err)
+	}
+	return err
 }
 
 // Adjust counts a change without checking it (shrinking, or undoing a

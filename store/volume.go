@@ -340,7 +340,7 @@ func (v *Volume) open(s Scope, pol *policy.Policy) (*Workspace, error) {
 	w := &Workspace{
 		vol:     v,
 		scope:   s,
-		pol:     pol.WithScope(s.Main()),
+		pol:     pol.ForPriority("").WithScope(s.Main()),
 		dir:     os.NewFile(uintptr(fd), s.Dir()),
 		state:   os.NewFile(uintptr(sfd), LocksDir+"/"+s.Hash()),
 		dev:     st.Dev,
