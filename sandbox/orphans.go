@@ -90,8 +90,10 @@ func (r *Runner) Containers(ctx context.Context) ([]Container, error) {
 
 // Orphans lists the loomfs containers on the engine that no live loomfs
 // process owns: their owner (LabelOwner) has exited, or they carry none.
-// Another call's container, starting or running, is not one of them,
-// whatever its state.
+// Another call's container, starting or running, is not one of them, nor
+// is one the engine is removing: the engine's list still shows a removed
+// container for a moment after it answered that it no longer knows it,
+// and so after its owner, having seen that answer, exited.
 func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
 	all, err := r.Containers(ctx)
 	if err != nil {
@@ -99,7 +101,7 @@ func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
 	}
 	var out []Container
 	for _, c := range all {
-		if o, ok := parseOwner(c.Owner); ok && o.Alive() {
+		if o, ok := parseOwner(c.Owner); ok && o.Alive() || c.State == "removing" {
 			continue
 		}
 		out = append(out, c)
