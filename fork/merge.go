@@ -1,0 +1,604 @@
+package fork
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/snapshot"
+	"github.com/agentloom/loomfs/store"
+)
+
+// Conflict types: what the fork and the target each did to one path since
+// the fork's base.
+const (
+	BothModified    = "both_modified"    // both changed the file, differently
+	ModifiedDeleted = "modified_deleted" // the fork changed it, the target deleted it
+	DeletedModified = "deleted_modified" // the fork deleted it, the target changed it
+	BothAdded       = "both_added"       // both made it, differently
+	TypeChanged     = "type_changed"     // a file on one side, a directory or link on another
+)
+
+// MergeOptions say what a merge carries.
+type MergeOptions struct {
+	// DryRun compares and lists, and changes nothing.
+	DryRun bool
+	// Partial applies the changes that conflict with nothing even when
+	// others do; without it a conflict or a refusal applies nothing.
+	Partial bool
+	// Paths limits the merge to these paths and what is under them.
+	Paths []string
+	// Markers writes, for each text file both sides changed, the file
+	// with conflict markers beside the target's as PATH.conflict (never
+	// over it).
+	Markers bool
+	// Call is the call id the change feed shows the merge as (one call);
+	// "" makes one.
+	Call string
+}
+
+// Applied is one change a merge brought over, or would in a dry run.
+type Applied struct {
+	Path string `json:"path"`
+	Op   string `json:"op"`             // "create", "write", "delete", "mkdir", "rmdir"
+	Base string `json:"base,omitempty"` // sha256 the target had (and the base)
+	Fork string `json:"fork,omitempty"` // sha256 the target has now
+}
+
+// Conflict is a path both sides changed since the base, with each side's
+// sha256 ("" absent, "dir" a directory, "link:SHA" an emulated link).
+type Conflict struct {
+	Path   string `json:"path"`
+	Type   string `json:"type"`
+	Base   string `json:"base"`
+	Target string `json:"target"`
+	Fork   string `json:"fork"`
+	Marker string `json:"marker,omitempty"` // the PATH.conflict written beside
+}
+
+// Refused is a change the target's policy does not take, or one a merge
+// does not carry (Skipped), with the reason.
+type Refused struct {
+	Path    string `json:"path"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// MergeResult is the outcome of a merge, or its preview.
+type MergeResult struct {
+	From      string     `json:"from"`
+	Into      string     `json:"into"`
+	Base      string     `json:"base"` // the source snapshot the fork was made from
+	DryRun    bool       `json:"dry_run"`
+	Merged    bool       `json:"merged"` // the changes listed in Applied were made
+	Call      string     `json:"call_id,omitempty"`
+	Applied   []Applied  `json:"applied"`
+	Same      []string   `json:"same,omitempty"` // changed alike on both sides
+	Conflicts []Conflict `json:"conflicts"`
+	Refused   []Refused  `json:"refused,omitempty"`
+	Skipped   []Refused  `json:"skipped,omitempty"`
+	Duration  float64    `json:"duration_s"`
+}
+
+// state is one side's view of a path.
+type state struct {
+	kind string // "", "file", "dir", "symlink"
+	sha  string
+}
+
+func (s state) String() string {
+	switch s.kind {
+	case "dir":
+		return "dir"
+	case "symlink":
+		return "link:" + s.sha
+	}
+	return s.sha
+}
+
+// forkChange is a path the fork changed since its base.
+type forkChange struct {
+	path string
+	base state
+	fork state
+	st   unix.Stat_t // the fork's copy, to become the base after a merge
+}
+
+// Merge brings what the fork scope changed since its base into target,
+// which must be the scope it was forked from. Per path: changed only in
+// the fork, it is applied with the base's sha256 as the expected one, so a
+// change in the target since is never overwritten; changed in both, it is
+// a conflict of a type above. All the files are applied as one change set
+// under the target's scope lock (and the fork's), all or none; with
+// conflicts or refusals nothing is applied unless opt.Partial. The
+// result lists everything, and err is a conflict error when the merge was
+// held back by conflicts or refusals.
+func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions) (*MergeResult, error) {
+	start := time.Now()
+	rec, err := ReadRecord(fork.Volume(), fork.Scope())
+	if err != nil {
+		return nil, err
+	}
+	if rec.From != target.Scope() {
+		return nil, policy.Errorf(policy.InvalidInput, "scope %s was forked from %s, not %s: merge it into %s", fork.Scope(), rec.From, target.Scope(), rec.From)
+	}
+	paths, err := cleanPaths(target.Policy(), opt.Paths)
+	if err != nil {
+		return nil, err
+	}
+	res := &MergeResult{From: fork.Scope().String(), Into: target.Scope().String(), Base: rec.Snapshot, DryRun: opt.DryRun,
+		Applied: []Applied{}, Conflicts: []Conflict{}}
+	if !opt.DryRun {
+		unlockFork, err := fork.Lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlockFork()
+		unlock, err := target.Lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		// The record may have moved on while this waited.
+		if rec, err = ReadRecord(fork.Volume(), fork.Scope()); err != nil {
+			return nil, err
+		}
+	}
+	changed, skipped, err := forkChanges(ctx, fork, rec, paths)
+	if err != nil {
+		return nil, err
+	}
+	res.Skipped = skipped
+
+	var changes []store.FileChange
+	var mkdirs, rmdirs []string
+	var settled []forkChange // applied or the same: they take the fork's state as base
+	for _, c := range changed {
+		tgt, err := targetState(target, c.path)
+		if err != nil {
+			res.Refused = append(res.Refused, refusal(c.path, err))
+			continue
+		}
+		if tgt == c.fork {
+			res.Same = append(res.Same, c.path)
+			settled = append(settled, c)
+			continue
+		}
+		if tgt != c.base {
+			res.Conflicts = append(res.Conflicts, Conflict{Path: c.path, Type: conflictType(c.base, tgt, c.fork), Base: c.base.String(), Target: tgt.String(), Fork: c.fork.String()})
+			continue
+		}
+		if c.fork.kind == "symlink" || c.base.kind == "symlink" {
+			res.Skipped = append(res.Skipped, Refused{Path: c.path, Code: string(policy.LinkUnsupported), Message: "a merge does not carry emulated links: make or remove it in the target yourself"})
+			continue
+		}
+		if c.base.kind != "" && c.fork.kind != "" && c.base.kind != c.fork.kind {
+			// A file became a directory or the other way: more than one
+			// change set can say; left to whoever merges by hand.
+			res.Conflicts = append(res.Conflicts, Conflict{Path: c.path, Type: TypeChanged, Base: c.base.String(), Target: tgt.String(), Fork: c.fork.String()})
+			continue
+		}
+		op := policy.OpWrite
+		if c.fork.kind == "" {
+			op = policy.OpDelete
+		}
+		if err := target.Policy().Check(op, c.path); err != nil {
+			res.Refused = append(res.Refused, refusal(c.path, err))
+			continue
+		}
+		a := Applied{Path: c.path, Base: c.base.sha, Fork: c.fork.sha}
+		switch {
+		case c.fork.kind == "dir":
+			a.Op = "mkdir"
+			mkdirs = append(mkdirs, c.path)
+		case c.base.kind == "dir":
+			a.Op = "rmdir"
+			rmdirs = append(rmdirs, c.path)
+		case c.fork.kind == "":
+			a.Op = "delete"
+			changes = append(changes, store.FileChange{Path: c.path, Delete: true, Expected: c.base.sha})
+		default:
+			a.Op = "write"
+			if c.base.kind == "" {
+				a.Op = "create"
+			}
+			if !opt.DryRun {
+				data, err := readFork(fork, c.path, c.fork.sha)
+				if err != nil {
+					return nil, err
+				}
+				changes = append(changes, store.FileChange{Path: c.path, Data: data, Expected: c.base.sha})
+			}
+		}
+		res.Applied = append(res.Applied, a)
+		settled = append(settled, c)
+	}
+
+	if !opt.DryRun && opt.Markers {
+		for i := range res.Conflicts {
+			markConflict(ctx, fork, target, &res.Conflicts[i])
+		}
+	}
+	held := len(res.Conflicts) > 0 || len(res.Refused) > 0
+	if opt.DryRun || (held && !opt.Partial) || len(settled) == 0 {
+		res.Duration = time.Since(start).Seconds()
+		if held && !opt.DryRun {
+			return res, heldBack(res)
+		}
+		return res, nil
+	}
+
+	call := opt.Call
+	if call == "" {
+		call = newCallID()
+	}
+	res.Call = call
+	actx := store.WithChange(ctx, store.Change{Source: store.SourcePlatform, Call: call})
+	if len(changes) > 0 {
+		if _, err := target.ApplyChanges(actx, changes); err != nil {
+			return nil, fmt.Errorf("merge %s into %s: %w", fork.Scope(), target.Scope(), err)
+		}
+	}
+	// Directories come after the files: new ones (their files made them
+	// already, or they are empty), then removed ones deepest first, each
+	// only when empty in the target too.
+	for _, d := range mkdirs {
+		if _, err := target.Mkdir(actx, d, true); err != nil && policy.CodeOf(err) != policy.Exists {
+			return nil, fmt.Errorf("merge %s into %s: the files were merged, making directory %s failed: %w", fork.Scope(), target.Scope(), d, err)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(rmdirs)))
+	for _, d := range rmdirs {
+		if err := target.Remove(actx, d, nil); err != nil {
+			res.Skipped = append(res.Skipped, refusal(d, fmt.Errorf("the fork removed this directory; it stays in the target: %w", err)))
+		}
+	}
+	res.Merged = true
+	if err := rebase(fork, rec, settled); err != nil {
+		return res, fmt.Errorf("merge %s into %s: merged, but the fork's base could not be moved on (the next merge will find these files the same): %w", fork.Scope(), target.Scope(), err)
+	}
+	res.Duration = time.Since(start).Seconds()
+	if held {
+		return res, heldBack(res)
+	}
+	return res, nil
+}
+
+// heldBack is the error of a merge that conflicts or refusals stopped.
+func heldBack(res *MergeResult) error {
+	var paths []string
+	for _, c := range res.Conflicts {
+		paths = append(paths, c.Path+" ("+c.Type+")")
+	}
+	for _, r := range res.Refused {
+		paths = append(paths, r.Path+" ("+r.Code+")")
+	}
+	if len(paths) > 5 {
+		paths = append(paths[:5], fmt.Sprintf("and %d more", len(paths)-5))
+	}
+	what := "nothing was merged"
+	if res.Merged {
+		what = fmt.Sprintf("the other %d changes were merged", len(res.Applied))
+	}
+	return policy.Errorf(policy.Conflict, "merge of %s into %s: %d conflicts and %d refusals: %s; %s. Resolve them in either scope, or merge with --partial",
+		res.From, res.Into, len(res.Conflicts), len(res.Refused), strings.Join(paths, ", "), what)
+}
+
+// cleanPaths checks --paths as a model-facing path would be.
+func cleanPaths(pol *policy.Policy, raw []string) ([]string, error) {
+	var out []string
+	for _, p := range raw {
+		tg, err := pol.Target(policy.OpStat, p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, tg.Rel)
+	}
+	return out, nil
+}
+
+func under(rel string, paths []string) bool {
+	if len(paths) == 0 {
+		return true
+	}
+	for _, p := range paths {
+		if p == "." || rel == p || strings.HasPrefix(rel, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// forkChanges walks the fork and returns each path whose state differs from
+// the base, in path order. A file fstat finds as the base left it is not
+// read. Paths hidden in the fork are not looked at: the agent there could
+// not have changed them.
+func forkChanges(ctx context.Context, fork *store.Workspace, rec *Record, paths []string) ([]forkChange, []Refused, error) {
+	base := make(map[string]*Entry, len(rec.Entries))
+	for i := range rec.Entries {
+		base[rec.Entries[i].Path] = &rec.Entries[i]
+	}
+	pol := fork.Policy()
+	seen := make(map[string]bool, len(rec.Entries))
+	var out []forkChange
+	var skipped []Refused
+	view := fork.Unfiltered()
+	err := view.Walk(ctx, ".", func(rel string, info store.Info) error {
+		if pol.ModeOf(rel) == policy.ModeHidden {
+			if info.Kind == policy.KindDir {
+				return store.SkipDir
+			}
+			return nil
+		}
+		seen[rel] = true
+		e := base[rel]
+		if !under(rel, paths) {
+			return nil
+		}
+		var cur state
+		switch info.Kind {
+		case policy.KindDir:
+			cur = state{kind: "dir"}
+		case policy.KindRegular, policy.KindLink:
+			kind := "file"
+			if info.Kind == policy.KindLink {
+				kind = "symlink"
+			}
+			if e != nil && e.Type == kind && e.unchanged(&info.Stat) {
+				return nil
+			}
+			sha, err := hashOf(view, rel, info.Kind)
+			if err != nil {
+				skipped = append(skipped, refusal(rel, err))
+				return nil
+			}
+			cur = state{kind: kind, sha: sha}
+		default:
+			skipped = append(skipped, Refused{Path: rel, Code: string(policy.SpecialFileRefused), Message: "not a file, directory or link: not merged"})
+			return nil
+		}
+		b := baseState(e)
+		if b != cur {
+			out = append(out, forkChange{path: rel, base: b, fork: cur, st: info.Stat})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the fork %s: %w", fork.Scope(), err)
+	}
+	for _, e := range rec.Entries {
+		if !seen[e.Path] && under(e.Path, paths) && pol.ModeOf(e.Path) != policy.ModeHidden {
+			out = append(out, forkChange{path: e.Path, base: baseState(&e)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].path < out[j].path })
+	return out, skipped, nil
+}
+
+func baseState(e *Entry) state {
+	if e == nil {
+		return state{}
+	}
+	if e.Type == "dir" {
+		return state{kind: "dir"}
+	}
+	return state{kind: e.Type, sha: e.SHA256}
+}
+
+// hashOf is the sha256 of a file's content or of a link's target (as a
+// snapshot keeps it).
+func hashOf(ws *store.Workspace, rel string, kind policy.Kind) (string, error) {
+	if kind == policy.KindLink {
+		target, _, err := ws.ReadLink(rel)
+		if err != nil {
+			return "", err
+		}
+		sum := sha256.Sum256([]byte(target))
+		return hex.EncodeToString(sum[:]), nil
+	}
+	sha, _, err := ws.ContentHash(rel)
+	return sha, err
+}
+
+// targetState is the target's view of rel, whatever its path modes say
+// (its content's hash is compared, never shown).
+func targetState(ws *store.Workspace, rel string) (state, error) {
+	view := ws.Unfiltered()
+	info, err := view.Lstat(rel)
+	switch policy.CodeOf(err) {
+	case "":
+	case policy.NotFound:
+		return state{}, nil
+	case policy.NotDir:
+		// A parent became a file: the path is absent.
+		return state{}, nil
+	default:
+		return state{}, err
+	}
+	switch info.Kind {
+	case policy.KindDir:
+		return state{kind: "dir"}, nil
+	case policy.KindRegular, policy.KindLink:
+		sha, err := hashOf(view, rel, info.Kind)
+		if err != nil {
+			return state{}, err
+		}
+		if info.Kind == policy.KindLink {
+			return state{kind: "symlink", sha: sha}, nil
+		}
+		return state{kind: "file", sha: sha}, nil
+	}
+	return state{}, policy.Errorf(policy.SpecialFileRefused, "%s in the target is not a file, directory or link", rel)
+}
+
+func conflictType(base, target, fork state) string {
+	present := func(s state) bool { return s.kind != "" }
+	switch {
+	case present(target) && present(fork) && target.kind != fork.kind,
+		present(base) && present(fork) && base.kind != fork.kind,
+		present(base) && present(target) && base.kind != target.kind:
+		return TypeChanged
+	case !present(base):
+		return BothAdded
+	case !present(fork):
+		return DeletedModified
+	case !present(target):
+		return ModifiedDeleted
+	}
+	return BothModified
+}
+
+func refusal(rel string, err error) Refused {
+	code := policy.CodeOf(err)
+	if code == "" {
+		code = policy.Internal
+	}
+	return Refused{Path: rel, Code: string(code), Message: policy.Public(err).Error()}
+}
+
+// readFork reads the fork's file at rel, which must still have sha.
+func readFork(fork *store.Workspace, rel, sha string) ([]byte, error) {
+	f, _, err := fork.Unfiltered().Open(policy.OpRead, rel, unix.O_RDONLY)
+	if err != nil {
+		return nil, fmt.Errorf("read %s in the fork: %w", rel, err)
+	}
+	defer f.Close()
+	max := fork.Policy().Limits.FileBytes
+	var r io.Reader = f
+	if max > 0 {
+		r = io.LimitReader(f, max+1)
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read %s in the fork: %w", rel, err)
+	}
+	sum := sha256.Sum256(data)
+	if hex.EncodeToString(sum[:]) != sha {
+		return nil, policy.Errorf(policy.Conflict, "%s changed in the fork during the merge; nothing was merged: merge again", rel)
+	}
+	return data, nil
+}
+
+// rebase makes the fork's state of each settled path its new base.
+func rebase(fork *store.Workspace, rec *Record, settled []forkChange) error {
+	if len(settled) == 0 {
+		return nil
+	}
+	idx := make(map[string]int, len(rec.Entries))
+	for i, e := range rec.Entries {
+		idx[e.Path] = i
+	}
+	drop := map[string]bool{}
+	for _, c := range settled {
+		i, ok := idx[c.path]
+		if c.fork.kind == "" {
+			drop[c.path] = true
+			continue
+		}
+		e := Entry{Entry: snapshot.Entry{Path: c.path, Type: c.fork.kind, SHA256: c.fork.sha, Size: c.st.Size, Perm: c.st.Mode & 0o700, MTime: c.st.Mtim.Nano()}}
+		if c.fork.kind == "dir" {
+			e.Size, e.SHA256 = 0, ""
+		} else {
+			e.setStat(&c.st)
+		}
+		if ok {
+			rec.Entries[i] = e
+		} else {
+			rec.Entries = append(rec.Entries, e)
+		}
+	}
+	kept := rec.Entries[:0]
+	for _, e := range rec.Entries {
+		if !drop[e.Path] {
+			kept = append(kept, e)
+		}
+	}
+	rec.Entries = kept
+	return writeRecord(fork.Volume(), fork.Scope(), rec)
+}
+
+// markConflict writes, for a text file both sides changed, the target's
+// and the fork's versions with conflict markers around the lines that
+// differ, as PATH.conflict beside the target's file. Where the target
+// may not be read back (write-only, hidden) nothing is written: the
+// markers would carry its content out.
+func markConflict(ctx context.Context, fork, target *store.Workspace, c *Conflict) {
+	if c.Type != BothModified && c.Type != BothAdded {
+		return
+	}
+	if target.Policy().Check(policy.OpRead, c.Path) != nil {
+		return
+	}
+	ours, _, err := target.ReadFile(ctx, c.Path)
+	if err != nil {
+		return
+	}
+	theirs, _, err := fork.Unfiltered().ReadFile(ctx, c.Path)
+	if err != nil || !text(ours) || !text(theirs) {
+		return
+	}
+	name := c.Path + ".conflict"
+	data := markers(ours, theirs, target.Scope().String(), fork.Scope().String())
+	if _, err := target.WriteFile(ctx, name, data, nil); err == nil {
+		c.Marker = name
+	}
+}
+
+func text(b []byte) bool { return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 }
+
+// markers keeps the lines both versions start and end with and puts the
+// differing middle of each between conflict markers.
+func markers(ours, theirs []byte, oursName, theirsName string) []byte {
+	a, b := lines(ours), lines(theirs)
+	p := 0
+	for p < len(a) && p < len(b) && a[p] == b[p] {
+		p++
+	}
+	s := 0
+	for s < len(a)-p && s < len(b)-p && a[len(a)-1-s] == b[len(b)-1-s] {
+		s++
+	}
+	var out strings.Builder
+	write := func(lines []string) {
+		for _, l := range lines {
+			out.WriteString(l)
+		}
+		if n := len(lines); n > 0 && !strings.HasSuffix(lines[n-1], "\n") {
+			out.WriteString("\n")
+		}
+	}
+	write(a[:p])
+	out.WriteString("<<<<<<< " + oursName + "\n")
+	write(a[p : len(a)-s])
+	out.WriteString("=======\n")
+	write(b[p : len(b)-s])
+	out.WriteString(">>>>>>> " + theirsName + "\n")
+	write(a[len(a)-s:])
+	return []byte(out.String())
+}
+
+// lines splits b after each newline; a last line without one is kept.
+func lines(b []byte) []string {
+	l := strings.SplitAfter(string(b), "\n")
+	if l[len(l)-1] == "" {
+		l = l[:len(l)-1]
+	}
+	return l
+}
+
+func newCallID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "merge-" + hex.EncodeToString(b[:])
+}
