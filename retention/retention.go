@@ -39,6 +39,10 @@ type Options struct {
 	DryRun   bool          // list what would be removed, remove nothing
 	Clock    Clock         // default SystemClock
 	Progress io.Writer     // lines about a long run; nil: none
+	// Priority is the class of a session none of whose runs records one
+	// (policy.Policy.Class); "" is normal. Sessions are reclaimed low
+	// first, then by age.
+	Priority policy.Priority
 }
 
 // Item is one session or snapshot Collect removed, would remove, or kept
@@ -48,8 +52,10 @@ type Item struct {
 	Scope    string    `json:"scope"`
 	Snapshot string    `json:"snapshot,omitempty"`
 	LastUsed time.Time `json:"last_used"`
-	Bytes    int64     `json:"bytes"`
-	Reason   string    `json:"reason,omitempty"` // why it was kept
+	// Priority is a session's class, the highest of its runs'.
+	Priority policy.Priority `json:"priority,omitempty"`
+	Bytes    int64           `json:"bytes"`
+	Reason   string          `json:"reason,omitempty"` // why it was kept
 }
 
 // Report is what Collect did.
@@ -117,18 +123,50 @@ func (g *collector) fail(format string, args ...any) {
 	g.rep.Errors = append(g.rep.Errors, fmt.Sprintf(format, args...))
 }
 
+// sessions reclaims the sessions old enough, in priority order (low
+// first, then the oldest first; a dry run lists them in that order), so
+// that high-priority work is the last to lose anything.
 func (g *collector) sessions(ctx context.Context) error {
 	ss, err := g.vol.Sessions(ctx)
 	if err != nil {
 		return err
 	}
+	classes, err := g.vol.SessionPriorities(ctx, g.opt.Priority.Or(policy.PriorityNormal))
+	if err != nil {
+		return err
+	}
+	var old []candidate
 	for i, s := range ss {
 		if ctx.Err() != nil {
 			return policy.Errorf(policy.Cancelled, "gc cancelled after %d of %d sessions", i, len(ss))
 		}
-		g.progress(false, "sessions: %d of %d checked, %d to remove", i, len(ss), len(g.rep.Removed))
-		if err := g.session(ctx, s); err != nil {
+		g.progress(false, "sessions: %d of %d checked, %d old enough", i, len(ss), len(old))
+		last, err := g.age(ctx, s)
+		if err != nil {
 			g.fail("session %s: %v", s.Main, err)
+			continue
+		}
+		if last.Before(g.cutoff) {
+			c, ok := classes[s.Main]
+			if !ok {
+				c = g.opt.Priority.Or(policy.PriorityNormal)
+			}
+			old = append(old, candidate{s, c, last})
+		}
+	}
+	sort.SliceStable(old, func(i, j int) bool {
+		a, b := old[i], old[j]
+		if a.class.Rank() != b.class.Rank() {
+			return a.class.Rank() < b.class.Rank()
+		}
+		return a.last.Before(b.last)
+	})
+	for i, c := range old {
+		if ctx.Err() != nil {
+			return policy.Errorf(policy.Cancelled, "gc cancelled after %d of %d old sessions", i, len(old))
+		}
+		if err := g.session(ctx, c); err != nil {
+			g.fail("session %s: %v", c.s.Main, err)
 		}
 	}
 	g.progress(true, "sessions: %d checked, %d %s", len(ss), countKind(g.rep.Removed, KindSession), removed(g.opt.DryRun))
@@ -139,7 +177,16 @@ func (g *collector) sessions(ctx context.Context) error {
 // atomic write holds its temporary file for the time of one write.
 const tempAge = time.Hour
 
-func (g *collector) session(ctx context.Context, s store.Session) error {
+// candidate is a session old enough to be reclaimed.
+type candidate struct {
+	s     store.Session
+	class policy.Priority
+	last  time.Time
+}
+
+// age sweeps a session's leftover temporary files and ended journals and
+// returns when it last changed.
+func (g *collector) age(ctx context.Context, s store.Session) (time.Time, error) {
 	if n, b, err := g.vol.SweepTemporaries(ctx, s, g.opt.Clock.Now().Add(-tempAge), g.opt.DryRun); err != nil {
 		g.fail("session %s: leftover temporary files: %v", s.Main, err)
 	} else if n > 0 {
@@ -149,14 +196,13 @@ func (g *collector) session(ctx context.Context, s store.Session) error {
 	for _, sc := range s.Scopes() {
 		g.journals(sc)
 	}
-	last, err := g.vol.LastChange(ctx, s, func(n int) { g.progress(false, "session %s: %d entries walked", s.Main, n) })
-	if err != nil {
-		return err
-	}
-	if !last.Before(g.cutoff) {
-		return nil
-	}
-	item := Item{Kind: KindSession, Scope: s.Main.String(), LastUsed: last.UTC()}
+	return g.vol.LastChange(ctx, s, func(n int) { g.progress(false, "session %s: %d entries walked", s.Main, n) })
+}
+
+// session reclaims one old session unless it is pinned or busy.
+func (g *collector) session(ctx context.Context, c candidate) error {
+	s := c.s
+	item := Item{Kind: KindSession, Scope: s.Main.String(), LastUsed: c.last.UTC(), Priority: c.class}
 	if p, err := isPinned(g.vol, s.Main, ""); err != nil || p {
 		item.Reason = "pinned"
 		if err != nil {
@@ -174,7 +220,8 @@ func (g *collector) session(ctx context.Context, s store.Session) error {
 	defer unlock()
 	// Under the locks nothing can change the session through loomfs:
 	// look again, so a change made while we were getting them counts.
-	if last, err = g.vol.LastChange(ctx, s, nil); err != nil {
+	last, err := g.vol.LastChange(ctx, s, nil)
+	if err != nil {
 		return err
 	}
 	if !last.Before(g.cutoff) {
