@@ -19,8 +19,8 @@ import (
 type Options struct {
 	// Snapshot is the source's snapshot to fork; "" takes one first.
 	Snapshot string
-	// NoClone copies file data even where the filesystem could share it
-	// (to compare the two).
+	// NoClone copies file data by reads and writes even where the
+	// filesystem could share it (to compare the two).
 	NoClone bool
 }
 
@@ -106,7 +106,7 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 	}
 
 	rec := &Record{Version: recordVersion, From: src.Scope(), Snapshot: id, Created: start.UTC(), Skipped: skipped}
-	f := filler{repo: repo, clone: !opt.NoClone}
+	f := filler{repo: repo, clone: !opt.NoClone, plain: opt.NoClone}
 	err = dst.ReplaceTree(ctx, func(dir *os.File) error {
 		base, err := f.fill(ctx, dir, entries)
 		if err != nil {
@@ -192,6 +192,7 @@ type openDir struct {
 type filler struct {
 	repo           *snapshot.Repo
 	clone          bool
+	plain          bool // copy by read and write, never sharing extents
 	cloned, copied int
 	data           time.Duration
 }
@@ -301,7 +302,15 @@ func (f *filler) copyData(dst, src *os.File) error {
 		}
 		f.clone = false
 	}
-	if _, err := io.Copy(dst, src); err != nil {
+	var err error
+	if f.plain {
+		// Plain reads and writes: copy_file_range shares extents on XFS
+		// and btrfs, which NoClone asks not to.
+		_, err = io.Copy(struct{ io.Writer }{dst}, struct{ io.Reader }{src})
+	} else {
+		_, err = io.Copy(dst, src)
+	}
+	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
 	f.copied++
