@@ -33,6 +33,9 @@ type Cost struct {
 	Decode int64
 	// Form says what is decoded, for a message: "16-bit RGBA, interlaced".
 	Form string
+	// Interlaced is set for an Adam7-interlaced PNG, whose rows are
+	// complete only after its last pass.
+	Interlaced bool
 }
 
 // Estimate reads the header of the image in r (size bytes) and what the
@@ -61,7 +64,7 @@ func Estimate(r io.ReaderAt, size int64) (Cost, error) {
 	}
 	switch format {
 	case "png":
-		c.Decode, c.Form = pngCost(r, size, w, h)
+		c.Decode, c.Form, c.Interlaced = pngCost(r, size, w, h)
 	case "jpeg":
 		c.Decode, c.Form = jpegCost(io.NewSectionReader(r, 0, size), w, h)
 	case "gif":
@@ -82,10 +85,10 @@ func Estimate(r io.ReaderAt, size int64) (Cost, error) {
 // as NRGBA), beside two rows of raw samples; an Adam7-interlaced image is
 // decoded pass by pass, each pass an image of its own merged into the
 // whole, so the passes cost the whole image once more.
-func pngCost(r io.ReaderAt, size, w, h int64) (int64, string) {
+func pngCost(r io.ReaderAt, size, w, h int64) (int64, string, bool) {
 	var ihdr [13]byte
 	if _, err := r.ReadAt(ihdr[:], 16); err != nil {
-		return 16 * w * h, "PNG" // DecodeConfig read it; be generous
+		return 16 * w * h, "PNG", true // DecodeConfig read it; be generous
 	}
 	depth, ct, interlaced := int64(ihdr[8]), ihdr[9], ihdr[12] == 1
 	trns := false
@@ -129,7 +132,7 @@ func pngCost(r io.ReaderAt, size, w, h int64) (int64, string) {
 		cost += img
 		form += ", interlaced"
 	}
-	return cost, form
+	return cost, form, interlaced
 }
 
 func pick(wide bool, ifWide, otherwise int64) int64 {

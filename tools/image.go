@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/imagebudget" // registers the formats with image.Decode too
+	"github.com/agentloom/loomfs/pngstream"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -51,6 +52,11 @@ const (
 	// encoderState is what the PNG and JPEG encoders hold beside the
 	// answer (a deflate compressor, filtered rows).
 	encoderState = 2 << 20
+	// maxImagePixels bounds the time a read may take, where the image
+	// budget bounds its memory: a PNG read a row at a time holds little
+	// whatever its size, but takes about a second of a core per 20–30
+	// megapixels.
+	maxImagePixels = 100_000_000
 )
 
 // ImageResult is what workspace_read_image returns. Data is the image
@@ -108,6 +114,9 @@ func handleReadImage(ctx context.Context, t *Toolbox, input json.RawMessage) (an
 	if err != nil {
 		return nil, policy.Errorf(policy.NotAnImage, "%s is not a PNG, JPEG, GIF or WebP image (by its content)", rel)
 	}
+	if px := int64(cost.Width) * int64(cost.Height); px > maxImagePixels {
+		return nil, policy.Errorf(policy.TooLarge, "%s claims %d×%d pixels (%d megapixels); images over %d megapixels are refused without decoding, as reading one takes too long; read a smaller copy of it instead", rel, cost.Width, cost.Height, px/1_000_000, maxImagePixels/1_000_000)
+	}
 	need := readCost(cost, info.Size, maxDim, lim.ImageBytes)
 	release, err := imagebudget.Process.Acquire(ctx, need)
 	if tl := (*imagebudget.TooLargeError)(nil); errors.As(err, &tl) {
@@ -123,17 +132,30 @@ func handleReadImage(ctx context.Context, t *Toolbox, input json.RawMessage) (an
 }
 
 // readCost is what a read of an image of cost c, in a file of size bytes,
-// holds at most: the file, the decoded image, the downscaled raster and
-// the encoded answer (in a buffer that grows by doubling).
+// holds at most: the file, the decoded image (or, for a PNG read a row at
+// a time, its rows), the downscaled raster and the encoded answer (in a
+// buffer that grows by doubling).
 func readCost(c imagebudget.Cost, size int64, maxDim int, capBytes int64) int64 {
-	need := size + c.Decode
 	if c.Width <= maxDim && c.Height <= maxDim && size <= capBytes {
-		return need // returned as it is
+		return size + c.Decode // returned as it is
 	}
+	need := size + c.Decode
 	if w, h := fitSize(c.Width, c.Height, maxDim); w != c.Width || h != c.Height {
-		need += 4*int64(w)*int64(h) + shrinkRows*4*8*int64(w)
+		if streamed(c, maxDim) {
+			// Two rows of raw samples (8 bytes a pixel at most), a row of
+			// colours, the inflater.
+			need = size + 3*8*int64(c.Width) + 1<<20
+		}
+		need += 4*int64(w)*int64(h) + shrinkRows*4*8*int64(w) + 8*int64(c.Width)
 	}
 	return need + 3*capBytes + encoderState
+}
+
+// streamed says whether an image of cost c is downscaled while it is
+// decoded (package pngstream) rather than decoded whole first: a PNG that
+// is not interlaced, larger than maxDim.
+func streamed(c imagebudget.Cost, maxDim int) bool {
+	return c.Format == "png" && !c.Interlaced && (c.Width > maxDim || c.Height > maxDim)
 }
 
 // readImage reads and decodes the image in f, whose cost Estimate gave
@@ -166,11 +188,14 @@ func readImage(ctx context.Context, f *os.File, rel string, size int64, cost ima
 	if err := ctx.Err(); err != nil {
 		return ImageResult{}, policy.Errorf(policy.Cancelled, "image read of %s cancelled", rel)
 	}
-	img, _, err := image.Decode(bytes.NewReader(data))
-	if err != nil {
-		return ImageResult{}, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
+	stream := streamed(cost, maxDim)
+	var img image.Image
+	if !stream {
+		if img, _, err = image.Decode(bytes.NewReader(data)); err != nil {
+			return ImageResult{}, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
+		}
+		data = nil // the file's bytes are no longer needed
 	}
-	data = nil // the file's bytes are no longer needed
 	// Photographs go out as JPEG; drawings (PNG, GIF) stay lossless
 	// unless they can't fit the cap that way.
 	enc := "png"
@@ -188,7 +213,16 @@ func readImage(ctx context.Context, f *os.File, rel string, size int64, cost ima
 			if raster == nil {
 				raster = make([]byte, 4*w*h)
 			}
-			small = shrink(img, raster, w, h)
+			if stream {
+				if small, err = shrinkPNG(ctx, data, raster, w, h); err != nil {
+					if ctx.Err() != nil {
+						return ImageResult{}, policy.Errorf(policy.Cancelled, "image read of %s cancelled", rel)
+					}
+					return ImageResult{}, policy.Errorf(policy.NotAnImage, "%s is a damaged %s image: %v", rel, format, err)
+				}
+			} else {
+				small = shrink(img, raster, w, h)
+			}
 		}
 		b, err := encodeImage(small, enc, capBytes)
 		if err != nil && !errors.Is(err, errOverCap) {
@@ -225,63 +259,109 @@ func fitSize(w, h, dim int) (int, int) {
 	}
 }
 
-// shrinkRows is how many rows of four float64 a pixel shrink keeps.
+// shrinkRows is how many rows of four float64 a shrinker keeps.
 const shrinkRows = 3
 
-// shrink scales src down to w×h into an RGBA image over pix (4·w·h bytes
-// at least), each pixel the average of the source area it covers (a box
-// filter with exact weights). It goes through src one row at a time: a
-// source row is averaged across into row, and row is added into the one
-// or two destination rows it overlaps (acc); a finished destination row
-// is written out.
-func shrink(src image.Image, pix []byte, w, h int) *image.RGBA {
-	sb := src.Bounds()
-	sw, sh := sb.Dx(), sb.Dy()
-	dst := &image.RGBA{Pix: pix[:4*w*h], Stride: 4 * w, Rect: image.Rect(0, 0, w, h)}
-	at := rgba64At(src)
-	row := make([]float64, 4*w)
-	acc, next := make([]float64, 4*w), make([]float64, 4*w)
-	// In units where a source pixel is w (across) or h (down) long and a
-	// destination pixel sw or sh, both images have the same size.
-	area := float64(sw) * float64(sh)
-	for sy := range sh {
-		clear(row)
-		for sx := range sw {
-			c := at(sb.Min.X+sx, sb.Min.Y+sy)
-			v := [4]float64{float64(c.R), float64(c.G), float64(c.B), float64(c.A)}
-			lo := sx * w
-			dx, end := lo/sw, (lo/sw+1)*sw
-			in := min(w, end-lo) // the part in column dx, the rest in dx+1
+// shrinker scales an sw×sh image down to w×h into an RGBA image, each
+// pixel the average of the source area it covers (a box filter with exact
+// weights), given the source one row at a time: a row is averaged across
+// into row, and row is added into the one or two destination rows it
+// overlaps (acc, next); a finished destination row is written out. In
+// units where a source pixel is w across and h down and a destination
+// pixel sw and sh, both images have the same size.
+type shrinker struct {
+	dst              *image.RGBA
+	sw, sh, w, h, sy int
+	row, acc, next   []float64
+}
+
+func newShrinker(pix []byte, sw, sh, w, h int) *shrinker {
+	return &shrinker{
+		dst: &image.RGBA{Pix: pix[:4*w*h], Stride: 4 * w, Rect: image.Rect(0, 0, w, h)},
+		sw:  sw, sh: sh, w: w, h: h,
+		row: make([]float64, 4*w), acc: make([]float64, 4*w), next: make([]float64, 4*w),
+	}
+}
+
+// add takes the next source row (sw pixels).
+func (s *shrinker) add(src []color.RGBA64) {
+	w, h, sw, sh := s.w, s.h, s.sw, s.sh
+	row := s.row
+	clear(row)
+	for sx, c := range src[:sw] {
+		v := [4]float64{float64(c.R), float64(c.G), float64(c.B), float64(c.A)}
+		lo := sx * w
+		dx, end := lo/sw, (lo/sw+1)*sw
+		in := min(w, end-lo) // the part in column dx, the rest in dx+1
+		for i := range 4 {
+			row[4*dx+i] += v[i] * float64(in)
+		}
+		if in < w {
 			for i := range 4 {
-				row[4*dx+i] += v[i] * float64(in)
+				row[4*dx+4+i] += v[i] * float64(w-in)
 			}
-			if in < w {
-				for i := range 4 {
-					row[4*dx+4+i] += v[i] * float64(w-in)
-				}
-			}
-		}
-		lo := sy * h
-		dy, end := lo/sh, (lo/sh+1)*sh
-		in := min(h, end-lo)
-		for i, v := range row {
-			acc[i] += v * float64(in)
-		}
-		if in < h {
-			for i, v := range row {
-				next[i] += v * float64(h-in)
-			}
-		}
-		if lo+h >= end {
-			out := dst.Pix[dy*dst.Stride : dy*dst.Stride+4*w]
-			for i, v := range acc {
-				out[i] = uint8(v/area/257 + 0.5)
-			}
-			acc, next = next, acc
-			clear(next)
 		}
 	}
-	return dst
+	lo := s.sy * h
+	dy, end := lo/sh, (lo/sh+1)*sh
+	in := min(h, end-lo)
+	for i, v := range row {
+		s.acc[i] += v * float64(in)
+	}
+	if in < h {
+		for i, v := range row {
+			s.next[i] += v * float64(h-in)
+		}
+	}
+	if lo+h >= end {
+		area := float64(sw) * float64(sh)
+		out := s.dst.Pix[dy*s.dst.Stride : dy*s.dst.Stride+4*w]
+		for i, v := range s.acc {
+			out[i] = uint8(v/area/257 + 0.5)
+		}
+		s.acc, s.next = s.next, s.acc
+		clear(s.next)
+	}
+	s.sy++
+}
+
+// shrink scales the decoded src down to w×h into an RGBA image over pix
+// (4·w·h bytes at least).
+func shrink(src image.Image, pix []byte, w, h int) *image.RGBA {
+	sb := src.Bounds()
+	s := newShrinker(pix, sb.Dx(), sb.Dy(), w, h)
+	at := rgba64At(src)
+	row := make([]color.RGBA64, sb.Dx())
+	for y := sb.Min.Y; y < sb.Max.Y; y++ {
+		for x := range row {
+			row[x] = at(sb.Min.X+x, y)
+		}
+		s.add(row)
+	}
+	return s.dst
+}
+
+// shrinkPNG decodes the PNG in data a row at a time, shrinking each row
+// into w×h over pix as it comes: the image is never held whole. A damaged
+// file is an error, as from image.Decode; so is ctx ending.
+func shrinkPNG(ctx context.Context, data, pix []byte, w, h int) (*image.RGBA, error) {
+	d, err := pngstream.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	s := newShrinker(pix, d.Width, d.Height, w, h)
+	row := make([]color.RGBA64, d.Width)
+	for y := range d.Height {
+		if y%64 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err := d.Row(row); err != nil {
+			return nil, err
+		}
+		s.add(row)
+	}
+	return s.dst, nil
 }
 
 // rgba64At returns src's pixel reader that allocates nothing (every image

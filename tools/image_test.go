@@ -14,6 +14,7 @@ import (
 	"image/gif"
 	"image/jpeg"
 	"image/png"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -369,9 +370,10 @@ func hostileImages(t testing.TB) []hostileImage {
 		{name: "interlaced 16-bit RGBA 6300² of 483 KB", make: func(t testing.TB) []byte { return solidPNG(t, 6300, 6300, 16, 6, true) },
 			code: policy.TooLarge, message: []string{"6300×6300 16-bit RGBA PNG, interlaced", "MiB of memory, over the 192 MiB", "read a smaller copy"}},
 		{name: "50,000² header", make: func(testing.TB) []byte { return bombPNG(50_000, 50_000) },
-			code: policy.TooLarge, message: []string{"50000×50000 8-bit RGB PNG"}},
+			code: policy.TooLarge, message: []string{"50000×50000 pixels (2500 megapixels)", "over 100 megapixels"}},
 		{name: "20,000² single-colour bomb", make: func(t testing.TB) []byte { return solidPNG(t, 20_000, 20_000, 1, 0, false) },
-			code: policy.TooLarge, message: []string{"20000×20000 1-bit grey PNG"}},
+			code: policy.TooLarge, message: []string{"20000×20000 pixels (400 megapixels)", "over 100 megapixels"}},
+		{name: "16-bit RGBA 8000×5000, not interlaced (305 MiB decoded whole, read a row at a time)", make: func(t testing.TB) []byte { return solidPNG(t, 8000, 5000, 16, 6, false) }},
 		{name: "200-frame GIF", make: func(t testing.TB) []byte { return manyFrameGIF(t, 2000, 1600, 200) }},
 		{name: "lossless WebP at the cap", make: func(testing.TB) []byte { return solidWebP(webpSide, webpSide) }},
 		{name: "lossless WebP just over the cap", make: func(testing.TB) []byte { return solidWebP(webpSide+64, webpSide+64) },
@@ -525,4 +527,66 @@ func TestReadImageMemoryChild(t *testing.T) {
 		t.Fatalf("no VmHWM in /proc/self/status")
 	}
 	fmt.Printf("image_memory_vmhwm_kib=%s\n", m[1])
+}
+
+// TestShrinkPNGAsWhole: a PNG downscaled as it is decoded, a row at a
+// time, is the very image that decoding it whole and then downscaling
+// gives.
+func TestShrinkPNGAsWhole(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, c := range []struct {
+		name string
+		img  image.Image
+		w, h int
+	}{
+		{name: "RGBA noise, a third", img: image.NewNRGBA(image.Rect(0, 0, 301, 203)), w: 100, h: 67},
+		{name: "16-bit RGBA noise, by 1.5", img: image.NewNRGBA64(image.Rect(0, 0, 300, 200)), w: 200, h: 133},
+		{name: "grey noise, to one pixel", img: image.NewGray(image.Rect(0, 0, 50, 40)), w: 1, h: 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pix := pixOf(c.img)
+			for i := range pix {
+				pix[i] = uint8(r.Uint32())
+			}
+			var b bytes.Buffer
+			if err := png.Encode(&b, c.img); err != nil {
+				t.Fatal(err)
+			}
+			whole, err := png.Decode(bytes.NewReader(b.Bytes()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := shrink(whole, make([]byte, 4*c.w*c.h), c.w, c.h)
+			got, err := shrinkPNG(context.Background(), b.Bytes(), make([]byte, 4*c.w*c.h), c.w, c.h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Pix, want.Pix) {
+				t.Errorf("row by row differs from whole")
+			}
+			// And the average is the average: a flat image stays flat.
+			if c.w == 1 {
+				var sum float64
+				g := whole.(*image.Gray)
+				for _, v := range g.Pix {
+					sum += float64(v)
+				}
+				if mean := sum / float64(len(g.Pix)); math.Abs(float64(got.Pix[0])-mean) > 0.51 {
+					t.Errorf("one pixel of %d, the mean is %.2f", got.Pix[0], mean)
+				}
+			}
+		})
+	}
+}
+
+func pixOf(img image.Image) []byte {
+	switch m := img.(type) {
+	case *image.NRGBA:
+		return m.Pix
+	case *image.NRGBA64:
+		return m.Pix
+	case *image.Gray:
+		return m.Pix
+	}
+	return nil
 }
