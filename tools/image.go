@@ -36,13 +36,17 @@ import (
 // by other reads waits for it, within the call's budget, so an image is
 // never refused only because another was read beside it.
 //
-// No decoder of the standard library or golang.org/x/image decodes
-// downscaled (JPEG's DCT scaling is in libjpeg-turbo only, behind cgo, and
-// a C decoder of hostile input in this process is the worse risk), so the
-// whole image is decoded and then shrunk by area averaging a row at a
-// time (shrink), which needs three rows of accumulators where
-// draw.CatmullRom.Scale keeps a float64 image of the target's width and
-// the source's height.
+// A PNG that is not interlaced is downscaled as it is decoded (package
+// pngstream, a row at a time): the read holds rows, never the image. No
+// other decoder at hand decodes downscaled: JPEG's DCT scaling is in
+// libjpeg-turbo only, behind cgo, and a C decoder of hostile input in this
+// process is the worse risk; an interlaced PNG's rows are whole only after
+// its last pass. Those are decoded whole, then shrunk. Either way the
+// shrink averages the area each pixel covers a row at a time (shrinker),
+// with three rows of accumulators, where draw.CatmullRom.Scale kept a
+// float64 image of the target's width and the source's height (316 MB for
+// a 6300² image at 1568). Time is bounded apart from memory: images over
+// maxImagePixels are refused unread.
 
 // Image read bounds.
 const (
