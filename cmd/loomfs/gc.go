@@ -21,7 +21,11 @@ const gcHelp = `Reclaim sessions and snapshots older than --days (default 7), un
 call records last changed; removing it removes its main workspace and every
 run's child workspaces. A scope where a command runs (execution marker), whose
 lock is held, or that is quarantined is never touched: it is reported as kept.
-Audit logs and run bindings are never removed.
+Audit logs and run bindings are never removed. Sessions are reclaimed in
+priority order: low first, then normal, then high (a session is as high as
+the highest of its runs, "loomfs runs create --priority"; one with no run
+has the policy's default class), and within a class the oldest first;
+--dry-run lists them in that order.
 
 With --clear-tmp --scope S, instead empty the subtrees the policy marks
 clear_at_run_end (tmp/ in the standard policy), as at the end of a run.
@@ -48,6 +52,10 @@ func newGCCmd(g *globals) *cobra.Command {
 			if days < 1 {
 				return usagef("--days must be at least 1")
 			}
+			pol, err := g.loadPolicy()
+			if err != nil {
+				return err
+			}
 			vol, err := store.OpenVolume(ctx, g.storeConfig())
 			if err != nil {
 				return err
@@ -57,6 +65,7 @@ func newGCCmd(g *globals) *cobra.Command {
 				MaxAge:   time.Duration(days) * 24 * time.Hour,
 				DryRun:   dryRun,
 				Progress: os.Stderr,
+				Priority: pol.Class(),
 			})
 			if rep != nil && !dryRun {
 				for _, it := range rep.Removed {
@@ -77,7 +86,11 @@ func newGCCmd(g *globals) *cobra.Command {
 				verb = "would remove"
 			}
 			for _, it := range rep.Removed {
-				fmt.Fprintf(out, "%s %s %s %s (last used %s)\n", verb, it.Kind, it.Scope, it.Snapshot, it.LastUsed.Format(time.RFC3339))
+				prio := ""
+				if it.Priority != "" {
+					prio = ", priority " + string(it.Priority)
+				}
+				fmt.Fprintf(out, "%s %s %s %s (last used %s%s)\n", verb, it.Kind, it.Scope, it.Snapshot, it.LastUsed.Format(time.RFC3339), prio)
 			}
 			for _, it := range rep.Kept {
 				fmt.Fprintf(out, "kept %s %s %s: %s\n", it.Kind, it.Scope, it.Snapshot, it.Reason)

@@ -41,6 +41,19 @@ reads is what is enforced. Example:
     io_ops_per_s: 5000
   cache: journal            # or strict: one-second kernel caching in the projection
   commands: fresh           # or session: each workspace_command an exec in the session sandbox
+  priority: normal          # class of a scope no run gives one: low, normal or high
+  limits_by_priority:       # a class's limits, laid over limits
+    high: {scope_bytes: 20 GiB}
+    low: {scope_bytes: 1 GiB}
+  volume_reserve_low: 10%        # below this much free room, low scopes can't grow
+  volume_reserve_normal: 2 GiB   # nor normal ones below this; high ones go on
+  hooks:                    # the tool door's hooks: the call as JSON on stdin,
+    before:                 # exit 0 allows, 2 denies (stderr is the reason)
+      - tools: [workspace_write, workspace_apply_patch]
+        command: [/usr/local/bin/check-call]   # no shell unless [sh, -c, ...]
+        timeout: 5s
+    after:
+      - command: [/usr/local/bin/log-call]
 
 The standard preset is the seed-001 layout: src/ rw, data/ ro, output/ wo
 (deleting or overwriting there needs confirmation), logs/ rw, tmp/ rw capped
@@ -183,6 +196,7 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nsymlinks: %s\ncache: %s\ncommands: %s\n", symlinksOf(pol), cacheOf(pol), commandsOf(pol))
+	printPriority(w, pol)
 	if len(pol.Layout) > 0 {
 		fmt.Fprintf(w, "made at first use (0700): %s\n", strings.Join(pol.Layout, " "))
 	}
@@ -210,7 +224,15 @@ func policyJSON(pol *policy.Policy, src string) any {
 		Commands string    `json:"commands"`
 		Layout   []string  `json:"layout"`
 		Readme   string    `json:"readme"`
-	}{Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Commands: string(commandsOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
+		// Priority, its limits and watermarks, and the hooks (issue 48).
+		Priority            policy.Priority       `json:"priority"`
+		LimitsByPriority    map[string]any        `json:"limits_by_priority,omitempty"`
+		VolumeReserveLow    string                `json:"volume_reserve_low"`
+		VolumeReserveNormal string                `json:"volume_reserve_normal"`
+		Hooks               map[string][]hookJSON `json:"hooks"`
+	}{Priority: pol.Class(), VolumeReserveLow: pol.VolumeReserveLow.String(), VolumeReserveNormal: pol.VolumeReserveNormal.String(),
+		Hooks:  map[string][]hookJSON{"before": hooksJSON(pol.Hooks.Before), "after": hooksJSON(pol.Hooks.After)},
+		Source: src, Rules: []rule{}, Subtrees: []subtree{}, Symlinks: string(symlinksOf(pol)), Cache: string(cacheOf(pol)), Commands: string(commandsOf(pol)), Layout: append([]string{}, pol.Layout...), Readme: policy.WorkspaceReadme(pol)}
 	for _, r := range pol.Rules {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
@@ -226,7 +248,81 @@ func policyJSON(pol *policy.Policy, src string) any {
 		limits[k.Name] = k.Value
 	}
 	out.Limits = limits
+	if len(pol.LimitsByPriority) > 0 {
+		out.LimitsByPriority = map[string]any{}
+		for c, l := range pol.LimitsByPriority {
+			m := map[string]any{}
+			for _, k := range l.Keys() {
+				m[k.Name] = k.Value
+			}
+			out.LimitsByPriority[string(c)] = m
+		}
+	}
 	return out
+}
+
+type hookJSON struct {
+	Tools   []string `json:"tools"`
+	Command []string `json:"command"`
+	Timeout string   `json:"timeout"`
+	Rewrite bool     `json:"rewrite,omitempty"`
+}
+
+func hooksJSON(hs []policy.HookCommand) []hookJSON {
+	out := []hookJSON{}
+	for _, h := range hs {
+		tools := h.Tools
+		if tools == nil {
+			tools = []string{}
+		}
+		out = append(out, hookJSON{Tools: tools, Command: h.Command, Timeout: h.Timeout.String(), Rewrite: h.Rewrite})
+	}
+	return out
+}
+
+// printPriority prints the policy's default class, each class's limits
+// that differ from the policy's, the volume watermarks and the hooks.
+func printPriority(w io.Writer, pol *policy.Policy) {
+	fmt.Fprintf(w, "priority: %s\nvolume_reserve_low: %s\nvolume_reserve_normal: %s\n", pol.Class(), pol.VolumeReserveLow, pol.VolumeReserveNormal)
+	for _, c := range policy.Priorities {
+		l, ok := pol.LimitsByPriority[c]
+		if !ok {
+			continue
+		}
+		base := map[string]string{}
+		for _, k := range pol.Limits.Keys() {
+			base[k.Name] = k.Text
+		}
+		var diff []string
+		for _, k := range l.Keys() {
+			if base[k.Name] != k.Text {
+				diff = append(diff, k.Name+" "+k.Text)
+			}
+		}
+		if len(diff) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "limits of %s priority: %s\n", c, strings.Join(diff, ", "))
+	}
+	for _, h := range []struct {
+		when string
+		list []policy.HookCommand
+	}{{"before", pol.Hooks.Before}, {"after", pol.Hooks.After}} {
+		for _, c := range h.list {
+			tools := "every tool"
+			if len(c.Tools) > 0 {
+				tools = strings.Join(c.Tools, ", ")
+			}
+			rw := ""
+			if c.Rewrite {
+				rw = ", may rewrite arguments"
+			}
+			fmt.Fprintf(w, "hook %s %s: %q (timeout %s%s)\n", h.when, tools, c.Command, c.Timeout, rw)
+		}
+	}
+	if pol.Hooks.Empty() {
+		fmt.Fprintln(w, "hooks: none")
+	}
 }
 
 // symlinksOf is the policy's symlinks setting as the file would say it.

@@ -19,8 +19,12 @@ func init() { addCommand(newRunsCmd) }
 
 const runsHelp = `A run's binding is recorded when the run is created: backend, volume id,
 layout version, the scope ids (space, agent, session, run) and the user who
-started it, in <root>/.agentloom-runs/<run_id>.json. The session is bound to
-the same volume for life.
+started it, and its priority class (--priority low, normal or high; omitted,
+the policy's default applies when the run is opened), in
+<root>/.agentloom-runs/<run_id>.json. The session is bound to the same volume
+for life. The class picks the run's limits (the policy's limits_by_priority),
+how near full the volume may be before its scopes can't grow
+(volume_reserve_low, volume_reserve_normal), and gc reclaims low first.
 
 Resuming a run uses its binding, not today's configuration: this node's
 --root only says where the node sees the volume. If this node is configured
@@ -42,9 +46,9 @@ func newRunsCmd(g *globals) *cobra.Command {
 			return usagef("runs needs a subcommand: create or show")
 		},
 	}
-	var scope, runID, user string
+	var scope, runID, user, priority string
 	create := &cobra.Command{
-		Use:   "create --scope SPACE/AGENT/SESSION --run RUN --user USER",
+		Use:   "create --scope SPACE/AGENT/SESSION --run RUN --user USER [--priority low|normal|high]",
 		Short: "Record a new run's binding and print it as JSON",
 		Long: "Record a new run's binding and print it as JSON. Creating the same run again\n" +
 			"with the same session and user prints the existing binding (a platform may\n" +
@@ -63,18 +67,24 @@ func newRunsCmd(g *globals) *cobra.Command {
 			if runID == "" || user == "" {
 				return usagef("--run and --user are required")
 			}
+			if priority != "" {
+				if _, err := policy.ParsePriority(priority); err != nil {
+					return usagef("--priority %q: want low, normal or high", priority)
+				}
+			}
 			ctx := cmd.Context()
-			b, err := store.CreateRun(ctx, g.storeConfig(), store.RunSpec{Space: sc.Space, Agent: sc.Agent, Session: sc.Session, Run: runID, User: user})
+			b, err := store.CreateRun(ctx, g.storeConfig(), store.RunSpec{Space: sc.Space, Agent: sc.Agent, Session: sc.Session, Run: runID, User: user, Priority: policy.Priority(priority)})
 			if err != nil {
 				return refuse(cmd, g, err)
 			}
-			g.auditAdmin(ctx, "run_create", sc, map[string]any{"run": runID, "user": user, "volume_id": b.VolumeID})
+			g.auditAdmin(ctx, "run_create", sc, map[string]any{"run": runID, "user": user, "volume_id": b.VolumeID, "priority": b.Priority})
 			return printJSON(cmd, b)
 		},
 	}
 	create.Flags().StringVar(&scope, "scope", "", "the run's session, SPACE/AGENT/SESSION (required)")
 	create.Flags().StringVar(&runID, "run", "", "run id from the platform's run record (required)")
 	create.Flags().StringVar(&user, "user", "", "the authenticated user who started the run (required)")
+	create.Flags().StringVar(&priority, "priority", "", "the run's class: low, normal or high (default: the policy's)")
 
 	show := &cobra.Command{
 		Use:   "show --run RUN",
