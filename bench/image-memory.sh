@@ -3,30 +3,38 @@
 # (tools.hostileImages): the high-water mark (VmHWM) of one process
 # reading them one at a time and by four callers at once (the tools
 # test's child process), then each read alone as a whole `loomfs tool`
-# process (maximum resident set size from /usr/bin/time -v). BASE=<commit>
-# adds the same per-image figures for loomfs built at that commit.
-# Usage: bash bench/image-memory.sh   (BASE from the environment)
+# process (maximum resident set size from /usr/bin/time -v). It measures
+# commit REV (default HEAD) in a worktree of its own; BASE=<commit> adds
+# the per-image figures of loomfs built at that commit.
+# Usage: bash bench/image-memory.sh   (REV, BASE from the environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'rm -rf "$work"; [ -z "${BASE:-}" ] || git worktree remove --force "$work/base" 2>/dev/null || true' EXIT
-
-echo "## one process, VmHWM from when the images are in place"
-go test -count=1 -run '^TestReadImageMemory$' -v ./tools/ | grep -E 'VmHWM|^(ok|FAIL|---)'
-
-go build -o "$work/loomfs" ./cmd/loomfs
+cleanup() {
+	git worktree remove --force "$work/rev" 2>/dev/null || true
+	[ -z "${BASE:-}" ] || git worktree remove --force "$work/base" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+git worktree add --detach "$work/rev" "${REV:-HEAD}" >/dev/null 2>&1
+(cd "$work/rev" && go test -c -o "$work/tools.test" ./tools/ && go build -o "$work/loomfs" ./cmd/loomfs)
 bins=("$work/loomfs")
 if [ -n "${BASE:-}" ]; then
-	git worktree add --detach "$work/base" "$BASE" >/dev/null
+	git worktree add --detach "$work/base" "$BASE" >/dev/null 2>&1
 	(cd "$work/base" && go build -o "$work/loomfs-base" ./cmd/loomfs)
 	bins+=("$work/loomfs-base")
 fi
+
+echo "## one process, VmHWM from when the images are in place ($(git rev-parse --short "${REV:-HEAD}"))"
+(cd "$work/rev/tools" && "$work/tools.test" -test.count=1 -test.run '^TestReadImageMemory$' -test.v) |
+	grep -E 'VmHWM|^(ok|PASS|FAIL|---)'
+
 root="$work/root"
 scope=bench/images/one
 "$work/loomfs" --root "$root" tool workspace_list --scope "$scope" --input '{}' >/dev/null
 dir="$root/spaces/bench/agents/images/sessions/one/main"
-LOOMFS_IMAGE_MEMORY=dump LOOMFS_IMAGE_DIR="$dir" go test -count=1 -run '^TestReadImageMemoryChild$' -v ./tools/ |
-	sed -n 's/^image //p' >"$work/names"
+LOOMFS_IMAGE_MEMORY=dump LOOMFS_IMAGE_DIR="$dir" "$work/tools.test" -test.count=1 \
+	-test.run '^TestReadImageMemoryChild$' | sed -n 's/^image //p' >"$work/names"
 
 echo
 echo "## each read alone as a loomfs tool process"
