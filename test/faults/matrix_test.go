@@ -29,7 +29,7 @@ func matrix(t *testing.T, name string, kill bool) {
 		t.Run(o.door+"_"+o.name, func(t *testing.T) {
 			most := countCalls(t, o)
 			for _, sc := range syscalls {
-				for _, when := range points(most[sc], kill) {
+				for _, when := range points(most[sc], kill, o.sample) {
 					for _, e := range errnosFor(sc, kill) {
 						f := fault{syscall: sc, errno: e, when: when}
 						t.Run(f.name(), func(t *testing.T) { runCell(t, name, o, f) })
@@ -63,16 +63,23 @@ func countCalls(t *testing.T, o op) map[string]int {
 }
 
 // points are the call sites a fault goes into: every one in the full
-// matrix; in the CI slice the first and last (an errno) or the middle one
-// (a kill).
-func points(n int, kill bool) []int {
+// matrix (or sample of them, spread from the first to the last); in the
+// CI slice the first and last (an errno) or the middle one (a kill).
+func points(n int, kill bool, sample int) []int {
 	if n == 0 {
 		return nil
 	}
 	if full {
-		p := make([]int, n)
-		for i := range p {
-			p[i] = i + 1
+		if sample == 0 || n <= sample {
+			sample = n
+		}
+		var p []int
+		for k := range sample {
+			w := 1
+			if sample > 1 {
+				w = 1 + k*(n-1)/(sample-1)
+			}
+			p = append(p, w)
 		}
 		return p
 	}

@@ -29,6 +29,9 @@ type op struct {
 	held func(c *cell, o outcome) []string
 	// tool marks an operation whose answer is a tool's JSON.
 	tool bool
+	// sample bounds the call sites of one system call the full matrix
+	// faults (spread from the first to the last); 0 is every one.
+	sample int
 }
 
 const (
@@ -143,6 +146,9 @@ func ops() []op {
 		return setup(c)
 	}
 	list = append(list, q, stageOp(), snapshotCreateOp(), snapshotRestoreOp(), mountOp(), auditRotationOp())
+	if dockerUp() {
+		list = append(list, sandboxOp())
+	}
 	return list
 }
 
