@@ -112,6 +112,9 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if f.limit != nil {
 		served = throttledOps{RawFileSystem: served, limit: f.limit}
 	}
+	if opts.Requests != nil {
+		served = timedOps{RawFileSystem: served, observe: opts.Requests}
+	}
 	server, err := fuse.NewServer(served, dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s at %s: %w", ws.Scope(), dir, err)
@@ -338,9 +341,9 @@ func (m *Mounted) Probe(ctx context.Context) error {
 }
 
 // SelfCheck probes the mount every interval until ctx is done (SPEC §6),
-// hiding policy.ReadyFile while it fails and handing every outcome to
-// report, which keeps it where operators look.
-func (m *Mounted) SelfCheck(ctx context.Context, every time.Duration, report func(error)) {
+// hiding policy.ReadyFile while it fails and handing every outcome, and
+// how long the probe took, to report, which keeps it where operators look.
+func (m *Mounted) SelfCheck(ctx context.Context, every time.Duration, report func(err error, took time.Duration)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -350,12 +353,14 @@ func (m *Mounted) SelfCheck(ctx context.Context, every time.Duration, report fun
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, every)
+		start := time.Now()
 		err := m.Probe(pctx)
+		took := time.Since(start)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		report(err)
+		report(err, took)
 	}
 }
 

@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"syscall"
 	"time"
 
 	"github.com/agentloom/loomfs/audit"
@@ -85,6 +86,12 @@ type Options struct {
 	// refuses it (from the request's goroutine: it must not block), so
 	// that a command's result can explain what the policy refused it.
 	Refused func(Refusal)
+
+	// Requests, if set, is told of every FUSE request the mount answers:
+	// its opcode, the errno it was answered (0 for success) and how long
+	// it took, from the request's goroutine (it must not block). Nil
+	// costs nothing: the requests are not timed.
+	Requests func(op string, errno syscall.Errno, took time.Duration)
 
 	// Debug logs every FUSE request and reply to stderr.
 	Debug bool

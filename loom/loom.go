@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,6 +42,14 @@ type Config struct {
 	// session's tool calls. nil: the policy's alone.
 	Hooks *hooks.Chain
 	Log   *zap.Logger // nil: discarded
+
+	// Observe, if set, is handed every audit log the Node opens and
+	// returns the sink the doors record into instead (metrics.Registry.Sink
+	// counts what passes): the doors themselves know nothing of it.
+	Observe func(audit.Sink) audit.Sink
+	// Requests is given to every mount the Node makes, as
+	// fusefs.Options.Requests.
+	Requests func(op string, errno syscall.Errno, took time.Duration)
 }
 
 // Node is loomfs on one worker. It is safe for concurrent use.
@@ -88,6 +97,14 @@ func sweepStaleMounts(dir string) {
 	case <-done:
 	case <-time.After(time.Second):
 	}
+}
+
+// observe is the sink the doors record into for log (Config.Observe).
+func (n *Node) observe(log *audit.Log) audit.Sink {
+	if n.cfg.Observe == nil {
+		return log
+	}
+	return n.cfg.Observe(log)
 }
 
 // Close stops the Node's own session sandboxes, if it started any, and
@@ -193,6 +210,8 @@ type Session struct {
 	Audit     *audit.Log
 	Tools     *tools.Toolbox
 
+	sink audit.Sink // Audit as the doors record into it (Config.Observe)
+
 	node  *Node
 	cmds  *lazyCommands
 	close func()
@@ -224,10 +243,11 @@ func (n *Node) Open(ctx context.Context, scope string) (*Session, error) {
 	if procs == nil {
 		procs = &lazyProcesses{n}
 	}
-	s := &Session{Workspace: ws, Audit: log, node: n, cmds: &lazyCommands{n: n, log: log}}
+	sink := n.observe(log)
+	s := &Session{Workspace: ws, Audit: log, sink: sink, node: n, cmds: &lazyCommands{n: n, log: sink}}
 	s.Tools = &tools.Toolbox{
 		WS:        ws,
-		Audit:     log,
+		Audit:     sink,
 		Commands:  s.cmds,
 		Processes: procs,
 		Actor:     Actor(ws.Scope()),
@@ -270,7 +290,10 @@ func (s *Session) Close() { s.close() }
 // same policy as the tools, audited in the session's log.
 func (s *Session) Project(ctx context.Context, mountpoint string, opts fusefs.Options) (*fusefs.Mounted, error) {
 	if opts.Audit == nil {
-		opts.Audit = s.Audit
+		opts.Audit = s.sink
+	}
+	if opts.Requests == nil {
+		opts.Requests = s.node.cfg.Requests
 	}
 	return fusefs.Mount(ctx, s.Workspace, mountpoint, opts)
 }
@@ -294,7 +317,7 @@ func SandboxUnavailable(err error) error {
 // file tools work on a machine without one.
 type lazyCommands struct {
 	n    *Node
-	log  *audit.Log
+	log  audit.Sink
 	once sync.Once
 	cmds *sandbox.Commands
 	err  error
@@ -340,7 +363,7 @@ func (n *Node) sessionCommands(ctx context.Context) (tools.CommandRunner, error)
 // newCommands builds the sandbox door: a Runner on the local engine and one
 // projection of the scope kept for the session's commands (sandbox.Pool),
 // each command's FUSE records carrying its own call and container.
-func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.Log) (*sandbox.Commands, error) {
+func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log audit.Sink) (*sandbox.Commands, error) {
 	cfg := n.cfg.Sandbox
 	actor := Actor(ws.Scope())
 	cfg.Observe = func(ctx context.Context, op string, detail map[string]any) {
@@ -371,7 +394,8 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log *audit.
 		}
 		m, err := fusefs.Mount(ctx, ws, mountpoint, fusefs.Options{
 			AllowOther: true,
-			Audit:      plog,
+			Audit:      n.observe(plog),
+			Requests:   n.cfg.Requests,
 			Actor:      a,
 			CallID:     call.CallID,
 			Refused:    policyEvent(call.Refused),

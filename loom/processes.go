@@ -34,7 +34,7 @@ func (n *Node) Processes(ctx context.Context) (*process.Service, error) {
 			Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
 				a := Actor(ws.Scope())
 				a.Container = call.Container
-				m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID})
+				m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID, Requests: n.cfg.Requests})
 				if err != nil {
 					return nil, err
 				}
@@ -61,7 +61,7 @@ func (n *Node) openForSandbox(ctx context.Context, sc store.Scope) (*store.Works
 		done()
 		return nil, nil, nil, AuditUnavailable(err)
 	}
-	return ws, log, func() {
+	return ws, n.observe(log), func() {
 		if err := log.Close(); err != nil {
 			n.cfg.Log.Warn("close audit log", zap.Error(err))
 		}

@@ -46,6 +46,10 @@ func requireBearer(token string, next http.Handler) http.Handler {
 	})
 }
 
+// RequireBearer is the same rule for another handler served beside the
+// tools (loomfs's --metrics address).
+func RequireBearer(token string, next http.Handler) http.Handler { return requireBearer(token, next) }
+
 // bearer extracts the token of an "Authorization: Bearer <token>" header.
 func bearer(h string) (string, bool) {
 	scheme, tok, ok := strings.Cut(h, " ")

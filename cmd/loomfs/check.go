@@ -108,7 +108,7 @@ Exit status: 0 when every check passed, 1 when one failed, 2 on misuse.`,
 				io = &ioReport{BytesPerSec: pol.Limits.IOBytesPerSec, OpsPerSec: pol.Limits.IOOpsPerSec, Cache: string(cacheOf(pol))}
 			}
 			if g.json {
-				if err := printJSON(cmd, checkOutput{r, rt, qr, io}); err != nil {
+				if err := printJSON(cmd, checkOutput{r, rt, qr, io, store.LastSelfChecks(g.root)}); err != nil {
 					return err
 				}
 			} else {
@@ -161,6 +161,9 @@ type checkOutput struct {
 	Sandbox sandbox.RuntimeReport `json:"sandbox_runtime"`
 	Quota   *quotaReport          `json:"quota,omitempty"`
 	IO      *ioReport             `json:"io_limits,omitempty"`
+	// SelfChecks are the last periodic self-check of each projection, as
+	// its mount recorded it (SPEC §6).
+	SelfChecks []store.SelfCheck `json:"self_checks"`
 }
 
 // ioReport is what the --policy file holds every scope's I/O to, and how

@@ -22,6 +22,7 @@ type globals struct {
 	logLevel string
 
 	log *zap.Logger
+	obs *observability // --metrics; nil when off
 }
 
 func envOr(name, def string) string {

@@ -24,6 +24,7 @@ const minTokenBytes = 16
 
 func newMCPCmd(g *globals) *cobra.Command {
 	var scope, httpAddr, tokenFile string
+	var mf metricsFlags
 	cmd := &cobra.Command{
 		Use:   "mcp --scope S [--http ADDR [--token-file FILE]]",
 		Short: "Serve a scope's workspace tools to MCP clients over stdio or HTTP",
@@ -43,7 +44,9 @@ of the node, and the CLI, see the same processes.
 binds 127.0.0.1, never every interface. Any address beyond loopback needs
 --token-file: a file holding the bearer token every request must carry as
 "Authorization: Bearer <token>"; others get 401. "serving SCOPE at URL" is
-printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.`,
+printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.
+
+` + metricsHelp,
 		Example: `  loomfs mcp --scope acme/coder/s1
   loomfs mcp --scope acme/coder/s1 --http :8765
   loomfs mcp --scope acme/coder/s1 --http 0.0.0.0:8765 --token-file /etc/loomfs/mcp-token`,
@@ -53,6 +56,11 @@ printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
+			stopMetrics, err := g.startMetrics(ctx, mf)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			return runMCP(ctx, g, scope, httpAddr, tokenFile)
 		},
 	}
@@ -60,6 +68,7 @@ printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.`,
 	f.StringVar(&scope, "scope", "", "scope to serve: SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] through the run's binding (required)")
 	f.StringVar(&httpAddr, "http", "", "serve streamable HTTP on ADDR instead of stdio (loopback unless a token is given)")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the bearer token HTTP requests must carry (required beyond loopback)")
+	addMetricsFlags(f, &mf)
 	return cmd
 }
 

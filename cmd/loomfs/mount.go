@@ -34,6 +34,7 @@ func newMountCmd(g *globals) *cobra.Command {
 		procs     int
 		follow    bool
 		stopAfter time.Duration
+		mf        metricsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "mount --scope S MOUNTPOINT",
@@ -64,7 +65,10 @@ Symbolic links made in the workspace (policy "symlinks: emulate") are shown
 as links, but not followed unless --follow-links is given: a process that
 follows a link resolves it against its own root, and on the host a link to
 /etc/passwd is the host's. Give --follow-links for a mount served to a
-container, whose processes resolve links against the container's view.`,
+container, whose processes resolve links against the container's view.
+
+` + metricsHelp + ` The mount's own self-check
+(--self-check) is reported there too.`,
 
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,7 +91,16 @@ container, whose processes resolve links against the container's view.`,
 			if stopAfter <= 0 {
 				return usagef("--stop-timeout must be positive")
 			}
-			return runMount(cmd.Context(), g, scope, args[0], opts, mountTimes{selfCheck: selfCheck, reconcile: reconcile, stop: stopAfter})
+			ctx := cmd.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			stopMetrics, err := g.startMetrics(ctx, mf)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+			return runMount(ctx, g, scope, args[0], opts, mountTimes{selfCheck: selfCheck, reconcile: reconcile, stop: stopAfter})
 		},
 	}
 	f := cmd.Flags()
@@ -102,6 +115,7 @@ container, whose processes resolve links against the container's view.`,
 	f.BoolVar(&opts.Debug, "debug", false, "log every FUSE request to stderr")
 	f.StringVar(&profile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for performance work)")
 	addProcsFlag(f, &procs)
+	addMetricsFlags(f, &mf)
 	f.DurationVar(&reconcile, "reconcile", 5*time.Minute, "compare the scope's quota account with a walk this often and correct it when nothing is changing (each correction is logged with its size); 0 turns it off")
 	f.DurationVar(&selfCheck, "self-check", 30*time.Second, "probe the mount (write, read back, delete) this often; failures are logged and shown by loomfs check; 0 turns it off")
 	f.DurationVar(&stopAfter, "stop-timeout", defaultStopTimeout, "after SIGINT or SIGTERM, how long unmounting and closing the workspace may take; then the mount is detached and the process exits, leaving what it did not close to the next user of the scope, as after a crash")
@@ -239,7 +253,10 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 			auditLog.Close()
 		}
 	}()
-	opts.Audit = auditLog
+	opts.Audit = g.obs.sink(auditLog)
+	opts.Requests = g.obs.requests()
+	reportCheck, unwatch := g.obs.watchMount(ws)
+	defer unwatch()
 
 	if recovered, err := fusefs.RecoverStale(mountpoint); err != nil {
 		return fail("%v", err)
@@ -259,6 +276,7 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	// The first probe makes policy.ReadyFile appear; a mount that fails
 	// it is not served.
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	probed := time.Now()
 	err = m.Probe(pctx)
 	cancel()
 	if err != nil {
@@ -266,6 +284,7 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		return fail("health probe failed, unmounted: %v", err)
 	}
 	ws.RecordSelfCheck(nil)
+	reportCheck(nil, time.Since(probed))
 	fmt.Fprintf(os.Stderr, "mounted %s at %s\n", ws.Scope(), m.Dir())
 	// The checks end before the workspace is closed.
 	var checks sync.WaitGroup
@@ -275,7 +294,8 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		checks.Add(1)
 		go func() {
 			defer checks.Done()
-			m.SelfCheck(cctx, times.selfCheck, func(err error) {
+			m.SelfCheck(cctx, times.selfCheck, func(err error, took time.Duration) {
+				reportCheck(err, took)
 				if err != nil {
 					g.log.Error("self-check through the mount failed; .workspace_ready is hidden until it passes", zap.String("mountpoint", m.Dir()), zap.Error(err))
 				}

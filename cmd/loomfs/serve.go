@@ -26,6 +26,7 @@ func socketPath() string { return envOr("AGENT_LOOM_SERVE_SOCKET", nodeservice.D
 func newServeCmd(g *globals) *cobra.Command {
 	var socket, node, mountDir string
 	var procs int
+	var mf metricsFlags
 	cmd := &cobra.Command{
 		Use:   "serve [--socket PATH] [--node NAME]",
 		Short: "Run the node service that owns the session sandboxes and their processes",
@@ -47,7 +48,9 @@ a one-shot command ("loomfs quarantine --help").
 
 --node names this worker in markers, records and labels (default
 $AGENT_LOOM_NODE or the hostname): calls on another node for a process of
-this one answer process_on_other_node naming it.`,
+this one answer process_on_other_node naming it.
+
+` + metricsHelp,
 		Example: `  loomfs serve
   AGENT_LOOM_SERVE_SOCKET=/run/loomfs/serve.sock loomfs tool workspace_process_start --scope acme/coder/s1 --input '{"command":"python3 -i"}'`,
 		Args: exactArgs(0),
@@ -60,10 +63,16 @@ this one answer process_on_other_node naming it.`,
 				// process name the node as its records do.
 				os.Setenv(nodeid.Env, node)
 			}
+			stopMetrics, err := g.startMetrics(ctx, mf)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			svc, closeSvc, err := g.newProcessService(ctx, node, mountDir)
 			if err != nil {
 				return printToolError(cmd, err)
 			}
+			g.obs.watchService(svc)
 			defer func() {
 				if err := closeSvc(); err != nil {
 					fmt.Fprintf(os.Stderr, "loomfs serve: stopping the session sandboxes: %v\n", err)
@@ -83,6 +92,7 @@ this one answer process_on_other_node naming it.`,
 	cmd.Flags().StringVar(&node, "node", envOr(nodeid.Env, ""), "this worker's name in markers and records; default the hostname ($AGENT_LOOM_NODE)")
 	cmd.Flags().StringVar(&mountDir, "mount-dir", sandbox.DefaultMountDir, "root-only directory (0700) for the session sandboxes' projections")
 	addProcsFlag(cmd.Flags(), &procs)
+	addMetricsFlags(cmd.Flags(), &mf)
 	return cmd
 }
 

@@ -35,6 +35,9 @@ func (g *globals) node(cfg loom.Config) (*loom.Node, error) {
 	cfg.Sandbox = sandbox.ConfigFromEnv()
 	cfg.Sandbox.Node = node
 	cfg.Store, cfg.Policy, cfg.Log = g.storeConfig(), pol, g.log
+	if g.obs != nil {
+		cfg.Observe, cfg.Requests = g.obs.sink, g.obs.requests()
+	}
 	return loom.New(cfg), nil
 }
 

@@ -1,0 +1,258 @@
+package metrics
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/agentloom/loomfs/audit"
+)
+
+// Sink returns a Sink that passes every event to next and counts it: the
+// door, operation, result and code of each, the time it took, and the time
+// next took to accept it. A next with a Status method (an *audit.Log) is
+// also reported at scrape time (queue depth, records written, failures)
+// until it is closed.
+func (r *Registry) Sink(next audit.Sink) audit.Sink {
+	if l, ok := next.(statuser); ok {
+		r.mu.Lock()
+		r.logs = append(r.logs, l)
+		r.mu.Unlock()
+	}
+	return &sink{r: r, next: next}
+}
+
+type sink struct {
+	r    *Registry
+	next audit.Sink
+}
+
+func (s *sink) Record(ctx context.Context, e audit.Event) error {
+	start := time.Now()
+	err := s.next.Record(ctx, e)
+	s.r.auditRecord.Observe(time.Since(start).Seconds())
+	s.r.observe(e)
+	return err
+}
+
+// observe counts one event. A change's "started" record is not counted:
+// its outcome is, in the record that follows it.
+func (r *Registry) observe(e audit.Event) {
+	if e.Result == "started" {
+		return
+	}
+	op, code := labelOf(e.Op), labelOf(e.Code)
+	switch e.Source {
+	case audit.SourceTool:
+		r.toolCalls.WithLabelValues(op, e.Result, code).Inc()
+		if e.Duration > 0 {
+			r.toolSeconds.WithLabelValues(op).Observe(e.Duration.Seconds())
+		}
+	case audit.SourceFUSE:
+		if e.Op == "throttle" {
+			if n, ok := e.Detail["waits"].(int64); ok {
+				r.throttled.Add(float64(n))
+			}
+			r.throttledSec.Add(e.Duration.Seconds())
+		} else {
+			r.fuseOps.WithLabelValues(op, e.Result, code).Inc()
+		}
+	case audit.SourceSandbox:
+		r.sandbox.WithLabelValues(op).Inc()
+	}
+	if e.Result == "refused" {
+		r.refusals.WithLabelValues(string(e.Source), code).Inc()
+	}
+	r.scopes.touch(e)
+}
+
+// labelOf bounds the values a label takes: an operation or code is one
+// loomfs names, but a record's op may carry what a caller sent (an unknown
+// tool's name); past maxLabelValues distinct ones, the rest are "other".
+func labelOf(s string) string {
+	if v, ok := known.Load(s); ok {
+		return v.(string)
+	}
+	knownMu.Lock()
+	defer knownMu.Unlock()
+	if v, ok := known.Load(s); ok {
+		return v.(string)
+	}
+	v := s
+	if knownCount >= maxLabelValues || len(s) > 64 {
+		v = "other"
+	} else {
+		knownCount++
+	}
+	known.Store(s, v)
+	return v
+}
+
+const maxLabelValues = 512
+
+var (
+	known      sync.Map
+	knownMu    sync.Mutex
+	knownCount int
+)
+
+// scopeSet keeps per-scope counts for the scopes active within window, at
+// most max of them: Prometheus stores every label set it ever saw, so a
+// node that serves thousands of sessions a day must not give each its
+// own series for good. A scope that goes quiet loses its series; one that
+// comes back starts its counters again (rate() takes that as a reset).
+type scopeSet struct {
+	window time.Duration
+	max    int
+	now    func() time.Time
+
+	mu sync.Mutex
+	m  map[string]*scopeCounts
+
+	ops, refused, waited, used, limit *prometheus.Desc
+	active                            *prometheus.Desc
+	quota                             map[string]func() (used, limit int64, ok bool)
+}
+
+type scopeCounts struct {
+	seen    time.Time
+	ops     map[audit.Source]float64
+	refused float64
+	waited  float64 // seconds
+}
+
+func newScopeSet(window time.Duration, max int) *scopeSet {
+	return &scopeSet{
+		window: window, max: max, now: time.Now,
+		m:     map[string]*scopeCounts{},
+		quota: map[string]func() (int64, int64, bool){},
+		ops: prometheus.NewDesc("loomfs_scope_operations_total",
+			"Audited operations of one scope active lately (see loomfs_scopes_active), by door.", []string{"scope", "door"}, nil),
+		refused: prometheus.NewDesc("loomfs_scope_refusals_total",
+			"Refusals in one scope active lately.", []string{"scope"}, nil),
+		waited: prometheus.NewDesc("loomfs_scope_throttle_wait_seconds_total",
+			"Time one scope active lately waited for its I/O rate limits.", []string{"scope"}, nil),
+		used: prometheus.NewDesc("loomfs_scope_quota_used_bytes",
+			"Bytes one scope active lately holds, as its quota account has it.", []string{"scope"}, nil),
+		limit: prometheus.NewDesc("loomfs_scope_quota_limit_bytes",
+			"The policy's scope_bytes of one scope active lately (absent when unlimited).", []string{"scope"}, nil),
+		active: prometheus.NewDesc("loomfs_scopes_active",
+			"Scopes with per-scope series now: active within the window, at most the configured number.", nil, nil),
+	}
+}
+
+// scopeLabel names the scope of e as loomfs names scopes
+// (SPACE/AGENT/SESSION[/RUN/INSTANCE]), or by its hash without ids.
+func scopeLabel(a audit.Actor, hash string) string {
+	switch {
+	case a.Space == "":
+		return hash
+	case a.Run == "":
+		return a.Space + "/" + a.Agent + "/" + a.Session
+	}
+	return a.Space + "/" + a.Agent + "/" + a.Session + "/" + a.Run + "/" + a.Instance
+}
+
+func (s *scopeSet) touch(e audit.Event) {
+	name := scopeLabel(e.Actor, e.Scope)
+	if name == "" {
+		return
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.m[name]
+	if c == nil {
+		if len(s.m) >= s.max {
+			s.evict(now)
+		}
+		c = &scopeCounts{ops: map[audit.Source]float64{}}
+		s.m[name] = c
+	}
+	c.seen = now
+	if e.Source == audit.SourceFUSE && e.Op == "throttle" {
+		c.waited += e.Duration.Seconds()
+		return
+	}
+	c.ops[e.Source]++
+	if e.Result == "refused" {
+		c.refused++
+	}
+}
+
+// evict drops the scopes gone quiet, and then, if none did, the one
+// active least recently. The caller holds s.mu.
+func (s *scopeSet) evict(now time.Time) {
+	var oldest string
+	var at time.Time
+	for name, c := range s.m {
+		if now.Sub(c.seen) > s.window {
+			delete(s.m, name)
+			continue
+		}
+		if oldest == "" || c.seen.Before(at) {
+			oldest, at = name, c.seen
+		}
+	}
+	if len(s.m) >= s.max {
+		delete(s.m, oldest)
+	}
+}
+
+// watchQuota reports scope's quota use while the scope is active; the
+// returned func stops it.
+func (s *scopeSet) watchQuota(scope string, fn func() (used, limit int64, ok bool)) func() {
+	s.mu.Lock()
+	s.quota[scope] = fn
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.quota, scope)
+		s.mu.Unlock()
+	}
+}
+
+func (s *scopeSet) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{s.ops, s.refused, s.waited, s.used, s.limit, s.active} {
+		ch <- d
+	}
+}
+
+func (s *scopeSet) Collect(ch chan<- prometheus.Metric) {
+	now := s.now()
+	type quota struct {
+		name string
+		fn   func() (int64, int64, bool)
+	}
+	var quotas []quota
+	s.mu.Lock()
+	for name, c := range s.m {
+		if now.Sub(c.seen) > s.window {
+			delete(s.m, name)
+			continue
+		}
+		for door, n := range c.ops {
+			ch <- prometheus.MustNewConstMetric(s.ops, prometheus.CounterValue, n, name, string(door))
+		}
+		ch <- prometheus.MustNewConstMetric(s.refused, prometheus.CounterValue, c.refused, name)
+		ch <- prometheus.MustNewConstMetric(s.waited, prometheus.CounterValue, c.waited, name)
+		if fn := s.quota[name]; fn != nil {
+			quotas = append(quotas, quota{name, fn})
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(s.active, prometheus.GaugeValue, float64(len(s.m)))
+	s.mu.Unlock()
+	// Read outside the lock: an account's read may touch the volume.
+	for _, q := range quotas {
+		used, limit, ok := q.fn()
+		if !ok {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(s.used, prometheus.GaugeValue, float64(used), q.name)
+		if limit > 0 {
+			ch <- prometheus.MustNewConstMetric(s.limit, prometheus.GaugeValue, float64(limit), q.name)
+		}
+	}
+}
