@@ -33,10 +33,11 @@ const (
 	ApplyPatch = "workspace_apply_patch"
 	ReadImage  = "workspace_read_image"
 	Changes    = "workspace_changes"
+	ForkStatus = "workspace_fork_status" // fork.go
 )
 
 // Names lists every tool in a stable order.
-var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command, ApplyPatch, ReadImage, Changes}
+var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command, ApplyPatch, ReadImage, Changes, ForkStatus}
 
 // mutating tools hold the scope lock and are never replayed blind.
 var mutating = map[string]bool{Write: true, Edit: true, Mkdir: true, Delete: true, Command: true, ApplyPatch: true}
@@ -150,6 +151,7 @@ func Definitions(pol *policy.Policy) []Definition {
 			})},
 	}
 	defs = append(defs, otherDefinitions(pol, paths, quota)...)
+	defs = append(defs, forkStatusDefinition(paths))
 	return append(defs, processDefinitions(pol)...)
 }
 

@@ -473,6 +473,7 @@ var handlers = map[string]handler{
 	ApplyPatch: handleApplyPatch,
 	ReadImage:  handleReadImage,
 	Changes:    handleChanges,
+	ForkStatus: handleForkStatus,
 }
 
 // decode parses input strictly into v: unknown fields and wrong types are

@@ -437,6 +437,7 @@ func TestReadsRecordNothing(t *testing.T) {
 		{Read, `{"path":"d/a.txt"}`},
 		{ReadImage, `{"path":"d/a.png"}`},
 		{Changes, `{"since":""}`},
+		{ForkStatus, `{}`},
 		// No process service here: refused, and still nothing recorded.
 		{ProcessRead, `{"process_id":"p-1"}`},
 		{ProcessList, `{}`},

@@ -1,0 +1,66 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/agentloom/loomfs/fork"
+	"github.com/agentloom/loomfs/policy"
+)
+
+// workspace_fork_status: an agent in a forked scope (package fork) sees
+// its base, what a merge would bring back now and what it would hold back,
+// and what changed in the source since. It changes nothing; whether an
+// agent may merge is the platform's decision, and no tool does it.
+
+const (
+	defaultForkStatusLimit = 200
+	maxForkStatusLimit     = 2000
+)
+
+func forkStatusDefinition(paths string) Definition {
+	return Definition{ForkStatus, fmt.Sprintf("Tell whether this workspace is a fork of another (a copy made for you from a snapshot of it, to be merged back by the platform) and, if so: from (the workspace it was copied from), base (its snapshot), forked_at, mergeable (each file you changed since that a merge now would bring back: path and op), conflicts (paths changed both here and there since the base, with type both_modified, modified_deleted, deleted_modified, both_added or type_changed and the three sha256), refused (changes the other workspace's rules do not take), source_changed (paths changed there since the base) and truncated. A merge applies the mergeable changes only if nothing conflicts; to clear a conflict, make the file here what you want it to be given the other side's version, or leave it as it was at the base. Changes nothing. Each list holds at most limit paths (default %d). %s", defaultForkStatusLimit, paths),
+		schema(nil, map[string]prop{
+			"limit": {"type": "integer", "minimum": 1, "maximum": maxForkStatusLimit, "description": fmt.Sprintf("Most paths per list (default %d).", defaultForkStatusLimit)},
+		})}
+}
+
+// forkStatusResult is the answer in a scope that is no fork.
+type forkStatusResult struct {
+	Forked bool `json:"forked"`
+	*fork.Status
+}
+
+func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
+	var in struct {
+		Limit int `json:"limit"`
+	}
+	if err := decode(input, &in); err != nil {
+		return nil, err
+	}
+	limit, err := bound("limit", in.Limit, maxForkStatusLimit)
+	if err != nil {
+		return nil, err
+	}
+	if in.Limit == 0 {
+		limit = defaultForkStatusLimit
+	}
+	rec, err := fork.ReadRecord(t.WS.Volume(), t.WS.Scope())
+	if policy.CodeOf(err) == policy.NotFound {
+		return forkStatusResult{Forked: false}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	src, err := t.WS.Volume().Open(ctx, rec.From, t.WS.Policy().WithScope(rec.From.Main()))
+	if err != nil {
+		return nil, fmt.Errorf("open the workspace this one was forked from: %w", err)
+	}
+	defer src.Close()
+	st, err := fork.ReadStatus(ctx, t.WS, src, limit)
+	if err != nil {
+		return nil, err
+	}
+	return forkStatusResult{Forked: true, Status: st}, nil
+}
