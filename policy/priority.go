@@ -122,6 +122,13 @@ func (p *Policy) VolumeWatermark() Watermark {
 	return Watermark{}
 }
 
+// WatchesVolume reports whether the policy sets a volume watermark, so
+// that growth of every class, high included, must be counted against the
+// volume's free space.
+func (p *Policy) WatchesVolume() bool {
+	return !p.VolumeReserveLow.IsZero() || !p.VolumeReserveNormal.IsZero()
+}
+
 // CheckVolume decides whether a scope of this policy's class may grow by
 // addBytes and addFiles on a volume with free of total bytes left: below
 // the class's watermark, growth is refused (VolumeReserved) while higher

@@ -247,10 +247,11 @@ func (w *Workspace) Reserve(ctx context.Context, addBytes, addFiles int64) error
 
 // checkVolume refuses growth of a scope whose priority class is below its
 // watermark on the volume (policy.CheckVolume), from the filesystem's free
-// space read at most once a second (space.go). A policy with no watermark
-// for the class reads nothing.
+// space read at most once a second (space.go). Growth of a class with no
+// watermark (high) is counted too, so the others' figure stays true; a
+// policy with no watermark at all reads nothing.
 func (w *Workspace) checkVolume(addBytes, addFiles int64) error {
-	if (addBytes <= 0 && addFiles <= 0) || w.pol.VolumeWatermark().IsZero() {
+	if (addBytes <= 0 && addFiles <= 0) || !w.pol.WatchesVolume() {
 		return nil
 	}
 	err := growVolume(int(w.dir.Fd()), w.dev, addBytes, func(free, total int64) error {
