@@ -101,7 +101,7 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 	}
 	// The destination holds at most its layout's directories, which the
 	// fork's tree replaces: the quota is checked against the tree alone.
-	if err := dst.Policy().Limits.CheckQuota(policy.Usage{}, res.Bytes, int64(len(entries))); err != nil {
+	if err := checkLimits(dst.Policy(), entries, res.Bytes); err != nil {
 		return nil, fmt.Errorf("fork of %s (%d files, %d directories) refused whole: %w", src.Scope(), res.Files, res.Dirs, err)
 	}
 
@@ -161,6 +161,41 @@ func keep(all []snapshot.Entry, from, to *policy.Policy) ([]snapshot.Entry, []sn
 		kept = append(kept, e)
 	}
 	return kept, skipped
+}
+
+// checkLimits refuses a tree the destination's limits don't take: its
+// quota, its per-file size and each capped subtree's cap.
+func checkLimits(pol *policy.Policy, entries []snapshot.Entry, bytes int64) error {
+	if err := pol.Limits.CheckQuota(policy.Usage{}, bytes, int64(len(entries))); err != nil {
+		return err
+	}
+	caps := map[string]*policy.Usage{}
+	for _, e := range entries {
+		if e.Type == "file" {
+			if err := pol.Limits.CheckFileSize(e.Path, e.Size); err != nil {
+				return err
+			}
+		}
+		for _, c := range pol.Caps(e.Path) {
+			u := caps[c.Prefix]
+			if u == nil {
+				u = &policy.Usage{}
+				caps[c.Prefix] = u
+			}
+			u.Files++
+			if e.Type != "dir" {
+				u.Bytes += e.Size
+			}
+		}
+	}
+	for _, c := range pol.Subtrees {
+		if u := caps[c.Prefix]; u != nil && c.Capped() {
+			if err := c.CheckCap(policy.Usage{}, u.Bytes, u.Files); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // errFile stops checkEmpty's walk at the first file.

@@ -145,6 +145,12 @@ func TestForkRefusals(t *testing.T) {
 	}
 	small := *rw
 	small.Limits.ScopeBytes = 20
+	bigFile := *rw
+	bigFile.Limits.FileBytes = 8
+	capped := *rw
+	if err := capped.SetSubtrees([]policy.Subtree{{Prefix: "logs", MaxBytes: 4}}); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		dstPol   *policy.Policy
@@ -156,6 +162,8 @@ func TestForkRefusals(t *testing.T) {
 	}{
 		{name: "a destination holding a file is refused", prepare: func(t *testing.T, dst *store.Workspace) { write(t, dst, "notes.txt", "mine") }, code: policy.Exists, inMsg: "notes.txt"},
 		{name: "over the destination's quota, refused whole with the figures", dstPol: &small, code: policy.QuotaExceeded, inMsg: "20 B"},
+		{name: "a file over the destination's file size, refused whole", dstPol: &bigFile, code: policy.TooLarge},
+		{name: "over a capped subtree of the destination, refused whole", dstPol: &capped, code: policy.QuotaExceeded, inMsg: "logs"},
 		{name: "a hidden subtree is not copied where it would be visible", dstPol: &rwMeta, skipped: ".meta", notThere: ".meta/task.json"},
 	}
 	for _, tc := range tests {
