@@ -62,7 +62,9 @@ func TestSinkCounts(t *testing.T) {
 			func(r *Registry) float64 { return testutil.ToFloat64(r.sandbox.WithLabelValues("container_start")) }, 1},
 		{"a platform refusal counts under its door",
 			audit.Event{Source: audit.SourcePlatform, Op: "stage", Result: "refused", Code: "no_space", Actor: actor},
-			func(r *Registry) float64 { return testutil.ToFloat64(r.refusals.WithLabelValues("platform", "no_space")) }, 1},
+			func(r *Registry) float64 {
+				return testutil.ToFloat64(r.refusals.WithLabelValues("platform", "no_space"))
+			}, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -242,7 +244,9 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	s.Record(context.Background(), audit.Event{Source: audit.SourceSandbox, Op: "container_start", Result: "ok", Actor: actor})
 	r.ObserveRequest("GETATTR", 0, time.Microsecond)
 	r.WatchChecks(func() []Check { return []Check{{Target: "volume", OK: true, Time: time.Now(), Took: time.Millisecond}} })
-	r.WatchQuarantines(func() ([]Quarantine, error) { return []Quarantine{{Scope: "acme/coder/s2", Reason: "worker died"}}, nil })
+	r.WatchQuarantines(func() ([]Quarantine, error) {
+		return []Quarantine{{Scope: "acme/coder/s2", Reason: "worker died"}}, nil
+	})
 	r.WatchSandboxes(func() (int, int) { return 1, 2 })
 	r.WatchAuditSeal(func() (time.Time, bool, error) { return time.Now(), true, nil })
 	stop := r.WatchQuota("acme/coder/s1", func() (int64, int64, bool) { return 10, 100, true })
