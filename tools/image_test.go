@@ -256,6 +256,9 @@ func solidPNG(t testing.TB, w, h int, depth, ct byte, interlaced bool) []byte {
 // written by hand: no transforms, no colour cache, and five prefix codes
 // of one symbol each, so a pixel takes no bits at all.
 func solidWebP(w, h int) []byte {
+	if w > 1<<14 || h > 1<<14 {
+		panic("a lossless WebP's sides are at most 16384")
+	}
 	var out []byte
 	var acc uint64
 	var n uint
@@ -339,7 +342,7 @@ func sideAtCap(t testing.TB, header func(side int) []byte) int {
 		}
 		return readCost(c, 1<<20, defaultImageDimension, policy.Default().Limits.ImageBytes) <= imagebudget.Limit
 	}
-	lo, hi := 1, 1<<15
+	lo, hi := 1, 1<<14 // a lossless WebP's sides are 14 bits
 	for lo < hi {
 		mid := (lo + hi + 1) / 2
 		if fits(mid) {
@@ -355,7 +358,8 @@ func sideAtCap(t testing.TB, header func(side int) []byte) int {
 type hostileImage struct {
 	name string
 	make func(t testing.TB) []byte
-	code policy.Code // "" for an image that is read
+	code policy.Code // "" for an image that is read,
+	w, h int         // of this size
 	// message holds what a refusal must say (the figures).
 	message []string
 }
@@ -364,7 +368,7 @@ func hostileImages(t testing.TB) []hostileImage {
 	pngSide := sideAtCap(t, func(s int) []byte { return bombPNGOf(uint32(s), uint32(s), 16, 6, true) })
 	webpSide := sideAtCap(t, func(s int) []byte { return solidWebP(s, s) })
 	return []hostileImage{
-		{name: "interlaced 16-bit RGBA at the cap", make: func(t testing.TB) []byte { return solidPNG(t, pngSide, pngSide, 16, 6, true) }},
+		{name: "interlaced 16-bit RGBA at the cap", make: func(t testing.TB) []byte { return solidPNG(t, pngSide, pngSide, 16, 6, true) }, w: pngSide, h: pngSide},
 		{name: "interlaced 16-bit RGBA just over the cap", make: func(testing.TB) []byte { return bombPNGOf(uint32(pngSide+64), uint32(pngSide+64), 16, 6, true) },
 			code: policy.TooLarge, message: []string{fmt.Sprintf("%d×%d 16-bit RGBA PNG, interlaced", pngSide+64, pngSide+64), "192 MiB"}},
 		{name: "interlaced 16-bit RGBA 6300² of 483 KB", make: func(t testing.TB) []byte { return solidPNG(t, 6300, 6300, 16, 6, true) },
@@ -373,9 +377,9 @@ func hostileImages(t testing.TB) []hostileImage {
 			code: policy.TooLarge, message: []string{"50000×50000 pixels (2500 megapixels)", "over 100 megapixels"}},
 		{name: "20,000² single-colour bomb", make: func(t testing.TB) []byte { return solidPNG(t, 20_000, 20_000, 1, 0, false) },
 			code: policy.TooLarge, message: []string{"20000×20000 pixels (400 megapixels)", "over 100 megapixels"}},
-		{name: "16-bit RGBA 8000×5000, not interlaced (305 MiB decoded whole, read a row at a time)", make: func(t testing.TB) []byte { return solidPNG(t, 8000, 5000, 16, 6, false) }},
-		{name: "200-frame GIF", make: func(t testing.TB) []byte { return manyFrameGIF(t, 2000, 1600, 200) }},
-		{name: "lossless WebP at the cap", make: func(testing.TB) []byte { return solidWebP(webpSide, webpSide) }},
+		{name: "16-bit RGBA 8000×5000, not interlaced (305 MiB decoded whole, read a row at a time)", make: func(t testing.TB) []byte { return solidPNG(t, 8000, 5000, 16, 6, false) }, w: 8000, h: 5000},
+		{name: "200-frame GIF", make: func(t testing.TB) []byte { return manyFrameGIF(t, 2000, 1600, 200) }, w: 2000, h: 1600},
+		{name: "lossless WebP at the cap", make: func(testing.TB) []byte { return solidWebP(webpSide, webpSide) }, w: webpSide, h: webpSide},
 		{name: "lossless WebP just over the cap", make: func(testing.TB) []byte { return solidWebP(webpSide+64, webpSide+64) },
 			code: policy.TooLarge, message: []string{"lossless WebP"}},
 	}
@@ -412,6 +416,9 @@ func TestReadImageHostile(t *testing.T) {
 			if c.code == "" {
 				if err != nil {
 					t.Fatalf("read: %v", err)
+				}
+				if res["original_width"] != float64(c.w) || res["original_height"] != float64(c.h) {
+					t.Errorf("read as %v×%v, made %d×%d", res["original_width"], res["original_height"], c.w, c.h)
 				}
 				if res["downscaled"] != true || res["bytes"].(float64) > float64(policy.Default().Limits.ImageBytes) {
 					t.Errorf("%v×%v, %v bytes, downscaled %v", res["width"], res["height"], res["bytes"], res["downscaled"])
