@@ -87,6 +87,10 @@ const (
 	// ProcessServiceUnavailable: no node service (loomfs serve) answers,
 	// so processes can't be started or reached.
 	ProcessServiceUnavailable Code = "process_service_unavailable"
+	// SessionExhausted: the session sandbox's pids limit, memory or /tmp
+	// is spent; the message names the limit and the processes that hold
+	// it, and what frees it.
+	SessionExhausted Code = "session_exhausted"
 )
 
 // Error is the one error type every door returns. Message is written for a

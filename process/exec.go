@@ -31,6 +31,7 @@ type Process struct {
 
 	box    *Sandbox
 	execID string
+	gid    int // the group id its whole tree runs under (tree.go)
 	out    *Output
 	hj     types.HijackedResponse
 	done   chan struct{} // closed once the exit is known
@@ -45,6 +46,8 @@ type Process struct {
 	endedAt  time.Time
 	sig      string
 	reason   string // why it ended, when its sandbox stopped under it
+	left     *int   // processes of its tree killed when it ended
+	oom      bool   // the memory limit killed it
 	hostPid  int    // the exec's pid as this host sees it, for the FUSE records
 }
 
@@ -68,34 +71,37 @@ type Record struct {
 	Ended     *time.Time `json:"ended_at,omitempty"`
 	Cursor    int64      `json:"cursor"`
 	Reason    string     `json:"reason,omitempty"`
+	GID       int        `json:"gid,omitempty"`
+	Left      *int       `json:"left_running_killed,omitempty"`
+	OOMKilled bool       `json:"oom_killed,omitempty"`
 }
 
 // Info is the record as a process tool shows it.
 func (r Record) Info() tools.ProcessInfo {
 	return tools.ProcessInfo{ProcessID: r.ID, Command: r.Command, TTY: r.TTY, Cols: r.Cols, Rows: r.Rows, Status: r.Status,
 		ExitCode: r.ExitCode, Signal: r.Signal, Node: r.Node, Container: r.Container, ExecID: r.ExecID, CallID: r.CallID,
-		Started: r.Started, Ended: r.Ended, Cursor: r.Cursor}
+		Started: r.Started, Ended: r.Ended, Cursor: r.Cursor, LeftRunningKilled: r.Left, OOMKilled: r.OOMKilled, Reason: r.Reason}
 }
 
-// endedOutput answers a read of a process whose output is no longer kept.
+// endedOutput answers a read of a process whose output is no longer kept:
+// none of it is returned, so it starts (and ends) at the record's cursor.
 func (r Record) endedOutput(since int64) tools.ProcessOutput {
-	out := tools.ProcessOutput{ProcessID: r.ID, Status: r.Status, ExitCode: r.ExitCode, TTY: r.TTY, Since: since, Cursor: r.Cursor, Container: r.Container}
+	out := tools.ProcessOutput{ProcessID: r.ID, Status: r.Status, ExitCode: r.ExitCode, TTY: r.TTY, Since: r.Cursor, Cursor: r.Cursor,
+		Container: r.Container, LeftRunningKilled: r.Left, OOMKilled: r.OOMKilled}
 	if since < r.Cursor {
 		out.DroppedBytes = r.Cursor - since
-	} else {
-		out.Cursor = since
 	}
 	return out
 }
 
 // wrapper starts the command the way workspace_command does (sh -c, umask
-// 077) after noting its pid, which a signal is sent to. The engine starts
-// an exec as the leader of a process group of its own, so the signal goes
-// to that group and reaches the command's children too.
-func wrapper(id string, tty bool) string {
-	// The directory is made here too: the first exec may run before the
-	// container's own command made it.
-	w := "mkdir -p /tmp/.loomfs && echo $$ > /tmp/.loomfs/" + id + ".pid; umask 077; "
+// 077). Its tree is found by its group id (tree.go), not by a pid, so it
+// notes nothing in /tmp and starts even when /tmp is full. It makes its
+// tree the memory limit's first choice (oom_score_adj may be raised
+// without privilege), so the OOM killer takes a process of the agent's,
+// not the session's controller.
+func wrapper(tty bool) string {
+	w := "echo 500 2>/dev/null >/proc/self/oom_score_adj; umask 077; "
 	if tty {
 		// An engine older than API 1.42 ignores the exec's ConsoleSize
 		// and starts it on a terminal of size 0 0, set only by the
@@ -113,13 +119,18 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 	}
 	r := b.svc.cfg.Runner
 	cli := r.Engine()
-	p := &Process{ID: id, Command: req.Command, TTY: req.TTY, CallID: req.CallID, box: b,
+	b.mu.Lock()
+	gid := b.nextGID
+	b.nextGID++
+	b.mu.Unlock()
+	p := &Process{ID: id, Command: req.Command, TTY: req.TTY, CallID: req.CallID, box: b, gid: gid,
 		out: newOutput(b.output), done: make(chan struct{})}
+	uid, _, _ := strings.Cut(r.User(), ":")
 	opts := container.ExecOptions{
-		User: r.User(), Tty: req.TTY, AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		User: fmt.Sprintf("%s:%d", uid, gid), Tty: req.TTY, AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		WorkingDir: "/workspace",
 		Env:        []string{"HOME=/tmp", "TMPDIR=/tmp", "PYTHONDONTWRITEBYTECODE=1"},
-		Cmd:        []string{"/bin/sh", "-c", wrapper(id, req.TTY), "sh", req.Command},
+		Cmd:        []string{"/bin/sh", "-c", wrapper(req.TTY), "sh", req.Command},
 	}
 	if req.TTY {
 		opts.Env = append(opts.Env, "TERM=xterm-256color")
@@ -162,8 +173,11 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 	return p, nil
 }
 
-// pump copies the process's output into its buffer until the stream ends,
-// then learns the exit code.
+// pump copies the process's output into its buffer until the stream ends
+// (the engine ends it at most 2 s after the exec, even while something the
+// command left holds it), learns the exit code, then kills what the
+// command left running: a process is its whole tree, and its end is
+// reported once nothing of it is left.
 func (p *Process) pump() {
 	defer p.box.svc.wg.Done()
 	if p.TTY {
@@ -173,19 +187,51 @@ func (p *Process) pump() {
 	}
 	p.hj.Close()
 	code := p.inspectExit()
+	ctx := context.Background()
+	detail := map[string]any{"process_id": p.ID, "exec_id": p.execID, "exit_code": exitText(code)}
+	var left *int
+	oom, reason := false, ""
+	if code == nil {
+		// The exec's end is unknown: the container may have ended
+		// under it (gVisor ends the whole sandbox at its pids or memory
+		// limit). Then the sandbox is stopped and the next call starts
+		// a new one.
+		if running, oomKilled, err := p.box.running(ctx); err == nil && !running {
+			reason, oom = p.box.died(oomKilled), oomKilled
+			detail["reason"] = reason
+		}
+	}
+	if reason == "" && p.box.alive() {
+		n, err := p.box.killTree(ctx, p.gid)
+		left = &n
+		detail["left_running_killed"] = n
+		if err != nil {
+			detail["sweep_error"] = err.Error()
+		}
+		oom = code != nil && *code == 128+9 && p.signalled() != "KILL" && p.box.newOOMKill(ctx)
+		if oom {
+			detail["oom_killed"] = true
+		}
+	}
 	p.mu.Lock()
 	already := p.isExited
 	if !already {
-		p.isExited, p.code, p.endedAt = true, code, time.Now().UTC()
+		p.isExited, p.code, p.endedAt, p.left, p.oom, p.reason = true, code, time.Now().UTC(), left, oom, reason
 	}
 	p.mu.Unlock()
 	p.out.close()
 	if !already {
 		close(p.done)
 		p.save()
-		p.box.record("process_exit", p.CallID, 0, map[string]any{"process_id": p.ID, "exec_id": p.execID, "exit_code": exitText(code)})
+		p.box.record("process_exit", p.CallID, 0, detail)
 		p.box.touch()
 	}
+}
+
+func (p *Process) signalled() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sig
 }
 
 // inspectExit asks the engine for the exit code, waiting briefly for the
@@ -212,7 +258,11 @@ func (p *Process) inspectExit() *int {
 }
 
 // ended marks the process ended with its sandbox.
-func (p *Process) ended(reason string) {
+func (p *Process) ended(reason string) { p.endedWith(reason, false) }
+
+// endedWith marks the process ended with its sandbox, by the memory
+// limit when oom.
+func (p *Process) endedWith(reason string, oom bool) {
 	p.hj.Close()
 	select {
 	case <-p.done:
@@ -222,7 +272,7 @@ func (p *Process) ended(reason string) {
 	p.mu.Lock()
 	already := p.isExited
 	if !already {
-		p.isExited, p.endedAt, p.reason = true, time.Now().UTC(), reason
+		p.isExited, p.endedAt, p.reason, p.oom = true, time.Now().UTC(), reason, oom
 	}
 	p.mu.Unlock()
 	if !already {
@@ -275,41 +325,30 @@ func (p *Process) resize(ctx context.Context, cols, rows int, callID string) err
 	return nil
 }
 
-// signal sends sig to the process's group, or to the process alone when
-// it leads none, from inside the sandbox as the sandbox's user.
+// signal sends sig to every process of the process's tree, found by its
+// group id however it left the command's group or session, through the
+// sandbox's controller, which needs no new process (the pids limit may be
+// spent). KILL stops the tree first, so none of it forks meanwhile, and
+// answers once none of it is left.
 func (p *Process) signal(ctx context.Context, sig, callID string) error {
 	if p.exited() {
 		return nil // nothing to signal; the answer says it exited
 	}
 	p.box.touch()
-	f := "/tmp/.loomfs/" + p.ID + ".pid"
-	// "kill -SIG -PID" names the group: busybox's kill takes no "--".
-	script := fmt.Sprintf(`p=$(cat %s) && { kill -%s -$p 2>/dev/null || kill -%s $p; }`, f, sig, sig)
-	r := p.box.svc.cfg.Runner
-	cli := r.Engine()
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	created, err := cli.ContainerExecCreate(octx, p.box.id, container.ExecOptions{User: r.User(), AttachStdout: true, AttachStderr: true, Cmd: []string{"/bin/sh", "-c", script}})
-	if err == nil {
-		var hj types.HijackedResponse
-		hj, err = cli.ContainerExecAttach(octx, created.ID, container.ExecAttachOptions{})
-		if err == nil {
-			var msg strings.Builder
-			stdcopy.StdCopy(&msg, &msg, hj.Reader)
-			hj.Close()
-			st, ierr := cli.ContainerExecInspect(octx, created.ID)
-			if ierr == nil && st.ExitCode != 0 && !p.exited() {
-				err = fmt.Errorf("kill exited %d: %s", st.ExitCode, strings.TrimSpace(msg.String()))
-			}
-		}
-	}
-	if err != nil {
-		return policy.Errorf(policy.SandboxUnavailable, "signal process %s: %s", p.ID, policy.MaskHostPaths(err.Error()))
-	}
 	p.mu.Lock()
 	p.sig = sig
 	p.mu.Unlock()
-	p.box.record("process_signal", callID, 0, map[string]any{"process_id": p.ID, "signal": sig})
+	var n int
+	var err error
+	if sig == "KILL" {
+		n, err = p.box.killTree(ctx, p.gid)
+	} else {
+		n, err = p.box.signalTree(ctx, p.gid, sig)
+	}
+	if err != nil {
+		return policy.Errorf(policy.SandboxUnavailable, "signal process %s: %s; retry, or stop the session with loomfs processes stop", p.ID, policy.MaskHostPaths(err.Error()))
+	}
+	p.box.record("process_signal", callID, 0, map[string]any{"process_id": p.ID, "signal": sig, "processes": n})
 	return nil
 }
 
@@ -378,7 +417,7 @@ func (p *Process) output(since int64, max int) tools.ProcessOutput {
 		o.Stdout, o.Stderr = string(c.stdout), string(c.stderr)
 	}
 	if p.isExited {
-		o.Status, o.ExitCode = tools.StatusExited, p.code
+		o.Status, o.ExitCode, o.LeftRunningKilled, o.OOMKilled = tools.StatusExited, p.code, p.left, p.oom
 	}
 	return o
 }
@@ -392,7 +431,7 @@ func (p *Process) rec() Record {
 	defer p.mu.Unlock()
 	r := Record{ID: p.ID, Scope: p.box.scope.String(), Command: p.Command, TTY: p.TTY, Cols: p.cols, Rows: p.rows,
 		Node: p.box.svc.Node(), Container: p.box.name, ExecID: p.execID, CallID: p.CallID, Started: p.Started,
-		Status: tools.StatusRunning, Signal: p.sig, Cursor: end, Reason: p.reason}
+		Status: tools.StatusRunning, Signal: p.sig, Cursor: end, Reason: p.reason, GID: p.gid, Left: p.left, OOMKilled: p.oom}
 	if p.isExited {
 		ended := p.endedAt
 		r.Status, r.ExitCode, r.Ended = tools.StatusExited, p.code, &ended

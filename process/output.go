@@ -91,18 +91,18 @@ func (o *Output) notify() {
 // chunk is the output after a cursor.
 type chunk struct {
 	all, stdout, stderr []byte
-	since, cursor       int64
+	since, cursor       int64 // the cursors of all's first byte and of the byte after it
 	dropped             int64
 	more                bool // output follows cursor that max left out
 }
 
 // read returns up to max bytes after since. A since older than the kept
 // bytes starts at the oldest and counts the rest as dropped; one past the
-// end is read as the end.
+// end is read as the end. The chunk's since says where it starts.
 func (o *Output) read(since int64, max int) chunk {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	c := chunk{since: since}
+	var c chunk
 	if since > o.end {
 		since = o.end
 	}
@@ -110,6 +110,7 @@ func (o *Output) read(since int64, max int) chunk {
 		c.dropped = o.start - since
 		since = o.start
 	}
+	c.since = since
 	var all, out, errb bytes.Buffer
 	pos := o.start
 	for _, s := range o.segs {

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -41,9 +44,19 @@ type Sandbox struct {
 	life    time.Duration
 	output  int
 
+	// The container's limits, for the answer that says one is spent.
+	pidsLimit, memLimit, tmpSize int64
+	gvisor                       bool // the runtime is gVisor's runsc
+
+	ctlMu   sync.Mutex
+	control *controller // see tree.go
+
 	mu       sync.Mutex
 	procs    map[string]*Process
-	cmds     int // workspace_command calls running as execs ("commands: session")
+	nextGID  int  // the group id of the next process (tree.go)
+	oomSeen  int  // OOM kills already told to a process's record
+	endedOOM bool // the container ended for want of memory
+	cmds     int  // workspace_command calls running as execs ("commands: session")
 	lastUse  time.Time
 	stopping bool
 	done     chan struct{} // closed once stopped
@@ -85,7 +98,7 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	}
 	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()), callID: callID,
 		idle: lim.SessionIdle, life: lim.SessionLifetime, output: int(lim.ProcessOutput),
-		procs: map[string]*Process{}, done: make(chan struct{})}
+		procs: map[string]*Process{}, done: make(chan struct{}), nextGID: firstGID}
 	undo := []func(){closeWS}
 	defer func() {
 		if err != nil {
@@ -148,6 +161,11 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	cc, hc := r.ContainerConfig(req)
 	init := true
 	hc.Init = &init // reaps what the execs leave behind
+	if hc.PidsLimit != nil {
+		b.pidsLimit = *hc.PidsLimit
+	}
+	b.memLimit, b.tmpSize = hc.Memory, tmpfsSize(hc.Tmpfs["/tmp"])
+	b.gvisor = strings.HasPrefix(hc.Runtime, "runsc")
 	cli := r.Engine()
 	octx := context.WithoutCancel(ctx)
 	cctx, cancel := context.WithTimeout(octx, 30*time.Second)
@@ -173,6 +191,16 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 		return nil, policy.Errorf(policy.SandboxStartFailed, "%v: %s", sandbox.ErrStartFailed, msg)
 	}
 	b.record("container_start", callID, 0, map[string]any{"session": true, "idle_timeout_ms": b.idle.Milliseconds(), "max_lifetime_ms": b.life.Milliseconds()})
+	// The controller starts with the container, while a fork is sure to
+	// succeed: it is what kills a process's tree at the pids limit.
+	if b.control, err = b.startController(ctx); err != nil {
+		msg := policy.MaskHostPaths(err.Error())
+		if qerr := b.removeOrQuarantine(octx, created.ID, callID, "controller failed: "+msg); qerr != nil {
+			undo = undo[:len(undo)-1]
+			return nil, qerr
+		}
+		return nil, policy.Errorf(policy.SandboxStartFailed, "%v: %s", sandbox.ErrStartFailed, msg)
+	}
 	b.lastUse = time.Now()
 	svc.wg.Add(1)
 	go b.watch()
@@ -271,6 +299,11 @@ func (b *Sandbox) Stop(ctx context.Context, reason, callID string) error {
 
 	octx := context.WithoutCancel(ctx)
 	b.record("container_kill", callID, 0, map[string]any{"session": true, "reason": reason})
+	b.ctlMu.Lock()
+	if b.control != nil {
+		b.control.close()
+	}
+	b.ctlMu.Unlock()
 	err := b.removeOrQuarantine(octx, b.id, callID, reason)
 	b.mu.Lock()
 	procs := make([]*Process, 0, len(b.procs))
@@ -278,8 +311,11 @@ func (b *Sandbox) Stop(ctx context.Context, reason, callID string) error {
 		procs = append(procs, p)
 	}
 	b.mu.Unlock()
+	b.mu.Lock()
+	oom := b.endedOOM
+	b.mu.Unlock()
 	for _, p := range procs {
-		p.ended(reason)
+		p.endedWith(reason, oom)
 	}
 	if err == nil {
 		if cerr := b.ws.ClearSessionMarker(); cerr != nil {
@@ -323,6 +359,70 @@ func (b *Sandbox) Info() SandboxInfo {
 		}
 	}
 	return SandboxInfo{Scope: b.scope.String(), Container: b.name, Node: b.svc.Node(), Started: b.started, LastUse: b.lastUse, Running: running}
+}
+
+// running reports whether the sandbox's container still runs. A container
+// whose init ended (under gVisor, a fork bomb or the memory limit ends the
+// whole sandbox) is stopped by the caller, so the next call starts afresh.
+func (b *Sandbox) running(ctx context.Context) (running bool, oomKilled bool, err error) {
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	st, err := b.svc.cfg.Runner.Engine().ContainerInspect(ictx, b.id)
+	if err != nil {
+		if client.IsErrNotFound(err) {
+			return false, false, nil
+		}
+		return false, false, err
+	}
+	if st.State == nil {
+		return false, false, nil
+	}
+	return st.State.Running, st.State.OOMKilled, nil
+}
+
+// died stops a sandbox whose container ended on its own, from a
+// goroutine of the service's, and returns why it ended: its processes are
+// marked ended (by the memory limit when the engine says so), the
+// container removed with confirmation, and the next process start starts
+// a new sandbox.
+func (b *Sandbox) died(oomKilled bool) string {
+	reason := "the session container ended on its own (under gVisor a process tree that spends the pids limit ends the whole sandbox); the next process starts a new one"
+	if oomKilled {
+		reason = fmt.Sprintf("the session container ran out of memory (limit %s) and ended; the next process starts a new one", policy.Bytes(b.memLimit))
+	}
+	b.mu.Lock()
+	b.endedOOM = oomKilled
+	b.mu.Unlock()
+	b.svc.wg.Add(1)
+	go func() {
+		defer b.svc.wg.Done()
+		b.Stop(context.Background(), reason, "")
+	}()
+	return reason
+}
+
+// newOOMKill reports whether the container's memory cgroup counted an OOM
+// kill not yet told to a process, and counts it told.
+func (b *Sandbox) newOOMKill(ctx context.Context) bool {
+	n := b.oomKills(ctx)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > b.oomSeen {
+		b.oomSeen++
+		return true
+	}
+	return false
+}
+
+// tmpfsSize reads the size= of a tmpfs mount's options; 0 when absent.
+func tmpfsSize(opts string) int64 {
+	for _, o := range strings.Split(opts, ",") {
+		if v, ok := strings.CutPrefix(o, "size="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // errStopped answers a call on a sandbox that is going away.

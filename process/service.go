@@ -153,6 +153,17 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 	if err != nil {
 		return nil, err
 	}
+	if running, oomKilled, err := b.running(ctx); err == nil && !running {
+		// Its container ended on its own: stop what is left of it and
+		// start afresh, without an operator.
+		b.died(oomKilled)
+		if b, err = s.sandbox(ctx, ws, req.CallID); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.checkRoom(ctx); err != nil {
+		return nil, err
+	}
 	p, err := b.exec(ctx, newProcessID(), req)
 	if err != nil {
 		return nil, err

@@ -91,10 +91,14 @@ type ProcessSignalRequest struct {
 // holds the raw bytes as the process wrote them (with TTY, as the terminal
 // saw them: both streams interleaved, control sequences kept); without
 // TTY, Stdout and Stderr hold the same bytes split by stream, and Output
-// both in the order they came. Cursor is where the next read starts;
-// DroppedBytes counts output after Since that the bounded buffer no
-// longer holds, and Truncated says more output follows Cursor than
-// MaxBytes let through.
+// both in the order they came. Since is the cursor of Output's first byte:
+// the since asked for, or where the kept output starts when bytes after
+// the asked since were dropped (DroppedBytes counts them), or the end when
+// the asked since was past it; never more than Cursor. Cursor is where the
+// next read starts, and Truncated says more output follows Cursor than
+// MaxBytes let through. Once the process exited, LeftRunningKilled counts
+// the processes its command left running, which were killed with it, and
+// OOMKilled says the memory limit killed it.
 type ProcessOutput struct {
 	ProcessID    string `json:"process_id"`
 	Status       string `json:"status"` // running or exited
@@ -108,6 +112,9 @@ type ProcessOutput struct {
 	DroppedBytes int64  `json:"dropped_bytes"`
 	Truncated    bool   `json:"truncated"`
 	Container    string `json:"container,omitempty"`
+	// LeftRunningKilled is set once the process exited.
+	LeftRunningKilled *int `json:"left_running_killed,omitempty"`
+	OOMKilled         bool `json:"oom_killed,omitempty"`
 }
 
 // Process states.
@@ -133,6 +140,11 @@ type ProcessInfo struct {
 	Started   time.Time  `json:"started_at"`
 	Ended     *time.Time `json:"ended_at,omitempty"`
 	Cursor    int64      `json:"cursor"`
+	// LeftRunningKilled counts, once it exited, the processes its command
+	// left running, which were killed with it.
+	LeftRunningKilled *int   `json:"left_running_killed,omitempty"`
+	OOMKilled         bool   `json:"oom_killed,omitempty"`
+	Reason            string `json:"reason,omitempty"` // why it ended, when not by itself
 }
 
 // ProcessList is workspace_process_list's result.
