@@ -27,6 +27,11 @@ type spaceReading struct {
 
 var spaces sync.Map // filesystem device -> *spaceReading
 
+// forgetSpace drops the reading of device dev, as a volume on it closes:
+// a filesystem mounted later may get the same device number, and must not
+// inherit its figure. Another volume open on dev only reads it again.
+func forgetSpace(dev uint64) { spaces.Delete(dev) }
+
 // growVolume asks check whether the filesystem holding fd (device dev)
 // may grow by add, given its free and total bytes, reading them if the
 // last reading is older than SpaceInterval; growth check allows is taken

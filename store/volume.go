@@ -211,6 +211,10 @@ func (v *Volume) Config() Config { return v.cfg }
 // budget still uses it.
 func (v *Volume) Close() error {
 	v.late.Wait()
+	var st unix.Stat_t
+	if unix.Fstat(int(v.root.Fd()), &st) == nil {
+		forgetSpace(st.Dev)
+	}
 	return v.root.Close()
 }
 
