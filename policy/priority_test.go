@@ -127,3 +127,25 @@ func TestCheckVolume(t *testing.T) {
 		t.Errorf("a policy without watermarks refused: %v", err)
 	}
 }
+
+// The workspace README and the tool descriptions (QuotaSummary) say how
+// near full the volume may get before a workspace of the class can't grow.
+func TestQuotaSummaryNamesTheWatermark(t *testing.T) {
+	pol, err := Parse("p.yaml", []byte("volume_reserve_low: 10%\nvolume_reserve_normal: 2 GiB\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c, want := range map[Priority]string{
+		PriorityLow:    "low priority: while the shared volume has less than 10% free it can't grow (volume_reserved",
+		PriorityNormal: "normal priority: while the shared volume has less than 2 GiB free",
+		PriorityHigh:   "",
+	} {
+		got := QuotaSummary(pol.ForPriority(c))
+		if want == "" && strings.Contains(got, "priority") || !strings.Contains(got, want) {
+			t.Errorf("%s: %q lacks %q", c, got, want)
+		}
+	}
+	if strings.Contains(WorkspaceReadme(Default()), "priority") {
+		t.Error("a policy without watermarks speaks of priority")
+	}
+}

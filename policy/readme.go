@@ -159,6 +159,9 @@ func QuotaSummary(p *Policy) string {
 	if r := IOSummary(l); r != "" {
 		s = append(s, r)
 	}
+	if w := p.VolumeWatermark(); !w.IsZero() {
+		s = append(s, fmt.Sprintf("This workspace has %s priority: while the shared volume has less than %s free it can't grow (volume_reserved, ENOSPC in commands), and reads, deletes and truncations still work.", p.Class(), w))
+	}
 	return strings.Join(s, " ")
 }
 
