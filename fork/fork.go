@@ -36,11 +36,15 @@ type Result struct {
 	Copied   int                `json:"copied"`
 	Clone    string             `json:"clone"` // "reflink" when every file was cloned, else "copy"
 	Skipped  []snapshot.Skipped `json:"skipped,omitempty"`
-	// Seconds: taking the snapshot (0 when one was named), moving file
-	// data (clone or copy), and the whole fork; the rest of the whole is
-	// the metadata walk (directories, creates, modes, times, the swap).
+	// Seconds: taking the snapshot (0 when one was named); building the
+	// tree (FillS), of which moving file data (clone or copy) is DataS and
+	// the rest the metadata walk (directories, creates, modes, times);
+	// writing the base record (RecordS); and the whole fork, whose rest
+	// is the syncfs of the new tree, the swap and removing the old one.
 	SnapshotS float64 `json:"snapshot_s"`
+	FillS     float64 `json:"fill_s"`
 	DataS     float64 `json:"data_s"`
+	RecordS   float64 `json:"record_s"`
 	Duration  float64 `json:"duration_s"`
 }
 
@@ -108,10 +112,14 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 	rec := &Record{Version: recordVersion, From: src.Scope(), Snapshot: id, Created: start.UTC(), Skipped: skipped}
 	f := filler{repo: repo, clone: !opt.NoClone, plain: opt.NoClone}
 	err = dst.ReplaceTree(ctx, func(dir *os.File) error {
+		t := time.Now()
 		base, err := f.fill(ctx, dir, entries)
 		if err != nil {
 			return err
 		}
+		res.FillS = time.Since(t).Seconds()
+		t = time.Now()
+		defer func() { res.RecordS = time.Since(t).Seconds() }()
 		rec.Entries = base
 		rec.Clone = "copy"
 		if f.cloned > 0 && f.copied == 0 {

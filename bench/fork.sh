@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Fork and merge (issue 47): "loomfs fork" of a scope holding Go's source
+# tree (TREE, default $(go env GOROOT)/src, ~11,500 files) on ext4 (copied)
+# and on an XFS with reflink=1 made on a loop device (cloned, and copied with
+# --no-clone), then "loomfs merge" of 20 changed files back into the
+# 11,500-file scope with 0 and with 5 conflicts. Prints medians of $ROUNDS
+# rounds: the command's wall time and the in-process figures it reports
+# (data_s: moving file data; the rest of duration_s is the metadata walk and
+# the swap), with the load average beside each line. Needs root (loop
+# device, mount) and mkfs.xfs (xfsprogs). BIN= a loomfs binary to use
+# instead of building one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-5}
+TREE=${TREE:-$(go env GOROOT)/src}
+work=$(mktemp -d /var/tmp/loomfs-fork-bench.XXXXXX)
+xfs="$work/xfs"
+cleanup() {
+	mountpoint -q "$xfs" && umount "$xfs"
+	rm -rf "$work"
+}
+trap cleanup EXIT
+L=${BIN:-$work/loomfs}
+[ -n "${BIN:-}" ] || go build -o "$L" ./cmd/loomfs
+command -v mkfs.xfs >/dev/null || { echo "mkfs.xfs not installed (scripts/setup installs xfsprogs)"; exit 1; }
+
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+now() { date +%s.%N; }
+since() { awk -v s="$1" -v e="$(now)" 'BEGIN {printf "%.3f", e - s}'; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]] if not isinstance(d[sys.argv[2]], list) else len(d[sys.argv[2]]))' "$1" "$2"; }
+ms() { awk -v s="$1" 'BEGIN {printf "%.0f ms", s * 1000}'; }
+
+truncate -s 4G "$work/xfs.img"
+mkfs.xfs -q -m reflink=1 "$work/xfs.img"
+mkdir "$xfs"
+mount -o loop "$work/xfs.img" "$xfs"
+
+main=b/s/s
+files=$(find "$TREE" -type f | wc -l)
+echo "## fork: $TREE ($files files, $(du -sh --apparent-size "$TREE" | cut -f1)), $ROUNDS rounds, medians; load average (1, 5, 15 min) beside each figure"
+
+# setup ROOT: a main scope holding the tree, and its snapshot; prints the id.
+setup() {
+	local root=$1
+	"$L" --root "$root" tool workspace_list --scope "$main" >/dev/null
+	cp -a "$TREE" "$root/spaces/b/agents/s/sessions/s/main/src"
+	chmod -R go-rwx "$root/spaces/b/agents/s/sessions/s/main/src"
+	"$L" --root "$root" --json snapshot create --scope "$main" --full >"$work/snap.json"
+	field "$work/snap.json" id
+}
+
+# forks ROOT SNAP LABEL [FLAGS]: ROUNDS forks into fresh child scopes.
+forks() {
+	local root=$1 snap=$2 label=$3
+	shift 3
+	local wall=() dur=() data=() fill=() rec=() how=""
+	for r in $(seq "$ROUNDS"); do
+		local to="$main/f$label$r/c"
+		local s
+		s=$(now)
+		"$L" --root "$root" --json fork --from "$main@$snap" --to "$to" "$@" >"$work/fork.json"
+		wall+=("$(since "$s")")
+		dur+=("$(field "$work/fork.json" duration_s)")
+		data+=("$(field "$work/fork.json" data_s)")
+		fill+=("$(field "$work/fork.json" fill_s)")
+		rec+=("$(field "$work/fork.json" record_s)")
+		how="$(field "$work/fork.json" clone), $(field "$work/fork.json" files) files"
+		rm -rf "$root/spaces/b/agents/s/sessions/s/runs/f$label$r"
+	done
+	local d t f c w
+	d=$(printf '%s\n' "${dur[@]}" | median)
+	t=$(printf '%s\n' "${data[@]}" | median)
+	f=$(printf '%s\n' "${fill[@]}" | median)
+	c=$(printf '%s\n' "${rec[@]}" | median)
+	w=$(printf '%s\n' "${wall[@]}" | median)
+	echo "fork $label ($how): $(ms "$d") in process = file data $(ms "$t") + metadata walk $(ms "$(awk -v a="$f" -v b="$t" 'BEGIN {print a - b}')") + base record $(ms "$c") + syncfs, swap and cleanup $(ms "$(awk -v a="$d" -v b="$f" -v c="$c" 'BEGIN {print a - b - c}')"); $(ms "$w") as a command; load $(load)"
+}
+
+snap_ext4=$(setup "$work/ext4")
+forks "$work/ext4" "$snap_ext4" ext4-copy
+snap_xfs=$(setup "$xfs/root")
+forks "$xfs/root" "$snap_xfs" xfs-reflink
+forks "$xfs/root" "$snap_xfs" xfs-copy --no-clone
+
+# Merge: 20 files changed in a fresh fork, 5 of them in main too.
+echo "## merge: 20 changed files into the $files-file scope, $ROUNDS rounds, medians"
+root="$work/ext4"
+mapfile -t changed < <(cd "$root/spaces/b/agents/s/sessions/s/main" && find src/net/http -maxdepth 1 -name '*.go' | sort | head -20)
+scopedir() { echo "$root/spaces/b/agents/s/sessions/s/$1"; }
+for conflicts in 0 5; do
+	wall=() dur=() dry=()
+	for r in $(seq "$ROUNDS"); do
+		child="$main/m$conflicts$r/c"
+		"$L" --root "$root" --json fork --from "$main" --to "$child" >/dev/null
+		for f in "${changed[@]}"; do
+			echo "// changed in the fork $r" >>"$(scopedir "runs/m$conflicts$r/children/c")/$f"
+		done
+		# Main's changes go through loomfs, so its next snapshot sees them;
+		# the fork's are made behind its back, which a merge sees by fstat.
+		for f in "${changed[@]:0:$conflicts}"; do
+			python3 -c 'import json,sys; print(json.dumps({"path": sys.argv[1], "content": open(sys.argv[2]).read() + sys.argv[3] + "\n"}))' \
+				"$f" "$(scopedir main)/$f" "// changed in main $r" | "$L" --root "$root" tool workspace_write --scope "$main" --input - >/dev/null
+		done
+		s=$(now)
+		"$L" --root "$root" --json merge --from "$child" --into "$main" --dry-run >"$work/dry.json"
+		dry+=("$(since "$s")")
+		s=$(now)
+		"$L" --root "$root" --json merge --from "$child" --into "$main" --partial >"$work/merge.json" 2>/dev/null || true
+		wall+=("$(since "$s")")
+		dur+=("$(field "$work/merge.json" duration_s)")
+		got="$(field "$work/merge.json" applied) applied, $(field "$work/merge.json" conflicts) conflicts"
+		rm -rf "$root/spaces/b/agents/s/sessions/s/runs/m$conflicts$r"
+	done
+	echo "merge, $conflicts conflicts ($got, --partial): $(ms "$(printf '%s\n' "${dur[@]}" | median)") in process, $(ms "$(printf '%s\n' "${wall[@]}" | median)") as a command; --dry-run $(ms "$(printf '%s\n' "${dry[@]}" | median)") as a command; load $(load)"
+done
