@@ -168,6 +168,23 @@ func denyUnderSecrets(_ context.Context, c hooks.Call) (hooks.Verdict, error) {
 	return hooks.Verdict{}, nil
 }
 
+// The after hooks see a call refused before the before hooks run (its
+// input invalid); the before hooks don't.
+func TestAfterHookSeesInvalidInput(t *testing.T) {
+	tb, _ := newBox(t, nil)
+	after := &outcomes{}
+	before := 0
+	tb.Hooks = &hooks.Chain{
+		Before: []hooks.Before{{Name: "count", Func: func(context.Context, hooks.Call) (hooks.Verdict, error) { before++; return hooks.Verdict{}, nil }}},
+		After:  []hooks.After{after.hook()},
+	}
+	_, err := call(t, tb, Write, map[string]any{"path": "a.txt"})
+	wantCode(t, err, policy.InvalidInput)
+	if o := after.last(t); o.Code != string(policy.InvalidInput) || before != 0 {
+		t.Fatalf("after hook saw %+v; before hooks ran %d times", o, before)
+	}
+}
+
 // An after hook can't change the outcome: one that fails or panics leaves
 // the call's result as it was, and a before hook's copy of the input is
 // its own.

@@ -153,10 +153,13 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	}
 	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
 	fields, ferr := topFields(name, input)
-	if ferr == nil && !t.Hooks.Empty() {
-		// The hooks see validated arguments; a rewrite is validated again.
-		input, fields, ferr = t.before(ctx, name, callID, input, &ev)
+	if !t.Hooks.Empty() {
+		// The after hooks see every outcome; the before hooks see
+		// validated arguments, and a rewrite is validated again.
 		defer func() { t.after(ctx, name, callID, input, res, err) }()
+		if ferr == nil {
+			input, fields, ferr = t.before(ctx, name, callID, input, &ev)
+		}
 	}
 	json.Unmarshal(fields["path"], &ev.Path)
 	// A change is recorded before it is made ("started"), so nothing
