@@ -50,6 +50,14 @@ var (
 		"When the target's last self-check ended, in Unix seconds.", []string{"target"}, nil)
 	checkTook = prometheus.NewDesc("loomfs_self_check_duration_seconds",
 		"How long the target's last self-check took.", []string{"target"}, nil)
+	volSize = prometheus.NewDesc("loomfs_volume_size_bytes",
+		"Size of the filesystem the volume is on.", nil, nil)
+	volAvail = prometheus.NewDesc("loomfs_volume_available_bytes",
+		"Bytes of the volume's filesystem loomfs's service user may still use.", nil, nil)
+	volFiles = prometheus.NewDesc("loomfs_volume_files",
+		"Inodes of the volume's filesystem.", nil, nil)
+	volFilesFree = prometheus.NewDesc("loomfs_volume_files_free",
+		"Inodes of the volume's filesystem still free.", nil, nil)
 	stateErr = prometheus.NewDesc("loomfs_state_read_errors_total",
 		"Scrapes that could not read a piece of state (quarantines, audit heads), by what.", []string{"what"}, nil)
 )
@@ -59,7 +67,8 @@ type stateCollector struct{ r *Registry }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{auditQueued, auditRecords, auditFailed, auditUp, auditSeal,
-		quarantined, quarantine, sandboxes, processes, checkOK, checkTime, checkTook, stateErr} {
+		quarantined, quarantine, sandboxes, processes, checkOK, checkTime, checkTook,
+		volSize, volAvail, volFiles, volFilesFree, stateErr} {
 		ch <- d
 	}
 }
@@ -122,6 +131,16 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(sandboxes, prometheus.GaugeValue, float64(boxes))
 		ch <- prometheus.MustNewConstMetric(processes, prometheus.GaugeValue, float64(procs))
 	}
+	if state.volume != nil {
+		if v, err := state.volume(); err != nil {
+			r.readErr("volume")
+		} else {
+			ch <- prometheus.MustNewConstMetric(volSize, prometheus.GaugeValue, float64(v.Size))
+			ch <- prometheus.MustNewConstMetric(volAvail, prometheus.GaugeValue, float64(v.Available))
+			ch <- prometheus.MustNewConstMetric(volFiles, prometheus.GaugeValue, float64(v.Files))
+			ch <- prometheus.MustNewConstMetric(volFilesFree, prometheus.GaugeValue, float64(v.FilesFree))
+		}
+	}
 	if state.checks != nil {
 		for _, ck := range state.checks() {
 			ok := 0.0
@@ -152,6 +171,20 @@ type stateFuncs struct {
 	quarantines func() ([]Quarantine, error)
 	sandboxes   func() (boxes, procs int)
 	checks      func() []Check
+	volume      func() (Volume, error)
+}
+
+// Volume is the space of the filesystem the volume is on.
+type Volume struct {
+	Size, Available  uint64 // bytes
+	Files, FilesFree uint64 // inodes
+}
+
+// WatchVolume reports the volume's space as fn reads it (a statfs).
+func (r *Registry) WatchVolume(fn func() (Volume, error)) {
+	r.mu.Lock()
+	r.stateFuncs.volume = fn
+	r.mu.Unlock()
 }
 
 // WatchAuditSeal reports the time this node's audit ledger was last

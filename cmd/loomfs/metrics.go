@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/health"
@@ -151,6 +152,14 @@ func (g *globals) startMetrics(ctx context.Context, m metricsFlags) (stop func()
 			}
 		}
 		return time.Time{}, false, nil
+	})
+	o.reg.WatchVolume(func() (metrics.Volume, error) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(vol.Path(), &st); err != nil {
+			return metrics.Volume{}, err
+		}
+		bs := uint64(st.Bsize)
+		return metrics.Volume{Size: st.Blocks * bs, Available: st.Bavail * bs, Files: st.Files, FilesFree: st.Ffree}, nil
 	})
 	locks := filepath.Join(vol.Path(), store.LocksDir)
 	o.checks.Add("volume", func(ctx context.Context) error {
