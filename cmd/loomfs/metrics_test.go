@@ -1,0 +1,79 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestMetricsAddressRule: --metrics follows the rule of mcp --http: a
+// non-loopback address without a token is a usage error, naming the flag
+// that fixes it; a token file without --metrics is one too.
+func TestMetricsAddressRule(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"beyond loopback without a token", []string{"--metrics", "0.0.0.0:0"}, "--metrics-token-file"},
+		{"a token file without --metrics", []string{"--metrics-token-file", "/nonexistent"}, "--metrics-token-file is for --metrics"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			root, mnt := mountDirs(t)
+			args := append([]string{"--backend", "local", "--root", root, "mount", "--scope", mountScope}, c.args...)
+			_, stderr, code := runLoomfs(t, append(args, mnt)...)
+			if code != exitUsage || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want %d naming %q", code, stderr, exitUsage, c.want)
+			}
+			if isMounted(t, mnt) {
+				t.Errorf("%s mounted", mnt)
+			}
+		})
+	}
+}
+
+// TestMetricsBearerBeyondLoopback: served on every interface with a token
+// file, /metrics and /readyz answer 401 without the token and 200 with it.
+func TestMetricsBearerBeyondLoopback(t *testing.T) {
+	const token = "0123456789abcdef0123456789abcdef"
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	root, mnt := mountDirs(t)
+	p := startMount(t, root, mountScope, mnt, "--metrics", "0.0.0.0:"+strconv.Itoa(port), "--metrics-token-file", tokenFile)
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGTERM); p.wait(t) })
+	for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
+		url := "http://127.0.0.1:" + strconv.Itoa(port) + path
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d, want 401", path, resp.StatusCode)
+		}
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s with the token: %d, want 200", path, resp.StatusCode)
+		}
+	}
+}
