@@ -99,6 +99,7 @@ func seed(t testing.TB, ws *store.Workspace) map[string]string {
 		"src/b.go":        "package b\n\nfunc B() {}\n",
 		"src/sub/c.go":    "package sub\n",
 		"logs/run.log":    "started\n",
+		"output/out.txt":  "result\n",
 		".meta/task.json": `{"task":1}`,
 	}
 	for rel, c := range files {
@@ -157,14 +158,14 @@ func TestForkRefusals(t *testing.T) {
 		prepare  func(t *testing.T, dst *store.Workspace)
 		code     policy.Code
 		inMsg    string
-		skipped  string // a path the fork must leave out
-		notThere string
+		skipped  []string // paths the fork must leave out
+		notThere []string
 	}{
 		{name: "a destination holding a file is refused", prepare: func(t *testing.T, dst *store.Workspace) { write(t, dst, "notes.txt", "mine") }, code: policy.Exists, inMsg: "notes.txt"},
 		{name: "over the destination's quota, refused whole with the figures", dstPol: &small, code: policy.QuotaExceeded, inMsg: "20 B"},
 		{name: "a file over the destination's file size, refused whole", dstPol: &bigFile, code: policy.TooLarge},
 		{name: "over a capped subtree of the destination, refused whole", dstPol: &capped, code: policy.QuotaExceeded, inMsg: "logs"},
-		{name: "a hidden subtree is not copied where it would be visible", dstPol: &rwMeta, skipped: ".meta", notThere: ".meta/task.json"},
+		{name: "hidden and write-only subtrees are not copied where they would be readable", dstPol: &rwMeta, skipped: []string{".meta", "output"}, notThere: []string{".meta/task.json", "output/out.txt"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -191,11 +192,18 @@ func TestForkRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.ContainsFunc(res.Skipped, func(s snapshot.Skipped) bool { return s.Path == tc.skipped }) {
-				t.Errorf("skipped %v, want %s", res.Skipped, tc.skipped)
+			for _, p := range tc.skipped {
+				if !slices.ContainsFunc(res.Skipped, func(s snapshot.Skipped) bool { return s.Path == p }) {
+					t.Errorf("skipped %v, want %s", res.Skipped, p)
+				}
 			}
-			if _, ok := read(t, v, childA, tc.notThere); ok {
-				t.Errorf("%s was copied into the fork", tc.notThere)
+			for _, p := range tc.notThere {
+				if _, ok := read(t, v, childA, p); ok {
+					t.Errorf("%s was copied into the fork", p)
+				}
+			}
+			if got, _ := read(t, v, childA, "src/a.go"); got != "package a\n" {
+				t.Errorf("src/a.go in the fork: %q", got)
 			}
 		})
 	}

@@ -169,6 +169,15 @@ func TestMerge(t *testing.T) {
 			want:    map[string]string{"src/sub/c.go": "package sub\n", "src/a.go": "package a\n"},
 		},
 		{
+			name:      "no conflict markers carry a write-only file's content out",
+			inFork:    []edit{{"output/out.txt", "fork's result\n"}},
+			inTarget:  []edit{{"output/out.txt", "main's result\n"}},
+			opt:       fork.MergeOptions{Markers: true},
+			code:      policy.Conflict,
+			conflicts: []string{"output/out.txt:both_modified"},
+			want:      map[string]string{"output/out.txt": "main's result\n", "output/out.txt.conflict": ""},
+		},
+		{
 			name:      "conflict markers are written beside, never over",
 			inFork:    []edit{{"src/b.go", "package b\n\nfunc B() { fork() }\n"}},
 			inTarget:  []edit{{"src/b.go", "package b\n\nfunc B() { main() }\n"}},
