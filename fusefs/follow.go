@@ -58,6 +58,9 @@ type follower struct {
 	// others is the Workspace's JournalLinesExcept(mineSources...) when
 	// the watch last woke the follower for its own file.
 	others atomic.Uint64
+	// read is when a pass last read the journals (Unix ns), for
+	// Mounted.JournalRead.
+	read atomic.Int64
 }
 
 // wakeGap is how long the follower waits after an inotify event before it
@@ -253,6 +256,7 @@ func (fl *follower) catchUp() {
 	if err != nil {
 		return
 	}
+	fl.read.Store(time.Now().UnixNano())
 	grown := len(sizes) != len(fl.size)
 	for _, jf := range sizes {
 		if fl.size[jf.Name] != jf.Size {

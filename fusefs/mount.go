@@ -305,6 +305,19 @@ func (m *Mounted) Invalidate(rel string) {
 	parent.NotifyContent(0, 0)
 }
 
+// JournalRead is when the mount last read the scope's change journals to
+// keep the kernel's caches coherent; ok is false for a mount that does not
+// follow them (cache: strict) or has not read them yet. A time further
+// back than the journal poll means the follower is stuck: other doors'
+// changes are not being dropped from the caches.
+func (m *Mounted) JournalRead() (t time.Time, ok bool) {
+	if m.follower == nil {
+		return time.Time{}, false
+	}
+	ns := m.follower.read.Load()
+	return time.Unix(0, ns), ns != 0
+}
+
 // Probe writes a file through the mount, reads it back and removes it: the
 // health check of the path the agent uses (SPEC §6). The probe's name is
 // one the tools can address.

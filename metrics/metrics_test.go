@@ -248,6 +248,7 @@ func TestExpositionPassesPromtool(t *testing.T) {
 		return []Quarantine{{Scope: "acme/coder/s2", Reason: "worker died"}}, nil
 	})
 	r.WatchSandboxes(func() (int, int) { return 1, 2 })
+	r.WatchJournalFollow(func() (time.Time, bool) { return time.Now().Add(-time.Second), true })
 	r.WatchVolume(func() (Volume, error) { return Volume{Size: 100, Available: 5, Files: 10, FilesFree: 1}, nil })
 	r.WatchAuditSeal(func() (time.Time, bool, error) { return time.Now(), true, nil })
 	stop := r.WatchQuota("acme/coder/s1", func() (int64, int64, bool) { return 10, 100, true })
@@ -261,7 +262,7 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range []string{"loomfs_self_check_ok", "loomfs_quarantine{", "loomfs_scope_quota_limit_bytes", "loomfs_audit_last_seal_timestamp_seconds", "loomfs_session_processes_running", "loomfs_build_info", "loomfs_volume_available_bytes"} {
+	for _, name := range []string{"loomfs_self_check_ok", "loomfs_quarantine{", "loomfs_scope_quota_limit_bytes", "loomfs_audit_last_seal_timestamp_seconds", "loomfs_session_processes_running", "loomfs_build_info", "loomfs_volume_available_bytes", "loomfs_journal_follow_lag_seconds"} {
 		if !bytes.Contains(body, []byte(name)) {
 			t.Errorf("exposition lacks %s", name)
 		}

@@ -58,6 +58,8 @@ var (
 		"Inodes of the volume's filesystem.", nil, nil)
 	volFilesFree = prometheus.NewDesc("loomfs_volume_files_free",
 		"Inodes of the volume's filesystem still free.", nil, nil)
+	followLag = prometheus.NewDesc("loomfs_journal_follow_lag_seconds",
+		"Time since the mount last read its scope's change journals to drop what other doors and nodes changed from the kernel's caches (read every few hundred milliseconds; more means its follower is stuck).", nil, nil)
 	stateErr = prometheus.NewDesc("loomfs_state_read_errors_total",
 		"Scrapes that could not read a piece of state (quarantines, audit heads), by what.", []string{"what"}, nil)
 )
@@ -68,7 +70,7 @@ type stateCollector struct{ r *Registry }
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{auditQueued, auditRecords, auditFailed, auditUp, auditSeal,
 		quarantined, quarantine, sandboxes, processes, checkOK, checkTime, checkTook,
-		volSize, volAvail, volFiles, volFilesFree, stateErr} {
+		volSize, volAvail, volFiles, volFilesFree, followLag, stateErr} {
 		ch <- d
 	}
 }
@@ -141,6 +143,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(volFilesFree, prometheus.GaugeValue, float64(v.FilesFree))
 		}
 	}
+	if state.follow != nil {
+		if t, ok := state.follow(); ok {
+			ch <- prometheus.MustNewConstMetric(followLag, prometheus.GaugeValue, time.Since(t).Seconds())
+		}
+	}
 	if state.checks != nil {
 		for _, ck := range state.checks() {
 			ok := 0.0
@@ -172,6 +179,15 @@ type stateFuncs struct {
 	sandboxes   func() (boxes, procs int)
 	checks      func() []Check
 	volume      func() (Volume, error)
+	follow      func() (time.Time, bool)
+}
+
+// WatchJournalFollow reports how long ago a mount last read its scope's
+// change journals, as fn tells (fusefs.Mounted.JournalRead).
+func (r *Registry) WatchJournalFollow(fn func() (time.Time, bool)) {
+	r.mu.Lock()
+	r.stateFuncs.follow = fn
+	r.mu.Unlock()
 }
 
 // Volume is the space of the filesystem the volume is on.

@@ -239,6 +239,10 @@ func TestPrometheusScrapesMountAndServe(t *testing.T) {
 	prom.await(`loomfs_session_sandboxes{job="serve"}`, 1)
 	prom.await(`loomfs_self_check_ok{job="serve",target="volume"}`, 1)
 
+	// The mount follows its journals every poll (500 ms by default).
+	if v, ok := prom.query(`loomfs_journal_follow_lag_seconds{job="mount"}`); !ok || v > 5 {
+		t.Errorf("journal follow lag %v (present %v), want under 5 s", v, ok)
+	}
 	body := promtoolCheck(t, mountAddr)
 	if !bytes.Contains(body, []byte(`loomfs_scope_quota_used_bytes{scope="acme/coder/m1"} 1`)) {
 		t.Errorf("the mount's quota use (the kept byte) is not exposed:\n%s", grepLines(body, "loomfs_scope_quota"))

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/fusefs"
 	"github.com/agentloom/loomfs/health"
 	"github.com/agentloom/loomfs/mcpserver"
 	"github.com/agentloom/loomfs/metrics"
@@ -248,6 +249,13 @@ func (o *observability) watchService(svc *process.Service) {
 		_, err := engine.Engine().Ping(ctx)
 		return err
 	})
+}
+
+// watchFollow reports how far behind m's journal follower is.
+func (o *observability) watchFollow(m *fusefs.Mounted) {
+	if o != nil {
+		o.reg.WatchJournalFollow(m.JournalRead)
+	}
 }
 
 // watchMount probes the mount m serves of ws through its own self-check

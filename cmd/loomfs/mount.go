@@ -285,6 +285,7 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 	}
 	ws.RecordSelfCheck(nil)
 	reportCheck(nil, time.Since(probed))
+	g.obs.watchFollow(m)
 	fmt.Fprintf(os.Stderr, "mounted %s at %s\n", ws.Scope(), m.Dir())
 	// The checks end before the workspace is closed.
 	var checks sync.WaitGroup

@@ -1,0 +1,150 @@
+// Command metricscost measures what --metrics costs: the p50 of a
+// workspace_write through the tool door, and the time of a create, write
+// 100 B, stat and unlink cycle through a real mount, each with the metrics
+// off and on (the audit sink wrapper, and the mount's request hook),
+// alternating in each of -rounds rounds. It prints every round and the
+// medians; bench/metrics.sh runs it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/loom"
+	"github.com/agentloom/loomfs/metrics"
+	"github.com/agentloom/loomfs/store"
+)
+
+func main() {
+	rounds := flag.Int("rounds", 5, "rounds, each running both variants in turn")
+	writes := flag.Int("writes", 300, "tool writes a round and variant")
+	cycles := flag.Int("cycles", 1000, "mount cycles a round and variant")
+	flag.Parse()
+	root, err := os.MkdirTemp("", "loomfs-metricscost-")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(root)
+
+	var tool, cycle = map[bool][]float64{}, map[bool][]float64{}
+	for r := range *rounds {
+		order := []bool{false, true}
+		if r%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, on := range order {
+			p50 := toolWrites(root, on, *writes, r)
+			per := mountCycles(root, on, *cycles, r)
+			tool[on] = append(tool[on], p50)
+			cycle[on] = append(cycle[on], per)
+			fmt.Printf("round %d metrics=%-5v tool_write_p50_us %.1f  cycle_us %.1f\n", r, on, p50, per)
+		}
+	}
+	fmt.Printf("median tool_write_p50_us off %.1f on %.1f ratio %.3f\n", median(tool[false]), median(tool[true]), median(tool[true])/median(tool[false]))
+	fmt.Printf("median cycle_us          off %.1f on %.1f ratio %.3f\n", median(cycle[false]), median(cycle[true]), median(cycle[true])/median(cycle[false]))
+}
+
+func node(root string, reg *metrics.Registry) *loom.Node {
+	cfg := loom.Config{Store: store.Config{Root: root}}
+	if reg != nil {
+		cfg.Observe, cfg.Requests = reg.Sink, reg.ObserveRequest
+	}
+	return loom.New(cfg)
+}
+
+// toolWrites returns the p50 in µs of n workspace_write calls.
+func toolWrites(root string, on bool, n, round int) float64 {
+	var reg *metrics.Registry
+	if on {
+		reg = metrics.New(metrics.Options{})
+	}
+	ctx := context.Background()
+	s, err := node(root, reg).Open(ctx, fmt.Sprintf("bench/tool/r%d-%v", round, on))
+	if err != nil {
+		fail(err)
+	}
+	defer s.Close()
+	took := make([]float64, 0, n)
+	for i := range n {
+		in, _ := json.Marshal(map[string]any{"path": "f" + strconv.Itoa(i%20), "content": "hello metrics\n"})
+		start := time.Now()
+		if _, err := s.Tools.Call(ctx, "workspace_write", "", in); err != nil {
+			fail(err)
+		}
+		took = append(took, float64(time.Since(start).Microseconds()))
+	}
+	return median(took)
+}
+
+// mountCycles returns the mean µs of n create+write+stat+unlink cycles
+// through a mount served by this process with a queued audit log, as
+// loomfs mount serves one.
+func mountCycles(root string, on bool, n, round int) float64 {
+	var reg *metrics.Registry
+	if on {
+		reg = metrics.New(metrics.Options{})
+	}
+	ctx := context.Background()
+	s, err := node(root, reg).Open(ctx, fmt.Sprintf("bench/mount/r%d-%v", round, on))
+	if err != nil {
+		fail(err)
+	}
+	defer s.Close()
+	plog, err := audit.Open(s.Workspace.Volume().Path(), audit.Options{Queue: audit.DefaultQueue})
+	if err != nil {
+		fail(err)
+	}
+	defer plog.Close()
+	opts := fusefs.Options{Audit: plog}
+	if reg != nil {
+		opts.Audit, opts.Requests = reg.Sink(plog), reg.ObserveRequest
+	}
+	mnt, err := os.MkdirTemp("", "loomfs-metricscost-mnt-")
+	if err != nil {
+		fail(err)
+	}
+	defer os.Remove(mnt)
+	m, err := fusefs.Mount(ctx, s.Workspace, mnt, opts)
+	if err != nil {
+		fail(err)
+	}
+	defer m.Unmount()
+	data := make([]byte, 100)
+	start := time.Now()
+	for i := range n {
+		p := filepath.Join(mnt, "c"+strconv.Itoa(i))
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			fail(err)
+		}
+		if _, err := os.Stat(p); err != nil {
+			fail(err)
+		}
+		if err := os.Remove(p); err != nil {
+			fail(err)
+		}
+	}
+	return float64(time.Since(start).Microseconds()) / float64(n)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "metricscost:", err)
+	os.Exit(1)
+}
