@@ -117,12 +117,12 @@ func (ch *Chain) RunBefore(ctx context.Context, c Call) (Decision, error) {
 			return d, Denied(h.Name, v.Deny)
 		case v.Input != nil && !h.Rewrite:
 			d.DeniedBy = h.Name
-			return d, failed(h.Name, c.Tool, errors.New("it rewrote the call's arguments but is not trusted to"))
+			return d, failed(h.Name, c.Tool, fmt.Errorf("%w: it is not trusted to", errRewrite))
 		case v.Input != nil:
 			var obj map[string]json.RawMessage
 			if json.Unmarshal(v.Input, &obj) != nil || obj == nil {
 				d.DeniedBy = h.Name
-				return d, failed(h.Name, c.Tool, errors.New("its rewritten arguments are not a JSON object"))
+				return d, failed(h.Name, c.Tool, fmt.Errorf("%w: not a JSON object", errRewrite))
 			}
 			d.Input, d.RewrittenBy = slices.Clone(v.Input), h.Name
 		}
@@ -179,6 +179,8 @@ func failure(err error) string {
 		return "the call was cancelled while it ran"
 	case errors.Is(err, errExit):
 		return "it exited with an error"
+	case errors.Is(err, errRewrite):
+		return "it gave arguments it may not give"
 	}
 	return "it returned an error"
 }
@@ -186,6 +188,10 @@ func failure(err error) string {
 func runsFor(tools []string, tool string) bool {
 	return len(tools) == 0 || slices.Contains(tools, tool)
 }
+
+// errRewrite is a rewrite a hook may not make: untrusted, or not a JSON
+// object.
+var errRewrite = errors.New("rewrote the call's arguments")
 
 type panicked struct{ v any }
 

@@ -86,7 +86,7 @@ func TestHooks(t *testing.T) {
 		{"a trusted rewrite within the rules is made", rewriteTo(`{"path":"src/moved.txt","content":"x"}`), "notes.txt", "", "", "rewritten_by=rewrite", "src/moved.txt"},
 		{"an untrusted rewrite fails closed", goHook("sly", false, func(context.Context, hooks.Call) (hooks.Verdict, error) {
 			return hooks.Verdict{Input: json.RawMessage(`{"path":"x","content":"y"}`)}, nil
-		}), "notes.txt", policy.DeniedByHook, `hook "sly" failed (it returned an error)`, "hook=sly", ""},
+		}), "notes.txt", policy.DeniedByHook, `hook "sly" failed (it gave arguments it may not give)`, "hook=sly", ""},
 		{"a Go hook past its timeout fails closed", goHook("slow", false, func(ctx context.Context, c hooks.Call) (hooks.Verdict, error) {
 			time.Sleep(2 * time.Second) // ignores its context
 			return hooks.Verdict{}, nil
