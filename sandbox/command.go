@@ -151,7 +151,7 @@ func (c *Commands) projection(ctx context.Context, ws *store.Workspace, call Cal
 		return nil, 0, nil, fmt.Errorf("mount dir: %w", err)
 	}
 	sweepStaleMounts(c.MountDir)
-	mp, err := os.MkdirTemp(c.MountDir, "ws-")
+	mp, err := os.MkdirTemp(c.MountDir, MountpointPrefix(ws.Scope()))
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("mountpoint: %w", err)
 	}
@@ -171,6 +171,15 @@ func (c *Commands) projection(ctx context.Context, ws *store.Workspace, call Cal
 		return nil, 0, nil, policy.Errorf(policy.SandboxUnavailable, "the workspace projection does not answer: %v", err)
 	}
 	return removingDir{proj, mp}, st.Dev, nil, nil
+}
+
+// MountpointPrefix is how the name of every mountpoint of sc's command
+// projections begins, "ws-" and the first 12 digits of its hash, so that
+// an operator (or a test) tells whose projection a mount in the mount
+// directory is without asking the mount.
+func MountpointPrefix(sc store.Scope) string {
+	h := sc.Hash()
+	return "ws-" + h[:min(12, len(h))] + "-"
 }
 
 // removingDir removes a command's own mountpoint after the unmount.

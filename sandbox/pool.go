@@ -109,7 +109,7 @@ func (p *Pool) mount(ctx context.Context, ws *store.Workspace, call CallInfo) (*
 		return nil, fmt.Errorf("mount dir: %w", err)
 	}
 	sweepStaleMounts(p.Dir)
-	mp, err := os.MkdirTemp(p.Dir, "ws-")
+	mp, err := os.MkdirTemp(p.Dir, MountpointPrefix(ws.Scope()))
 	if err != nil {
 		return nil, fmt.Errorf("mountpoint: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
 
@@ -36,15 +37,16 @@ func TestBusyNodeNoFalseQuarantine(t *testing.T) {
 		args []string
 	}
 	var calls []call
+	var scopes []string
 	for s := 1; s <= 20; s++ {
 		scope := fmt.Sprintf("busy/a/s%d", s)
+		scopes = append(scopes, scope)
 		for k := 1; k <= 2; k++ {
 			calls = append(calls,
 				call{scope + " run", []string{"run", "--scope", scope, "--", "sh", "-c", fmt.Sprintf("echo c%d >> log.txt", k)}},
 				call{scope + " write", []string{"tool", "workspace_write", "--scope", scope, "--input", fmt.Sprintf(`{"path":"t%d.txt","content":"w%d"}`, k, k)}})
 		}
 	}
-	before := projectionMounts()
 	var wg sync.WaitGroup
 	errs := make([]string, len(calls))
 	for i, cl := range calls {
@@ -82,7 +84,7 @@ func TestBusyNodeNoFalseQuarantine(t *testing.T) {
 			t.Errorf("s%d: containers left: %v", s, left)
 		}
 	}
-	if left := newMounts(before); len(left) != 0 {
+	if left := projectionMounts(scopes); len(left) != 0 {
 		t.Errorf("projections left mounted: %v", left)
 	}
 }
@@ -102,7 +104,6 @@ func TestBusyNodeNoFalseQuarantine(t *testing.T) {
 func TestLoad(t *testing.T) {
 	agents, dur := loadSize(t)
 	s := newServeEnv(t)
-	before := projectionMounts()
 	stats := &latencies{d: map[string][]time.Duration{}}
 	var wg sync.WaitGroup
 	results := make([]*loadAgent, agents)
@@ -169,7 +170,11 @@ func TestLoad(t *testing.T) {
 	}
 	// The pool's projections of one-call processes went with them; the
 	// service's went with processes stop.
-	if left := newMounts(before, s.mountDir); len(left) != 0 {
+	var scopes []string
+	for _, a := range results {
+		scopes = append(scopes, a.scope)
+	}
+	if left := projectionMounts(scopes, s.mountDir); len(left) != 0 {
 		t.Errorf("projections left mounted: %v", left)
 	}
 }
@@ -478,32 +483,24 @@ func rank(d []time.Duration, p int) time.Duration {
 	return d[max(i, 1)-1]
 }
 
-// projectionMounts lists what is mounted in the sandbox's default mount
-// directory, where one-call loomfs processes mount their projections, and
-// in dirs.
-func projectionMounts(dirs ...string) []string {
+// projectionMounts lists the mounts of the projections of scopes in the
+// sandbox's default mount directory, where one-call loomfs processes mount
+// them (other packages' tests use it too), and every mount in dirs.
+func projectionMounts(scopes []string, dirs ...string) []string {
+	var prefixes []string
+	for _, scope := range scopes {
+		sc, _ := store.ParseScope(scope)
+		prefixes = append(prefixes, filepath.Join(sandbox.DefaultMountDir, sandbox.MountpointPrefix(sc)))
+	}
+	for _, dir := range dirs {
+		prefixes = append(prefixes, dir+"/")
+	}
 	var out []string
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, l := range strings.Split(string(mi), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 5 {
-			continue
-		}
-		for _, dir := range append(dirs, sandbox.DefaultMountDir) {
-			if strings.HasPrefix(f[4], dir+"/") {
-				out = append(out, f[4])
-			}
-		}
-	}
-	return out
-}
-
-// newMounts lists the mounts of projectionMounts(dirs...) not in before.
-func newMounts(before []string, dirs ...string) []string {
-	var out []string
-	for _, m := range projectionMounts(dirs...) {
-		if !slices.Contains(before, m) {
-			out = append(out, m)
+		if len(f) > 4 && slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(f[4], p) }) {
+			out = append(out, f[4])
 		}
 	}
 	return out
