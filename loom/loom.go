@@ -50,6 +50,10 @@ type Config struct {
 	// Requests is given to every mount the Node makes, as
 	// fusefs.Options.Requests.
 	Requests func(op string, errno syscall.Errno, took time.Duration)
+	// Mounted, if set, is told of every projection the Node mounts for a
+	// command or a session sandbox (a periodic self-check probes it);
+	// the func it returns is called once the projection is unmounted.
+	Mounted func(sc store.Scope, m *fusefs.Mounted) (unmounted func())
 }
 
 // Node is loomfs on one worker. It is safe for concurrent use.
@@ -404,7 +408,7 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log audit.S
 			plog.Close()
 			return nil, err
 		}
-		return servingMount{Mounted: m, log: plog, warn: n.cfg.Log}, nil
+		return servingMount{Mounted: m, log: plog, warn: n.cfg.Log, gone: n.mounted(ws.Scope(), m)}, nil
 	}
 	return &sandbox.Commands{
 		Runner: r,
@@ -419,11 +423,24 @@ type servingMount struct {
 	*fusefs.Mounted
 	log  *audit.Log // nil: the mount records into a log its owner closes
 	warn *zap.Logger
+	gone func() // Config.Mounted's, called once unmounted
+}
+
+// mounted tells Config.Mounted of m and returns what to call once m is
+// unmounted.
+func (n *Node) mounted(sc store.Scope, m *fusefs.Mounted) func() {
+	if n.cfg.Mounted == nil {
+		return func() {}
+	}
+	return n.cfg.Mounted(sc, m)
 }
 
 // Unmount unmounts and then closes the mount's own log, whose queue the
 // unmount's last requests may still fill.
 func (s servingMount) Unmount() error {
+	if s.gone != nil {
+		s.gone()
+	}
 	err := s.Mounted.Unmount()
 	if s.log == nil {
 		return err

@@ -40,7 +40,7 @@ func (n *Node) Processes(ctx context.Context) (*process.Service, error) {
 				}
 				// Reusable: a workspace_command run in the session
 				// sandbox names its own call and takes its refusals.
-				return servingMount{Mounted: m}, nil
+				return servingMount{Mounted: m, gone: n.mounted(ws.Scope(), m)}, nil
 			},
 		})
 	})

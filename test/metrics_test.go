@@ -184,8 +184,11 @@ func TestPrometheusScrapesMountAndServe(t *testing.T) {
 	waitFor(t, "loomfs mount", func() bool { return strings.Contains(mout.String(), "mounted ") })
 	t.Cleanup(func() { mcmd.Process.Signal(syscall.SIGTERM); mcmd.Wait() })
 
+	// serve self-checks the volume at once and then hourly: the session
+	// sandbox's projection, self-checked from the next round on, is
+	// then probed only once, before its container starts.
 	serveAddr := freeAddr(t)
-	s := newServeEnvArgs(t, "--metrics", serveAddr, "--volume-check", "1s")
+	s := newServeEnvArgs(t, "--metrics", serveAddr, "--volume-check", "1h")
 	prom := startPrometheus(t, map[string]string{"mount": mountAddr, "serve": serveAddr})
 
 	// Both scraped before the workload starts, which then runs over a few
@@ -290,4 +293,34 @@ func newServeEnvArgs(t *testing.T, args ...string) *serveEnv {
 	})
 	waitFor(t, "loomfs serve to listen", func() bool { return strings.Contains(s.out.String(), "serving processes") })
 	return s
+}
+
+// TestServeSelfChecksSessionProjection: loomfs serve self-checks the
+// projection of each session sandbox it runs, under the scope's name,
+// and stops once the sandbox is gone.
+func TestServeSelfChecksSessionProjection(t *testing.T) {
+	addr := freeAddr(t)
+	s := newServeEnvArgs(t, "--metrics", addr, "--volume-check", "200ms")
+	const scope = "acme/coder/p2"
+	var out tools.ProcessOutput
+	if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": "sleep 60", "yield_ms": 0}, &out); r.code != 0 {
+		t.Fatalf("process: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	scrape := func() string {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	line := `loomfs_self_check_ok{target="` + scope + `"} 1`
+	waitFor(t, line, func() bool { return strings.Contains(scrape(), line) })
+	if r := s.loomfs("", "processes", "stop", "--scope", scope); r.code != 0 {
+		t.Fatalf("processes stop: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	waitFor(t, "the stopped sandbox's self-check to go", func() bool {
+		return !strings.Contains(scrape(), `target="`+scope+`"`)
+	})
 }

@@ -251,6 +251,12 @@ func (o *observability) watchService(svc *process.Service) {
 	})
 }
 
+// mounted self-checks a projection the node mounted for a command or a
+// session sandbox, under its scope's name, until it is unmounted.
+func (o *observability) mounted(sc store.Scope, m *fusefs.Mounted) func() {
+	return o.checks.Add(sc.String(), m.Probe)
+}
+
 // watchFollow reports how far behind m's journal follower is.
 func (o *observability) watchFollow(m *fusefs.Mounted) {
 	if o != nil {

@@ -36,7 +36,7 @@ func (g *globals) node(cfg loom.Config) (*loom.Node, error) {
 	cfg.Sandbox.Node = node
 	cfg.Store, cfg.Policy, cfg.Log = g.storeConfig(), pol, g.log
 	if g.obs != nil {
-		cfg.Observe, cfg.Requests = g.obs.sink, g.obs.requests()
+		cfg.Observe, cfg.Requests, cfg.Mounted = g.obs.sink, g.obs.requests(), g.obs.mounted
 	}
 	return loom.New(cfg), nil
 }
