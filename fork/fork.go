@@ -317,8 +317,11 @@ func (f *filler) file(dirfd int, name string, e snapshot.Entry) (unix.Stat_t, er
 		// Only a manifest loomfs wrote can ask for the link's marker.
 		perm = policy.LinkPerm
 	}
-	if err := unix.Fchmod(fd, perm); err != nil {
-		return st, fmt.Errorf("fork %s: %w", e.Path, err)
+	// The file was made 0600; only another mode needs a chmod.
+	if perm != policy.FilePerm {
+		if err := unix.Fchmod(fd, perm); err != nil {
+			return st, fmt.Errorf("fork %s: %w", e.Path, err)
+		}
 	}
 	ts := []unix.Timespec{unix.NsecToTimespec(e.MTime), unix.NsecToTimespec(e.MTime)}
 	if err := unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
