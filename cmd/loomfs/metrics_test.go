@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -9,6 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // TestMetricsAddressRule: --metrics follows the rule of mcp --http: a
@@ -74,6 +80,46 @@ func TestMetricsBearerBeyondLoopback(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s with the token: %d, want 200", path, resp.StatusCode)
+		}
+	}
+}
+
+// TestMCPMetrics: loomfs mcp --metrics counts the tool calls its session
+// answers, refusals by code, and the scope's per-scope series.
+func TestMCPMetrics(t *testing.T) {
+	bin := buildLoomfs(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := startMCPHTTP(t, bin, "--http", "127.0.0.1:0", "--metrics", addr)
+	cs, err := mcpClient.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: srv.url, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	for range 3 {
+		mcpCall(t, cs, "workspace_write", map[string]any{"path": "a.txt", "content": "x\n"})
+	}
+	mcpRefused(t, mcpCall(t, cs, "workspace_read", map[string]any{"path": "../etc/passwd"}), policy.InvalidPath)
+
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`loomfs_tool_calls_total{code="",result="ok",tool="workspace_write"} 3`,
+		`loomfs_tool_calls_total{code="invalid_path",result="refused",tool="workspace_read"} 1`,
+		`loomfs_refusals_total{code="invalid_path",door="tool"} 1`,
+		`loomfs_scope_operations_total{door="tool",scope="acme/coder/s1"} 4`,
+		`loomfs_self_check_ok{target="volume"} 1`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("exposition lacks %s", want)
 		}
 	}
 }
