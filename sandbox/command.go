@@ -336,18 +336,44 @@ const DefaultMountDir = "/run/loomfs/mnt"
 // answers ENOTCONN) and removes their mountpoints. Live mounts of other
 // processes answer and are left alone. statfs, not stat: stat can still be
 // answered from the kernel's attribute cache for a while after the daemon
-// died.
+// died. Mounts are asked at once, and one that does not answer within
+// sweepWait (its daemon stuck, or dying and blocked on a file open through
+// its own mount) is not waited for, nor asked again until it answers.
 func sweepStaleMounts(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
+	answered := make(chan struct{}, len(ents))
+	asked := 0
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
-		var st unix.Statfs_t
-		if err := unix.Statfs(p, &st); err == unix.ENOTCONN {
-			unix.Unmount(p, unix.MNT_DETACH)
-			removeMountpoint(p) // and the shared bind under it
+		if _, asking := sweeping.LoadOrStore(p, true); asking {
+			continue
+		}
+		asked++
+		go func() {
+			defer func() { sweeping.Delete(p); answered <- struct{}{} }()
+			var st unix.Statfs_t
+			if err := unix.Statfs(p, &st); err == unix.ENOTCONN {
+				unix.Unmount(p, unix.MNT_DETACH)
+				removeMountpoint(p) // and the shared bind under it
+			}
+		}()
+	}
+	timeout := time.After(sweepWait)
+	for ; asked > 0; asked-- {
+		select {
+		case <-answered:
+		case <-timeout:
+			return
 		}
 	}
 }
+
+// sweepWait bounds how long a sweep waits for the mounts it asks.
+const sweepWait = time.Second
+
+// sweeping holds the mountpoints a sweep is asking, so that a mount that
+// does not answer costs one blocked thread, not one per sweep.
+var sweeping sync.Map

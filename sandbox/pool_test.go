@@ -331,3 +331,61 @@ func mounted(dir string) bool {
 	}
 	return false
 }
+
+// TestSweepPassesOverStuckMount: a projection whose daemon does not answer
+// (stuck, or dying while blocked on a file open through its own mount) does
+// not stall the sweep that every command's mount begins with; a dead one
+// beside it is still detached and its mountpoint removed.
+func TestSweepPassesOverStuckMount(t *testing.T) {
+	dir := t.TempDir()
+	rawMount := func(name string) (mp string, dev *os.File) {
+		mp = filepath.Join(dir, name)
+		if err := os.Mkdir(mp, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		dev, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Nobody reads dev: the session never starts, and every request waits.
+		opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", dev.Fd())
+		if err := unix.Mount("loomfs-test", mp, "fuse", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			dev.Close()
+			t.Fatalf("mount: %v", err)
+		}
+		t.Cleanup(func() { dev.Close(); unix.Unmount(mp, unix.MNT_DETACH) })
+		return mp, dev
+	}
+	stuck, _ := rawMount("ws-stuck")
+	dead, deadDev := rawMount("ws-dead")
+	deadDev.Close() // its daemon is gone: ENOTCONN
+	swept := make(chan time.Duration, 1)
+	began := time.Now()
+	go func() {
+		sweepStaleMounts(dir)
+		swept <- time.Since(began)
+	}()
+	select {
+	case took := <-swept:
+		if took > sweepWait+2*time.Second {
+			t.Errorf("the sweep took %v", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the sweep waits for a mount that does not answer")
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the dead mount's mountpoint is still there: %v", err)
+	}
+	if !strings.Contains(mustRead(t, "/proc/self/mountinfo"), " "+stuck+" ") {
+		t.Error("the mount that does not answer was taken down")
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
