@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -355,9 +356,12 @@ func sweepStaleMounts(dir string) {
 		go func() {
 			defer func() { sweeping.Delete(p); answered <- struct{}{} }()
 			var st unix.Statfs_t
-			if err := unix.Statfs(p, &st); err == unix.ENOTCONN {
+			switch err := unix.Statfs(p, &st); {
+			case err == unix.ENOTCONN:
 				unix.Unmount(p, unix.MNT_DETACH)
 				removeMountpoint(p) // and the shared bind under it
+			case err == nil && leftBind(p):
+				removeMountpoint(p)
 			}
 		}()
 	}
@@ -370,6 +374,21 @@ func sweepStaleMounts(dir string) {
 		}
 	}
 }
+
+// leftBind reports whether p is a shared bind of shareMountpoint with no
+// projection on it, made long enough ago that no process is about to mount
+// one there: a worker killed between the two mounts, or between the two
+// unmounts, left it.
+func leftBind(p string) bool {
+	var st unix.Stat_t
+	fs, mounted := topMount(p)
+	return mounted && !strings.HasPrefix(fs, "fuse") && unix.Lstat(p, &st) == nil &&
+		time.Since(time.Unix(st.Mtim.Unix())) > leftBindAge
+}
+
+// leftBindAge is how old a bare bind in the mount directory must be to be
+// taken for a leftover; a mount takes seconds at most.
+const leftBindAge = 10 * time.Minute
 
 // sweepWait bounds how long a sweep waits for the mounts it asks.
 const sweepWait = time.Second

@@ -335,7 +335,8 @@ func mounted(dir string) bool {
 // TestSweepPassesOverStuckMount: a projection whose daemon does not answer
 // (stuck, or dying while blocked on a file open through its own mount) does
 // not stall the sweep that every command's mount begins with; a dead one
-// beside it is still detached and its mountpoint removed.
+// beside it is still detached and its mountpoint removed, and so is an old
+// bare bind a killed worker left, but not a fresh one.
 func TestSweepPassesOverStuckMount(t *testing.T) {
 	dir := t.TempDir()
 	rawMount := func(name string) (mp string, dev *os.File) {
@@ -355,6 +356,21 @@ func TestSweepPassesOverStuckMount(t *testing.T) {
 		}
 		t.Cleanup(func() { dev.Close(); unix.Unmount(mp, unix.MNT_DETACH) })
 		return mp, dev
+	}
+	// A bare bind of a killed worker, and one a worker is about to mount on.
+	left, fresh := filepath.Join(dir, "ws-left"), filepath.Join(dir, "ws-fresh")
+	for _, mp := range []string{left, fresh} {
+		if err := os.Mkdir(mp, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := shareMountpoint(mp); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Unmount(mp, unix.MNT_DETACH) })
+	}
+	old := time.Now().Add(-2 * leftBindAge)
+	if err := os.Chtimes(left, old, old); err != nil {
+		t.Fatal(err)
 	}
 	stuck, _ := rawMount("ws-stuck")
 	dead, deadDev := rawMount("ws-dead")
@@ -376,8 +392,12 @@ func TestSweepPassesOverStuckMount(t *testing.T) {
 	if _, err := os.Stat(dead); !os.IsNotExist(err) {
 		t.Errorf("the dead mount's mountpoint is still there: %v", err)
 	}
-	if !strings.Contains(mustRead(t, "/proc/self/mountinfo"), " "+stuck+" ") {
-		t.Error("the mount that does not answer was taken down")
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("the old bare bind is still there: %v", err)
+	}
+	mounts := mustRead(t, "/proc/self/mountinfo")
+	if !strings.Contains(mounts, " "+stuck+" ") || !strings.Contains(mounts, " "+fresh+" ") {
+		t.Error("the mount that does not answer, or a fresh bind, was taken down")
 	}
 }
 
