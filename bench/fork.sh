@@ -89,7 +89,7 @@ root="$work/ext4"
 mapfile -t changed < <(cd "$root/spaces/b/agents/s/sessions/s/main" && find src/net/http -maxdepth 1 -name '*.go' | sort | head -20)
 scopedir() { echo "$root/spaces/b/agents/s/sessions/s/$1"; }
 for conflicts in 0 5; do
-	wall=() dur=() dry=()
+	wall=() dur=() dry=() scan=()
 	for r in $(seq "$ROUNDS"); do
 		child="$main/m$conflicts$r/c"
 		"$L" --root "$root" --json fork --from "$main" --to "$child" >/dev/null
@@ -109,8 +109,9 @@ for conflicts in 0 5; do
 		"$L" --root "$root" --json merge --from "$child" --into "$main" --partial >"$work/merge.json" 2>/dev/null || true
 		wall+=("$(since "$s")")
 		dur+=("$(field "$work/merge.json" duration_s)")
+		scan+=("$(field "$work/merge.json" scan_s)")
 		got="$(field "$work/merge.json" applied) applied, $(field "$work/merge.json" conflicts) conflicts"
 		rm -rf "$root/spaces/b/agents/s/sessions/s/runs/m$conflicts$r"
 	done
-	echo "merge, $conflicts conflicts ($got, --partial): $(ms "$(printf '%s\n' "${dur[@]}" | median)") in process, $(ms "$(printf '%s\n' "${wall[@]}" | median)") as a command; --dry-run $(ms "$(printf '%s\n' "${dry[@]}" | median)") as a command; load $(load)"
+	echo "merge, $conflicts conflicts ($got, --partial): $(ms "$(printf '%s\n' "${dur[@]}" | median)") in process (finding the fork's changes $(ms "$(printf '%s\n' "${scan[@]}" | median)")), $(ms "$(printf '%s\n' "${wall[@]}" | median)") as a command; --dry-run $(ms "$(printf '%s\n' "${dry[@]}" | median)") as a command; load $(load)"
 done

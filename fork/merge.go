@@ -88,7 +88,10 @@ type MergeResult struct {
 	Conflicts []Conflict `json:"conflicts"`
 	Refused   []Refused  `json:"refused,omitempty"`
 	Skipped   []Refused  `json:"skipped,omitempty"`
-	Duration  float64    `json:"duration_s"`
+	// ScanS is the time taken to find what the fork changed (a walk of
+	// it, reading only files fstat finds changed); Duration the whole.
+	ScanS    float64 `json:"scan_s"`
+	Duration float64 `json:"duration_s"`
 }
 
 // state is one side's view of a path.
@@ -155,10 +158,12 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 			return nil, err
 		}
 	}
+	scan := time.Now()
 	changed, skipped, err := forkChanges(ctx, fork, rec, paths)
 	if err != nil {
 		return nil, err
 	}
+	res.ScanS = time.Since(scan).Seconds()
 	res.Skipped = skipped
 
 	var changes []store.FileChange
