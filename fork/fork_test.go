@@ -112,10 +112,21 @@ func TestFork(t *testing.T) {
 	v := newVolume(t, t.TempDir())
 	src := v.open(t, mainScope, nil)
 	files := seed(t, src)
+	// An executable stays one (SPEC §2.1 keeps the owner's execute bit).
+	write(t, src, "bin/run.sh", "#!/bin/sh\n")
+	files["bin/run.sh"] = "#!/bin/sh\n"
+	if err := os.Chmod(v.path(mainScope, "bin/run.sh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	dst := v.open(t, childA, nil)
 	res, err := fork.Fork(context.Background(), src, dst, fork.Options{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for rel, want := range map[string]os.FileMode{"bin/run.sh": 0o700, "src/a.go": 0o600} {
+		if fi, err := os.Stat(v.path(childA, rel)); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s in the fork: %v, %v; want mode %v", rel, fi.Mode(), err, want)
+		}
 	}
 	if res.Snapshot == "" || res.Files != len(files) {
 		t.Fatalf("result %+v, want a snapshot and %d files", res, len(files))
