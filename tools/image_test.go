@@ -443,6 +443,9 @@ func TestReadImageHostile(t *testing.T) {
 // (VmHWM, from when the images are in place) stays within 256 MiB and
 // 512 MiB. bench/image-memory.sh prints the same figures.
 func TestReadImageMemory(t *testing.T) {
+	if raceBuild() {
+		t.Skip("the race detector multiplies a process's memory; measured without -race")
+	}
 	for _, c := range []struct {
 		mode  string
 		limit int64
@@ -596,4 +599,18 @@ func pixOf(img image.Image) []byte {
 		return m.Pix
 	}
 	return nil
+}
+
+// raceBuild says whether this test binary was built with -race.
+func raceBuild() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, st := range bi.Settings {
+		if st.Key == "-race" {
+			return st.Value == "true"
+		}
+	}
+	return false
 }
