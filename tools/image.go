@@ -124,7 +124,11 @@ func handleReadImage(ctx context.Context, t *Toolbox, input json.RawMessage) (an
 	need := readCost(cost, info.Size, maxDim, lim.ImageBytes)
 	release, err := imagebudget.Process.Acquire(ctx, need)
 	if tl := (*imagebudget.TooLargeError)(nil); errors.As(err, &tl) {
-		return nil, policy.Errorf(policy.TooLarge, "%s is a %d×%d %s; reading it would take %s of memory, over the %s an image read may take (the whole image is decoded before it is downscaled); read a smaller copy of it instead", rel, cost.Width, cost.Height, cost.Form, policy.Bytes(need), policy.Bytes(tl.Limit))
+		why := " (it is decoded whole before it is downscaled)"
+		if streamed(cost, maxDim) {
+			why = ""
+		}
+		return nil, policy.Errorf(policy.TooLarge, "%s is a %d×%d %s; reading it would take %s of memory, over the %s an image read may take%s; read a smaller copy of it instead", rel, cost.Width, cost.Height, cost.Form, policy.Bytes(need), policy.Bytes(tl.Limit), why)
 	}
 	if err != nil {
 		return nil, policy.WaitEnded(ctx, "image read of %s waited for memory other image reads hold (it needs %s of %s)", rel, policy.Bytes(need), policy.Bytes(imagebudget.Process.Limit()))
