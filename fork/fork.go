@@ -133,6 +133,9 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 		removeRecord(dst.Volume(), dst.Scope())
 		return nil, err
 	}
+	if err := noteFork(src.Volume(), src.Scope(), dst.Scope()); err != nil {
+		return nil, fmt.Errorf("the fork was made, but %s could not note it among its forks: %w", src.Scope(), err)
+	}
 	res.Cloned, res.Copied, res.Clone = f.cloned, f.copied, rec.Clone
 	res.DataS = f.data.Seconds()
 	res.Duration = time.Since(start).Seconds()

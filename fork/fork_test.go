@@ -143,6 +143,9 @@ func TestFork(t *testing.T) {
 	if rec.From != mainScope || rec.Snapshot != res.Snapshot || len(rec.Entries) == 0 {
 		t.Fatalf("record %+v", rec)
 	}
+	if forks, err := fork.Forks(v.vol, mainScope); err != nil || len(forks) != 1 || forks[0] != childA {
+		t.Fatalf("forks of main: %v, %v; want %s", forks, err, childA)
+	}
 	// The source is untouched and is no fork.
 	if _, err := fork.ReadRecord(v.vol, mainScope); policy.CodeOf(err) != policy.NotFound {
 		t.Fatalf("the source's record: %v, want not_found", err)

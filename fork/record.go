@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +19,10 @@ import (
 
 // RecordFile is a fork's record in its scope's state directory.
 const RecordFile = "fork.json"
+
+// ForksDir, in a source scope's state directory, names the scopes forked
+// from it: one file per fork, named by its scope hash, holding its scope.
+const ForksDir = "forks"
 
 const recordVersion = 1
 
@@ -124,4 +130,73 @@ func removeRecord(vol *store.Volume, sc store.Scope) error {
 		return err
 	}
 	return nil
+}
+
+// noteFork records in src's state directory that dst was forked from it.
+func noteFork(vol *store.Volume, src, dst store.Scope) error {
+	dir, err := vol.ScopeState(src)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	if err := unix.Mkdirat(int(dir.Fd()), ForksDir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	b, err := json.Marshal(dst)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Openat(int(dir.Fd()), ForksDir+"/"+dst.Hash(), unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), dst.Hash())
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Forks lists the scopes forked from sc that are forks of it still (a
+// scope forked again from elsewhere, or whose record is gone, is left
+// out), in name order.
+func Forks(vol *store.Volume, sc store.Scope) ([]store.Scope, error) {
+	dir, err := vol.ScopeState(sc)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	fd, err := unix.Openat(int(dir.Fd()), ForksDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the forks of %s: %w", sc, err)
+	}
+	d := os.NewFile(uintptr(fd), ForksDir)
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list the forks of %s: %w", sc, err)
+	}
+	sort.Strings(names)
+	var out []store.Scope
+	for _, n := range names {
+		ffd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		f := os.NewFile(uintptr(ffd), n)
+		var s store.Scope
+		err = json.NewDecoder(io.LimitReader(f, 4096)).Decode(&s)
+		f.Close()
+		if err != nil || s.Validate() != nil || s.Hash() != n {
+			continue
+		}
+		if rec, err := ReadRecord(vol, s); err == nil && rec.From == sc {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }

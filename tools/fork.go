@@ -20,16 +20,27 @@ const (
 )
 
 func forkStatusDefinition(paths string) Definition {
-	return Definition{ForkStatus, fmt.Sprintf("Tell whether this workspace is a fork of another (a copy made for you from a snapshot of it, to be merged back by the platform) and, if so: from (the workspace it was copied from), base (its snapshot), forked_at, mergeable (each file you changed since that a merge now would bring back: path and op), conflicts (paths changed both here and there since the base, with type both_modified, modified_deleted, deleted_modified, both_added or type_changed and the three sha256), refused (changes the other workspace's rules do not take), source_changed (paths changed there since the base) and truncated. A merge applies the mergeable changes only if nothing conflicts; to clear a conflict, make the file here what you want it to be given the other side's version, or leave it as it was at the base. Changes nothing. Each list holds at most limit paths (default %d). %s", defaultForkStatusLimit, paths),
+	return Definition{ForkStatus, fmt.Sprintf("Tell whether this workspace is a fork of another (a copy made for you from a snapshot of it, to be merged back by the platform) and, if so: from (the workspace it was copied from), base (its snapshot), forked_at, mergeable (each file you changed since that a merge now would bring back: path and op), conflicts (paths changed both here and there since the base, with type both_modified, modified_deleted, deleted_modified, both_added or type_changed and the three sha256), refused (changes the other workspace's rules do not take), source_changed (paths changed there since the base) and truncated. forks lists the workspaces forked from this one (sub-agents' copies) with what merging each here would do now: scope, base, mergeable (how many changes), conflicts and refused (how many). A merge applies the mergeable changes only if nothing conflicts; to clear a conflict, make the file here what you want it to be given the other side's version, or leave it as it was at the base. Changes nothing. Each list holds at most limit paths (default %d). %s", defaultForkStatusLimit, paths),
 		schema(nil, map[string]prop{
 			"limit": {"type": "integer", "minimum": 1, "maximum": maxForkStatusLimit, "description": fmt.Sprintf("Most paths per list (default %d).", defaultForkStatusLimit)},
 		})}
 }
 
-// forkStatusResult is the answer in a scope that is no fork.
+// forkStatusResult is the answer: the scope's own fork status, if it is
+// a fork, and a merge preview of each scope forked from it.
 type forkStatusResult struct {
 	Forked bool `json:"forked"`
 	*fork.Status
+	Forks []forkPreview `json:"forks"`
+}
+
+// forkPreview is what merging one fork into this scope would do now.
+type forkPreview struct {
+	Scope     string          `json:"scope"`
+	Base      string          `json:"base"`
+	Mergeable int             `json:"mergeable"`
+	Conflicts []fork.Conflict `json:"conflicts"`
+	Refused   int             `json:"refused"`
 }
 
 func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {
@@ -46,21 +57,41 @@ func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 	if in.Limit == 0 {
 		limit = defaultForkStatusLimit
 	}
+	res := forkStatusResult{Forks: []forkPreview{}}
 	rec, err := fork.ReadRecord(t.WS.Volume(), t.WS.Scope())
-	if policy.CodeOf(err) == policy.NotFound {
-		return forkStatusResult{Forked: false}, nil
+	switch policy.CodeOf(err) {
+	case policy.NotFound:
+	case "":
+		src, err := t.WS.Volume().Open(ctx, rec.From, t.WS.Policy().WithScope(rec.From.Main()))
+		if err != nil {
+			return nil, fmt.Errorf("open the workspace this one was forked from: %w", err)
+		}
+		defer src.Close()
+		if res.Status, err = fork.ReadStatus(ctx, t.WS, src, limit); err != nil {
+			return nil, err
+		}
+		res.Forked = true
+	default:
+		return nil, err
 	}
+	forks, err := fork.Forks(t.WS.Volume(), t.WS.Scope())
 	if err != nil {
 		return nil, err
 	}
-	src, err := t.WS.Volume().Open(ctx, rec.From, t.WS.Policy().WithScope(rec.From.Main()))
-	if err != nil {
-		return nil, fmt.Errorf("open the workspace this one was forked from: %w", err)
+	for _, sc := range forks {
+		if len(res.Forks) == limit {
+			break
+		}
+		ws, err := t.WS.Volume().Open(ctx, sc, t.WS.Policy().WithScope(sc.Main()))
+		if err != nil {
+			return nil, fmt.Errorf("open the fork %s: %w", sc, err)
+		}
+		m, err := fork.Merge(ctx, ws, t.WS, fork.MergeOptions{DryRun: true})
+		ws.Close()
+		if err != nil {
+			return nil, fmt.Errorf("preview the merge of %s: %w", sc, err)
+		}
+		res.Forks = append(res.Forks, forkPreview{Scope: m.From, Base: m.Base, Mergeable: len(m.Applied), Conflicts: m.Conflicts, Refused: len(m.Refused)})
 	}
-	defer src.Close()
-	st, err := fork.ReadStatus(ctx, t.WS, src, limit)
-	if err != nil {
-		return nil, err
-	}
-	return forkStatusResult{Forked: true, Status: st}, nil
+	return res, nil
 }

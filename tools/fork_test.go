@@ -32,7 +32,7 @@ func TestForkStatus(t *testing.T) {
 	main := box(store.Scope{Space: "sp", Agent: "ag", Session: "se"})
 	child := box(store.Scope{Space: "sp", Agent: "ag", Session: "se", Run: "r1", Instance: "sub-1"})
 
-	if got := mustCall(t, child, ForkStatus, map[string]any{}); got["forked"] != false || len(got) != 1 {
+	if got := mustCall(t, child, ForkStatus, map[string]any{}); got["forked"] != false || len(got["forks"].([]any)) != 0 || got["base"] != nil {
 		t.Fatalf("status of a scope that is no fork: %v", got)
 	}
 	for _, f := range []string{"a.txt", "b.txt", "c.txt"} {
@@ -79,6 +79,20 @@ func TestForkStatus(t *testing.T) {
 	got = mustCall(t, child, ForkStatus, map[string]any{"limit": 1})
 	if got["truncated"] != true || len(got["source_changed"].([]any)) != 1 {
 		t.Errorf("limited status %v: want one source path and truncated", got)
+	}
+	// The parent sees its fork's merge preview.
+	got = mustCall(t, main, ForkStatus, map[string]any{})
+	b, _ = json.Marshal(got["forks"])
+	var forks []struct {
+		Scope     string          `json:"scope"`
+		Mergeable int             `json:"mergeable"`
+		Conflicts []fork.Conflict `json:"conflicts"`
+	}
+	if err := json.Unmarshal(b, &forks); err != nil {
+		t.Fatal(err)
+	}
+	if got["forked"] != false || len(forks) != 1 || forks[0].Scope != "sp/ag/se/r1/sub-1" || forks[0].Mergeable != 1 || len(forks[0].Conflicts) != 1 || forks[0].Conflicts[0].Path != "b.txt" {
+		t.Errorf("main's status %v: want its fork sub-1 with one mergeable change and b.txt in conflict", got)
 	}
 	// Nothing changed: the merge preview left both scopes as they were.
 	if got := mustCall(t, main, Read, map[string]any{"path": "a.txt"}); got["content"] != "a.txt" {
