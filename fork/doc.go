@@ -34,5 +34,13 @@
 // record, all or none). Directories the fork made empty are made after it,
 // and directories it removed are removed when they are empty in the target
 // too. Emulated links and permission bits are not carried: a link change
-// is listed as skipped, and a new file gets the store's 0600.
+// is listed as skipped, and a new file gets the store's 0600. The change
+// feed shows a merge as one call of the platform (MergeOptions.Call); the
+// caller audits it on both scopes, as "loomfs merge" does.
+//
+// # Forks of a scope
+//
+// A source scope notes each fork made from it in its state directory
+// (ForksDir), so its agent's workspace_fork_status can preview every
+// fork's merge without a walk of the volume.
 package fork
