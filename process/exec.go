@@ -10,6 +10,7 @@ import (
 
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/agentloom/loomfs/policy"
@@ -99,7 +100,9 @@ func (r Record) endedOutput(since int64) tools.ProcessOutput {
 // notes nothing in /tmp and starts even when /tmp is full. It makes its
 // tree the memory limit's first choice (oom_score_adj may be raised
 // without privilege), so the OOM killer takes a process of the agent's,
-// not the session's controller.
+// not the session's controller, and runs it at nice 10, which no process
+// of it can undo without privilege: the controller, at 0, gets the CPU it
+// needs to kill a fork bomb that spins on every core it has.
 func wrapper(tty bool) string {
 	w := "echo 500 2>/dev/null >/proc/self/oom_score_adj; umask 077; "
 	if tty {
@@ -109,7 +112,7 @@ func wrapper(tty bool) string {
 		// at most), so a program that reads its size at once gets it.
 		w += `i=0; while [ $i -lt 100 ]; do case "$(stty size 2>/dev/null)" in [1-9]*" "[1-9]*) break;; esac; sleep 0.02; i=$((i+1)); done; `
 	}
-	return w + `exec /bin/sh -c "$1"`
+	return w + `command -v nice >/dev/null && exec nice -n 10 /bin/sh -c "$1"; exec /bin/sh -c "$1"`
 }
 
 // exec starts a process in the sandbox. The caller holds the scope lock.
@@ -174,20 +177,32 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 }
 
 // pump copies the process's output into its buffer until the stream ends
-// (the engine ends it at most 2 s after the exec, even while something the
-// command left holds it), learns the exit code, then kills what the
-// command left running: a process is its whole tree, and its end is
-// reported once nothing of it is left.
+// or the engine reports the exec ended (what the command left may hold
+// the stream open), learns the exit code, then kills what the command
+// left running: a process is its whole tree, and its end is reported once
+// nothing of it is left.
 func (p *Process) pump() {
 	defer p.box.svc.wg.Done()
-	if p.TTY {
-		io.Copy(p.out.writer(streamOut), p.hj.Reader)
-	} else {
-		stdcopy.StdCopy(p.out.writer(streamOut), p.out.writer(streamErr), p.hj.Reader)
-	}
-	p.hj.Close()
-	code := p.inspectExit()
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		if p.TTY {
+			io.Copy(p.out.writer(streamOut), p.hj.Reader)
+		} else {
+			stdcopy.StdCopy(p.out.writer(streamOut), p.out.writer(streamErr), p.hj.Reader)
+		}
+	}()
 	ctx := context.Background()
+	ended := false
+	for wait := 250 * time.Millisecond; !ended; wait = min(2*wait, time.Second) {
+		select {
+		case <-copied:
+			ended = true
+		case <-time.After(wait):
+			ended = p.execEnded(ctx)
+		}
+	}
+	code := p.inspectExit()
 	detail := map[string]any{"process_id": p.ID, "exec_id": p.execID, "exit_code": exitText(code)}
 	var left *int
 	oom, reason := false, ""
@@ -203,6 +218,12 @@ func (p *Process) pump() {
 	}
 	if reason == "" && p.box.alive() {
 		n, err := p.box.killTree(ctx, p.gid)
+		// Nothing of the tree holds the stream now; what it wrote last
+		// is copied before the end is told.
+		select {
+		case <-copied:
+		case <-time.After(2 * time.Second):
+		}
 		left = &n
 		detail["left_running_killed"] = n
 		if err != nil {
@@ -213,6 +234,8 @@ func (p *Process) pump() {
 			detail["oom_killed"] = true
 		}
 	}
+	p.hj.Close()
+	<-copied
 	p.mu.Lock()
 	already := p.isExited
 	if !already {
@@ -232,6 +255,15 @@ func (p *Process) signalled() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sig
+}
+
+// execEnded reports whether the engine says the exec ended (or can't say
+// it still runs).
+func (p *Process) execEnded(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := p.box.svc.cfg.Runner.Engine().ContainerExecInspect(ctx, p.execID)
+	return err == nil && !st.Running || client.IsErrNotFound(err)
 }
 
 // inspectExit asks the engine for the exit code, waiting briefly for the

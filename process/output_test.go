@@ -40,3 +40,27 @@ func TestOutputCursor(t *testing.T) {
 		})
 	}
 }
+
+// A read of a process whose output is no longer kept returns none of it:
+// its since and cursor are the record's cursor, whatever since was asked,
+// and what the asked since missed is counted as dropped.
+func TestEndedOutputCursor(t *testing.T) {
+	r := Record{ID: "p-1", Status: "exited", Cursor: 100}
+	for _, tc := range []struct {
+		name                   string
+		since                  int64
+		wantSince, wantDropped int64
+	}{
+		{"from the start", 0, 100, 100},
+		{"from the middle", 40, 100, 60},
+		{"at the end", 100, 100, 0},
+		{"past the end", 500, 100, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := r.endedOutput(tc.since)
+			if o.Since != tc.wantSince || o.Cursor != 100 || o.DroppedBytes != tc.wantDropped || o.Since > o.Cursor {
+				t.Errorf("endedOutput(%d): since %d cursor %d dropped %d", tc.since, o.Since, o.Cursor, o.DroppedBytes)
+			}
+		})
+	}
+}

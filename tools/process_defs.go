@@ -27,7 +27,8 @@ func processDefinitions(pol *policy.Policy) []Definition {
 		rules += " Path rules in force: " + r
 	}
 	sandbox := fmt.Sprintf("Processes run in this workspace's session sandbox: one long-lived container with the workspace at /workspace (the working directory), the same isolation as workspace_command (no network, read-only system, writable /tmp, non-root user, umask 077), started on first use and stopped after %s with no running process and no call, and %s after it started in any case.", l.SessionIdle, l.SessionLifetime)
-	outputNote := fmt.Sprintf("Each process keeps its last %s of output; output is read by cursor: pass the cursor of the previous answer as since. An answer whose since is older than what is kept says how many bytes were dropped (dropped_bytes). With tty the output is what the terminal saw; otherwise stdout and stderr are also given apart. The text shown strips terminal control sequences; the structured result keeps the raw bytes.", policy.Bytes(l.ProcessOutput))
+	outputNote := fmt.Sprintf("Each process keeps its last %s of output; output is read by cursor: pass the cursor of the previous answer as since. The answer's since is where its output starts: when bytes after the since you gave were dropped, dropped_bytes counts them and since is moved to the first byte kept. With tty the output is what the terminal saw; otherwise stdout and stderr are also given apart. The text shown strips terminal control sequences; the structured result keeps the raw bytes.", policy.Bytes(l.ProcessOutput))
+	tree := "A process is its whole tree: what its command starts (also in the background, in a session of its own, or orphaned) belongs to it, and when the command exits what it left running is killed (left_running_killed counts it); oom_killed says the memory limit killed it. When the session's process limit is spent, a start answers session_exhausted naming the process that holds it: end that one with workspace_process_signal KILL."
 	yield := func(def int64) prop {
 		return prop{"type": "integer", "minimum": 0, "maximum": MaxYield.Milliseconds(), "description": fmt.Sprintf("Milliseconds to wait for output before answering; default %d.", def)}
 	}
@@ -36,7 +37,7 @@ func processDefinitions(pol *policy.Policy) []Definition {
 	cols := prop{"type": "integer", "minimum": MinTermSize, "maximum": MaxTermSize, "description": fmt.Sprintf("Terminal columns; default %d.", DefaultCols)}
 	rows := prop{"type": "integer", "minimum": MinTermSize, "maximum": MaxTermSize, "description": fmt.Sprintf("Terminal rows; default %d.", DefaultRows)}
 	return []Definition{
-		{ProcessStart, fmt.Sprintf("Start a long-running command (sh -c) that later calls can write to, read and signal: a dev server, a REPL, a watch-mode test runner, an interactive installer. Waits up to yield_ms for it to exit, so a short command's whole result comes back at once; otherwise returns status running, the output so far and a cursor. %s %s %s Use workspace_command for a one-shot command.", sandbox, outputNote, rules),
+		{ProcessStart, fmt.Sprintf("Start a long-running command (sh -c) that later calls can write to, read and signal: a dev server, a REPL, a watch-mode test runner, an interactive installer. Waits up to yield_ms for it to exit, so a short command's whole result comes back at once; otherwise returns status running, the output so far and a cursor. %s %s %s %s Use workspace_command for a one-shot command.", sandbox, outputNote, tree, rules),
 			schema([]string{"command"}, map[string]prop{
 				"command":          {"type": "string", "minLength": 1, "description": "Shell command line."},
 				"tty":              {"type": "boolean", "description": "Run on a terminal (programs that need one: REPLs with line editing, curses programs, installers)."},
@@ -52,7 +53,7 @@ func processDefinitions(pol *policy.Policy) []Definition {
 				"yield_ms":         yield(DefaultWriteYield.Milliseconds()),
 				"max_output_bytes": maxBytes,
 			})},
-		{ProcessRead, "Read a process's output after a cursor (since, default 0: from the start of what is kept). With yield_ms, waits for output to come and pause. Returns status, exit_code once it exited, the output, the new cursor, dropped_bytes when since is older than the kept output, and truncated when more follows. " + outputNote,
+		{ProcessRead, "Read a process's output after a cursor (since, default 0: from the start of what is kept). With yield_ms, waits for output to come and pause. Returns status, exit_code once it exited, the output, since (where the output starts), the new cursor, dropped_bytes when since was older than the kept output, and truncated when more follows. " + outputNote,
 			schema([]string{"process_id"}, map[string]prop{
 				"process_id": id,
 				"since":      {"type": "integer", "minimum": 0, "description": "Cursor from a previous answer; default 0."},
@@ -61,7 +62,7 @@ func processDefinitions(pol *policy.Policy) []Definition {
 			})},
 		{ProcessResize, "Set the terminal size of a process started with tty; the program gets SIGWINCH.",
 			schema([]string{"process_id", "cols", "rows"}, map[string]prop{"process_id": id, "cols": cols, "rows": rows})},
-		{ProcessSignal, fmt.Sprintf("Send a signal to a process (and its process group): %s. INT is Ctrl-C, TERM asks it to end, KILL ends it at once, HUP is a hang-up. Returns its state; read it to see it exit.", strings.Join(Signals, ", ")),
+		{ProcessSignal, fmt.Sprintf("Send a signal to a process and every process it started, wherever they went (background, own session, orphaned): %s. INT is Ctrl-C, TERM asks it to end, KILL ends its whole tree at once, even when the session's process limit is spent. HUP is a hang-up. Returns its state; read it to see it exit.", strings.Join(Signals, ", ")),
 			schema([]string{"process_id", "signal"}, map[string]prop{
 				"process_id": id,
 				"signal":     {"type": "string", "enum": Signals, "description": "Signal to send."},

@@ -1,0 +1,142 @@
+package process
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/tools"
+)
+
+// gvisor says the tests run under gVisor's runsc, where the container's
+// pids and memory limits bound the sandbox kernel, so a tree that spends
+// them ends the whole sandbox (and the next start replaces it), where
+// under runc the session goes on.
+func gvisor() bool { return strings.HasPrefix(os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME"), "runsc") }
+
+// startOK starts `echo ok` until it answers ok, for at most limit, and
+// returns when that was and how many answers said session_exhausted.
+func (e *env) startOK(limit time.Duration) (time.Time, int) {
+	e.t.Helper()
+	deadline := time.Now().Add(limit)
+	exhausted := 0
+	for {
+		var out tools.ProcessOutput
+		err := e.call(tools.ProcessStart, map[string]any{"command": "echo ok", "yield_ms": 5000}, &out)
+		switch {
+		case err == nil && out.Status == tools.StatusExited && out.ExitCode != nil && *out.ExitCode == 0 && out.Stdout == "ok\n":
+			return time.Now(), exhausted
+		case policy.CodeOf(err) == policy.SessionExhausted:
+			exhausted++
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no process started within %s: last answer %+v, %v", limit, out, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// forkBombs are the issue's three shapes, each under a timeout of
+// bombSeconds that ends its first process and leaves the rest running.
+var forkBombs = []struct{ name, command string }{
+	{"shell function", "timeout 3 sh -c 'f() { while :; do f & done; }; f'"},
+	{"python loop that retries forks", "timeout 3 python3 -c '\nimport os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n'"},
+	{"yes piped to xargs -P0", "timeout 3 sh -c 'yes 600 | xargs -P0 -n1 sleep'"},
+}
+
+const bombSeconds = 3
+
+// A fork bomb's session heals itself: once the bomb's command ended, what
+// it left is killed with it and a new process starts within 10 s, without
+// an operator (issue 43). The time from the bomb's end (its timeout) to
+// the next successful start is logged: bench/forkbomb.sh collects it.
+func TestForkBombHeals(t *testing.T) {
+	for i, tc := range forkBombs {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, "", testNode, fmt.Sprintf("acme/coder/bomb-%d", i), "")
+			e.startOK(30 * time.Second) // the sandbox is up before the bomb
+			began := time.Now()
+			bomb := e.start(map[string]any{"command": tc.command, "yield_ms": 100})
+			time.Sleep(bombSeconds * time.Second)
+			end := began.Add(bombSeconds * time.Second)
+			ok, exhausted := e.startOK(30 * time.Second)
+			took := ok.Sub(end)
+			t.Logf("fork bomb %q: next process started %.2f s after the bomb's end (%d answers session_exhausted)", tc.name, took.Seconds(), exhausted)
+			if took > 10*time.Second {
+				t.Errorf("the next process started %s after the bomb's end, want 10 s at most", took)
+			}
+			var r tools.ProcessOutput
+			e.must(tools.ProcessRead, map[string]any{"process_id": bomb.ProcessID, "yield_ms": 10000}, &r)
+			var info tools.ProcessInfo
+			var list tools.ProcessListResult
+			e.must(tools.ProcessList, map[string]any{}, &list)
+			for _, p := range list.Processes {
+				if p.ProcessID == bomb.ProcessID {
+					info = p
+				}
+			}
+			switch {
+			case info.Status != tools.StatusExited:
+				t.Errorf("the bomb's record: %+v, want exited", info)
+			case gvisor() && info.LeftRunningKilled == nil && info.Reason == "":
+				t.Errorf("the bomb's record says neither what was killed nor why it ended: %+v", info)
+			case !gvisor() && (info.LeftRunningKilled == nil || *info.LeftRunningKilled < 10):
+				t.Errorf("the bomb's record: left_running_killed %v, want its leftovers counted", info.LeftRunningKilled)
+			}
+		})
+	}
+}
+
+// While a bomb holds the pids limit, a start answers session_exhausted
+// naming the limit and the process that holds it; a KILL of that process
+// reaches its whole tree without a new process in the sandbox, and the
+// next start succeeds. Under gVisor the bomb ends the sandbox instead, and
+// the next start replaces it.
+func TestPidsExhaustedSaysWhoAndHeals(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/exhausted", "")
+	e.startOK(30 * time.Second)
+	bomb := e.start(map[string]any{"command": strings.TrimPrefix(forkBombs[1].command, "timeout 3 "), "yield_ms": 100})
+	if gvisor() {
+		time.Sleep(3 * time.Second)
+		ok, _ := e.startOK(15 * time.Second)
+		t.Logf("under gVisor: a process started %.2f s after the bomb began", time.Since(ok).Seconds())
+		return
+	}
+	var err error
+	waitFor(t, "a start to answer session_exhausted", 30*time.Second, func() bool {
+		err = e.call(tools.ProcessStart, map[string]any{"command": "echo ok", "yield_ms": 5000}, nil)
+		return policy.CodeOf(err) == policy.SessionExhausted
+	})
+	if msg := err.Error(); !strings.Contains(msg, "pids limit") || !strings.Contains(msg, "of 256") || !strings.Contains(msg, bomb.ProcessID) {
+		t.Errorf("session_exhausted %q: want the limit and the process that holds it", msg)
+	}
+	var info tools.ProcessInfo
+	e.must(tools.ProcessSignal, map[string]any{"process_id": bomb.ProcessID, "signal": "KILL"}, &info)
+	killed := time.Now()
+	ok, _ := e.startOK(10 * time.Second)
+	t.Logf("a process started %.2f s after the KILL", ok.Sub(killed).Seconds())
+}
+
+// A process the memory limit kills says so (oom_killed), and the session
+// goes on: the next process starts.
+func TestOOMKilledReported(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/oom", "")
+	out := e.start(map[string]any{"command": `python3 -c "x = b'a' * (1 << 30); print(len(x))"`, "yield_ms": 30000})
+	if out.Status != tools.StatusExited || !out.OOMKilled {
+		t.Errorf("a process over the memory limit: %+v, want exited with oom_killed", out)
+	}
+	if !gvisor() && (out.ExitCode == nil || *out.ExitCode != 137) {
+		t.Errorf("exit code %s, want 137", exitText(out.ExitCode))
+	}
+	e.startOK(10 * time.Second)
+	// A KILL sent by the model is not the memory limit's.
+	k := e.start(map[string]any{"command": "sleep 600", "yield_ms": 100})
+	var info tools.ProcessInfo
+	e.must(tools.ProcessSignal, map[string]any{"process_id": k.ProcessID, "signal": "KILL"}, &info)
+	if info.Status != tools.StatusExited || info.OOMKilled {
+		t.Errorf("after KILL: %+v, want exited without oom_killed", info)
+	}
+}
