@@ -61,6 +61,7 @@ type Registry struct {
 
 	scopes   *scopeSet
 	requests sync.Map // requestKey → requestSeries
+	events   sync.Map // eventKey → eventSeries
 
 	maxScopes int
 

@@ -43,29 +43,64 @@ func (r *Registry) observe(e audit.Event) {
 	if e.Result == "started" {
 		return
 	}
-	op, code := labelOf(e.Op), labelOf(e.Code)
-	switch e.Source {
-	case audit.SourceTool:
-		r.toolCalls.WithLabelValues(op, e.Result, code).Inc()
-		if e.Duration > 0 {
-			r.toolSeconds.WithLabelValues(op).Observe(e.Duration.Seconds())
+	if e.Source == audit.SourceFUSE && e.Op == "throttle" {
+		if n, ok := e.Detail["waits"].(int64); ok {
+			r.throttled.Add(float64(n))
 		}
-	case audit.SourceFUSE:
-		if e.Op == "throttle" {
-			if n, ok := e.Detail["waits"].(int64); ok {
-				r.throttled.Add(float64(n))
-			}
-			r.throttledSec.Add(e.Duration.Seconds())
-		} else {
-			r.fuseOps.WithLabelValues(op, e.Result, code).Inc()
+		r.throttledSec.Add(e.Duration.Seconds())
+	} else {
+		s := r.eventSeries(e)
+		if s.count != nil {
+			s.count.Inc()
 		}
-	case audit.SourceSandbox:
-		r.sandbox.WithLabelValues(op).Inc()
-	}
-	if e.Result == "refused" {
-		r.refusals.WithLabelValues(string(e.Source), code).Inc()
+		if s.latency != nil && e.Duration > 0 {
+			s.latency.Observe(e.Duration.Seconds())
+		}
+		if s.refused != nil {
+			s.refused.Inc()
+		}
 	}
 	r.scopes.touch(e)
+}
+
+// eventKey is what decides an event's series.
+type eventKey struct {
+	source           audit.Source
+	op, result, code string
+}
+
+// eventSeries are the series one kind of event counts in.
+type eventSeries struct {
+	count, refused prometheus.Counter
+	latency        prometheus.Observer
+}
+
+// eventSeries looks the series of e's kind up once, not hashing its labels
+// again on every event.
+func (r *Registry) eventSeries(e audit.Event) eventSeries {
+	k := eventKey{e.Source, e.Op, e.Result, e.Code}
+	if s, ok := r.events.Load(k); ok {
+		return s.(eventSeries)
+	}
+	op, result, code := labelOf(e.Op), labelOf(e.Result), labelOf(e.Code)
+	var s eventSeries
+	switch e.Source {
+	case audit.SourceTool:
+		s.count = r.toolCalls.WithLabelValues(op, result, code)
+		s.latency = r.toolSeconds.WithLabelValues(op)
+	case audit.SourceFUSE:
+		s.count = r.fuseOps.WithLabelValues(op, result, code)
+	case audit.SourceSandbox:
+		s.count = r.sandbox.WithLabelValues(op)
+	}
+	if e.Result == "refused" {
+		s.refused = r.refusals.WithLabelValues(labelOf(string(e.Source)), code)
+	}
+	// Kinds past the label budget are not kept: the map stays bounded.
+	if op != "other" && result != "other" && code != "other" {
+		r.events.Store(k, s)
+	}
+	return s
 }
 
 // labelOf bounds the values a label takes: an operation or code is one
@@ -109,14 +144,21 @@ type scopeSet struct {
 	now    func() time.Time
 
 	mu sync.Mutex
-	m  map[string]*scopeCounts
+	m  map[scopeKey]*scopeCounts
 
 	ops, refused, waited, used, limit *prometheus.Desc
 	active                            *prometheus.Desc
 	quota                             map[string]func() (used, limit int64, ok bool)
 }
 
+// scopeKey names a scope as an event does, so a touch builds no string.
+type scopeKey struct {
+	actor audit.Actor
+	hash  string
+}
+
 type scopeCounts struct {
+	name    string // the scope's label
 	seen    time.Time
 	ops     map[audit.Source]float64
 	refused float64
@@ -126,7 +168,7 @@ type scopeCounts struct {
 func newScopeSet(window time.Duration, max int) *scopeSet {
 	return &scopeSet{
 		window: window, max: max, now: time.Now,
-		m:     map[string]*scopeCounts{},
+		m:     map[scopeKey]*scopeCounts{},
 		quota: map[string]func() (int64, int64, bool){},
 		ops: prometheus.NewDesc("loomfs_scope_operations_total",
 			"Audited operations of one scope active lately (see loomfs_scopes_active), by door.", []string{"scope", "door"}, nil),
@@ -156,20 +198,24 @@ func scopeLabel(a audit.Actor, hash string) string {
 }
 
 func (s *scopeSet) touch(e audit.Event) {
-	name := scopeLabel(e.Actor, e.Scope)
-	if name == "" {
+	if e.Actor.Space == "" && e.Scope == "" {
 		return
+	}
+	// The container and operator vary within a scope; the scope is its ids.
+	k := scopeKey{audit.Actor{Space: e.Actor.Space, Agent: e.Actor.Agent, Session: e.Actor.Session, Run: e.Actor.Run, Instance: e.Actor.Instance}, ""}
+	if e.Actor.Space == "" {
+		k.hash = e.Scope
 	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.m[name]
+	c := s.m[k]
 	if c == nil {
 		if len(s.m) >= s.max {
 			s.evict(now)
 		}
-		c = &scopeCounts{ops: map[audit.Source]float64{}}
-		s.m[name] = c
+		c = &scopeCounts{name: scopeLabel(k.actor, k.hash), ops: map[audit.Source]float64{}}
+		s.m[k] = c
 	}
 	c.seen = now
 	if e.Source == audit.SourceFUSE && e.Op == "throttle" {
@@ -185,19 +231,19 @@ func (s *scopeSet) touch(e audit.Event) {
 // evict drops the scopes gone quiet, and then, if none did, the one
 // active least recently. The caller holds s.mu.
 func (s *scopeSet) evict(now time.Time) {
-	var oldest string
+	var oldest *scopeKey
 	var at time.Time
-	for name, c := range s.m {
+	for k, c := range s.m {
 		if now.Sub(c.seen) > s.window {
-			delete(s.m, name)
+			delete(s.m, k)
 			continue
 		}
-		if oldest == "" || c.seen.Before(at) {
-			oldest, at = name, c.seen
+		if oldest == nil || c.seen.Before(at) {
+			oldest, at = &k, c.seen
 		}
 	}
-	if len(s.m) >= s.max {
-		delete(s.m, oldest)
+	if len(s.m) >= s.max && oldest != nil {
+		delete(s.m, *oldest)
 	}
 }
 
@@ -228,11 +274,12 @@ func (s *scopeSet) Collect(ch chan<- prometheus.Metric) {
 	}
 	var quotas []quota
 	s.mu.Lock()
-	for name, c := range s.m {
+	for k, c := range s.m {
 		if now.Sub(c.seen) > s.window {
-			delete(s.m, name)
+			delete(s.m, k)
 			continue
 		}
+		name := c.name
 		for door, n := range c.ops {
 			ch <- prometheus.MustNewConstMetric(s.ops, prometheus.CounterValue, n, name, string(door))
 		}
