@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // TestMetricsAddressRule: --metrics follows the rule of mcp --http: a
@@ -121,5 +123,26 @@ func TestMCPMetrics(t *testing.T) {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("exposition lacks %s", want)
 		}
+	}
+}
+
+// TestCheckListsSelfChecks: loomfs check --json lists the last self-check
+// each mount of the volume recorded, passed ones included.
+func TestCheckListsSelfChecks(t *testing.T) {
+	root, mnt := mountDirs(t)
+	p := startMount(t, root, mountScope, mnt)
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGTERM); p.wait(t) })
+	stdout, stderr, code := runLoomfs(t, "--json", "--backend", "local", "--root", root, "check")
+	if code != 0 {
+		t.Fatalf("check: exit %d %s", code, stderr)
+	}
+	var out struct {
+		SelfChecks []store.SelfCheck `json:"self_checks"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.SelfChecks) != 1 || out.SelfChecks[0].Scope != mountScope || !out.SelfChecks[0].OK || out.SelfChecks[0].PID != p.cmd.Process.Pid {
+		t.Errorf("self_checks %+v, want the mount's passing one", out.SelfChecks)
 	}
 }
