@@ -86,7 +86,7 @@ func refusedClearly(t *testing.T, what string, o outcome) {
 		t.Errorf("%s on a full volume: %s: %s", what, s, o)
 		return
 	}
-	if _, p := answer(o, false); p != "" {
+	if _, p := answer(o); p != "" {
 		t.Errorf("%s on a full volume: %s", what, p)
 		return
 	}
@@ -222,7 +222,7 @@ func TestDescriptorExhaustion(t *testing.T) {
 		var bad []string
 		if s := crashed(o, false); s != "" {
 			bad = append(bad, s+": "+o.String())
-		} else if _, p := answer(o, false); p != "" {
+		} else if _, p := answer(o); p != "" {
 			bad = append(bad, p)
 		}
 		got := c.tree()["x.txt"]
@@ -302,7 +302,7 @@ func TestOutOfMemory(t *testing.T) {
 	if s := crashed(o, false); s != "" {
 		t.Errorf("a 2 MiB tool write in 48 MiB: %s: %s", s, o)
 		toolHeld = false
-	} else if _, p := answer(o, false); p != "" {
+	} else if _, p := answer(o); p != "" {
 		t.Errorf("a 2 MiB tool write in 48 MiB: %s", p)
 		toolHeld = false
 	}

@@ -169,7 +169,7 @@ func TestIOError(t *testing.T) {
 				if s := crashed(o, false); s != "" {
 					t.Errorf("%s on a failing disk: %s: %s", call.tool, s, o)
 					held = false
-				} else if _, p := answer(o, false); p != "" {
+				} else if _, p := answer(o); p != "" {
 					t.Errorf("%s on a failing disk: %s", call.tool, p)
 					held = false
 				} else if o.exit == 0 && mode == "writes" {

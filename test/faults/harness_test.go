@@ -19,8 +19,10 @@ import (
 	"time"
 )
 
-// scope is the scope every cell works on, in a root of its own.
-const scope = "faults/agent/s1"
+// scope is the scope every cell works on, in a root of its own. Its
+// session id is this process's, so that two runs of the matrix on one
+// node never take each other's containers for their own.
+var scope = fmt.Sprintf("faults/agent/s%d", os.Getpid())
 
 var (
 	loomfsBin string
@@ -191,7 +193,7 @@ func (c *cell) traced(cmd ...string) *exec.Cmd {
 }
 
 func (c *cell) tracedExec(bin string, args ...string) *exec.Cmd {
-	s := []string{"-f", "-qq", "-o", c.log}
+	s := []string{"-f", "-qq", "-y", "-o", c.log}
 	if c.f != nil {
 		s = append(s, "-e", "trace="+c.f.syscall, "-e", "inject="+c.f.inject())
 	} else {
@@ -259,16 +261,29 @@ func (c *cell) fired() bool {
 	return bytes.Contains(b, []byte("(INJECTED)"))
 }
 
-var stdioWrite = regexp.MustCompile(`(?m)^\d+ +write\([12], .*\(INJECTED\)$`)
+var injectedOnFD = regexp.MustCompile(`(?m)^\d+ +(write|pwrite64|fsync|fdatasync|ftruncate|fallocate)\(\d+<([^>]*)>.*\(INJECTED\)$`)
 
-// stdioFault reports whether the fault hit the answer's own delivery (a
-// write to stdout or stderr), which no answer can survive.
-func (c *cell) stdioFault() bool {
-	if c.f == nil || c.f.syscall != "write" || c.f.kill() {
+// offVolume reports whether the fault hit only descriptors that are not
+// files (a pipe to the caller, the Go runtime's eventfd, a socket, a
+// device): no volume answers there, and an errno such as ENOSPC from an
+// eventfd is one the kernel never gives, so the cell says nothing about
+// loomfs's handling of its storage. A write to the caller's stdout is one.
+func (c *cell) offVolume() bool {
+	if c.f == nil || c.f.kill() {
 		return false
 	}
 	b, _ := os.ReadFile(c.log)
-	return stdioWrite.Match(b)
+	ms := injectedOnFD.FindAllSubmatch(b, -1)
+	if len(ms) == 0 {
+		return false
+	}
+	for _, m := range ms {
+		p := string(m[2])
+		if strings.HasPrefix(p, "/") && !strings.HasPrefix(p, "/dev/") && !strings.HasPrefix(p, "/proc/") {
+			return false
+		}
+	}
+	return true
 }
 
 var callLine = regexp.MustCompile(`^(\d+) +([a-z0-9_]+)\(`)
@@ -317,10 +332,7 @@ func crashed(o outcome, killed bool) string {
 
 // answer checks a tool's answer: a JSON result with exit 0, or a JSON
 // error with a code and exit 1. It returns the error code ("" for a result).
-func answer(o outcome, stdio bool) (code string, problem string) {
-	if stdio && strings.TrimSpace(o.stdout) == "" {
-		return "", "" // the answer's own write failed: nothing to read
-	}
+func answer(o outcome) (code string, problem string) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(o.stdout), &m); err != nil {
 		return "", fmt.Sprintf("the answer is not JSON (%s)", o)

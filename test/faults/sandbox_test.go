@@ -31,11 +31,15 @@ func projections() map[string]bool {
 	return m
 }
 
-// dead reports whether the mount at dir no longer has a daemon.
+// dead reports whether the mount at dir no longer has a daemon: its
+// stat answers ENOTCONN, or nothing within two seconds (a daemon stuck
+// in its own mount; the stat is then left waiting).
 func dead(dir string) bool {
-	var st syscall.Stat_t
-	err := syscall.Stat(dir, &st)
-	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+	err, hung := within(2*time.Second, func() error {
+		var st syscall.Stat_t
+		return syscall.Stat(dir, &st)
+	})
+	return hung || errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // containers are the names of the containers the engine has for the scope.
@@ -98,7 +102,9 @@ func sandboxOp() op {
 			for p := range projections() {
 				if !before[p] && dead(p) {
 					bad = append(bad, "a dead projection is left under the mount directory: "+filepath.Base(p))
+					conn := connection(p) // new since the cell began: this cell's
 					detach(p)
+					abort(conn)
 				}
 			}
 			c.tool("workspace_delete", map[string]any{"path": "out.txt"})
