@@ -58,6 +58,7 @@ type Registry struct {
 	throttledSec prometheus.Counter
 	sandbox      *prometheus.CounterVec
 	auditRecord  prometheus.Histogram
+	starts       *startTimes
 
 	scopes   *scopeSet
 	requests sync.Map // requestKey → requestSeries
@@ -134,6 +135,11 @@ func New(opts Options) *Registry {
 		Help:    "Time a door waited for the audit log to accept a record (written for a synchronous log, queued for a mount's).",
 		Buckets: latencyBuckets,
 	})
+	r.starts = &startTimes{created: map[string]time.Time{}, latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "loomfs_sandbox_start_duration_seconds",
+		Help:    "Time from a sandbox container's creation to its start (one-shot commands and session sandboxes), as their audit records give it.",
+		Buckets: latencyBuckets,
+	})}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "loomfs_build_info",
 		Help: "Always 1; the labels name the loomfs build and the Go version it was built with.",
@@ -142,7 +148,7 @@ func New(opts Options) *Registry {
 	build.WithLabelValues(version, revision, goversion).Set(1)
 
 	r.reg.MustRegister(r.toolCalls, r.toolSeconds, r.fuseOps, r.fuseRequests, r.fuseSeconds, r.refusals,
-		r.throttled, r.throttledSec, r.sandbox, r.auditRecord, build, r.scopes, stateCollector{r},
+		r.throttled, r.throttledSec, r.sandbox, r.auditRecord, r.starts.latency, build, r.scopes, stateCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }

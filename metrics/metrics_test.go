@@ -88,6 +88,46 @@ type sinkFunc func(audit.Event)
 
 func (f sinkFunc) Record(_ context.Context, e audit.Event) error { f(e); return nil }
 
+// TestSandboxStartLatency: a container's start is timed from its create
+// record to its start record, one observation per container.
+func TestSandboxStartLatency(t *testing.T) {
+	r := New(Options{})
+	s := r.Sink(audit.Discard)
+	rec := func(op, name string) {
+		s.Record(context.Background(), audit.Event{Source: audit.SourceSandbox, Op: op, Result: "ok", Actor: actor, Detail: map[string]any{"container": name}})
+	}
+	rec("container_create", "c1")
+	rec("container_create", "c2")
+	time.Sleep(10 * time.Millisecond)
+	rec("container_start", "c1")
+	rec("container_start_failed", "c2")
+	rec("container_start", "c1") // a second start record of c1 is not a start
+	rec("container_start", "c3") // nor one whose create was not seen
+	if n := testutil.CollectAndCount(r.starts.latency); n != 1 {
+		t.Fatalf("%d histograms", n)
+	}
+	body := exposition(t, r)
+	if !strings.Contains(body, "loomfs_sandbox_start_duration_seconds_count 2") {
+		t.Errorf("want two starts observed:\n%s", body)
+	}
+	if strings.Contains(body, `loomfs_sandbox_start_duration_seconds_bucket{le="0.005"} 1`) || strings.Contains(body, `loomfs_sandbox_start_duration_seconds_bucket{le="0.005"} 2`) {
+		t.Errorf("a start of 10 ms counted under 5 ms")
+	}
+}
+
+func exposition(t *testing.T, r *Registry) string {
+	t.Helper()
+	srv := httptest.NewServer(r.Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // TestRequestCounts: a mount's requests are counted by opcode and errno
 // name.
 func TestRequestCounts(t *testing.T) {

@@ -60,7 +60,44 @@ func (r *Registry) observe(e audit.Event) {
 			s.refused.Inc()
 		}
 	}
+	if e.Source == audit.SourceSandbox {
+		r.starts.observe(e)
+	}
 	r.scopes.touch(e)
+}
+
+// startTimes measures a container's start: from its container_create
+// record to its container_start (or container_start_failed) one.
+type startTimes struct {
+	latency prometheus.Histogram
+	mu      sync.Mutex
+	created map[string]time.Time // by container name
+}
+
+// maxStarting bounds the containers remembered between create and start:
+// one whose start was never recorded is forgotten when room is needed.
+const maxStarting = 1024
+
+func (s *startTimes) observe(e audit.Event) {
+	name, _ := e.Detail["container"].(string)
+	if name == "" {
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch e.Op {
+	case "container_create":
+		if len(s.created) >= maxStarting {
+			clear(s.created)
+		}
+		s.created[name] = now
+	case "container_start", "container_start_failed":
+		if t, ok := s.created[name]; ok {
+			delete(s.created, name)
+			s.latency.Observe(now.Sub(t).Seconds())
+		}
+	}
 }
 
 // eventKey is what decides an event's series.

@@ -240,6 +240,7 @@ func TestPrometheusScrapesMountAndServe(t *testing.T) {
 	prom.await(`loomfs_fuse_requests_total{job="serve",op="CREATE",errno="0"}`, 41)
 	prom.await(`loomfs_refusals_total{job="serve",door="fuse",code="link_unsupported"}`, 1)
 	prom.await(`loomfs_session_sandboxes{job="serve"}`, 1)
+	prom.await(`loomfs_sandbox_start_duration_seconds_count{job="serve"}`, 1)
 	prom.await(`loomfs_self_check_ok{job="serve",target="volume"}`, 1)
 
 	// The mount follows its journals every poll (500 ms by default).
