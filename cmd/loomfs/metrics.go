@@ -40,15 +40,16 @@ process answers) and /readyz (the volume marker holds, the engine answers
 where it is used, every self-check passes) on ADDR (host:port, :port or
 port). Without a host it binds 127.0.0.1; any address beyond loopback
 needs --metrics-token-file, as "loomfs mcp --http" does. With it the volume
-is probed (a small file written, read back and deleted under loomfs's own
-directory) every --volume-check. See DEPLOY.md for what to scrape and alert on.`
+(a small file written, read back and deleted under loomfs's own directory)
+and every projection the command mounts for a sandbox are probed every
+--volume-check. See DEPLOY.md for what to scrape and alert on.`
 
 func addMetricsFlags(f *pflag.FlagSet, m *metricsFlags) {
 	f.StringVar(&m.addr, "metrics", "", "serve Prometheus metrics, /healthz and /readyz on ADDR (loopback unless a token is given); off by default")
 	f.StringVar(&m.tokenFile, "metrics-token-file", "", "file holding the bearer token requests to --metrics must carry (required beyond loopback)")
 	f.IntVar(&m.scopes, "metrics-scopes", metrics.DefaultMaxScopes, "the most scopes with per-scope series at once (the least recently active make room)")
 	f.DurationVar(&m.window, "metrics-scope-window", metrics.DefaultScopeWindow, "per-scope series only for scopes active this recently")
-	f.DurationVar(&m.every, "volume-check", health.DefaultEvery, "with --metrics, probe the volume (write, read back, delete) this often")
+	f.DurationVar(&m.every, "volume-check", health.DefaultEvery, "with --metrics, probe the volume and the sandboxes' projections (write, read back, delete) this often")
 }
 
 // observability is what --metrics serves; a nil one is off and costs
