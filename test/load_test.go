@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,21 +50,36 @@ func TestBusyNodeNoFalseQuarantine(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make([]string, len(calls))
+	var retried atomic.Int32
 	for i, cl := range calls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command(loomfsBin, append([]string{"--root", c.root}, cl.args...)...)
-			cmd.Env = cliEnv()
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			err := cmd.Run()
-			if said := ownLines(stderr.String(), "busy/"); err != nil || said != "" {
-				errs[i] = fmt.Sprintf("%s: %v: %s %s", cl.what, err, out.Bytes(), said)
+			// A call that waited the whole lock wait behind its scope's
+			// commands (a host loaded by more than this test) is told to
+			// retry later, and does, once.
+			for try := 0; try < 2; try++ {
+				cmd := exec.Command(loomfsBin, append([]string{"--root", c.root}, cl.args...)...)
+				cmd.Env = cliEnv()
+				var out, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &stderr
+				err := cmd.Run()
+				said := ownLines(stderr.String(), "busy/")
+				if err != nil && try == 0 && strings.Contains(out.String()+said, "is busy (another write or command holds its lock") {
+					retried.Add(1)
+					continue
+				}
+				if err != nil || said != "" {
+					errs[i] = fmt.Sprintf("%s: %v: %s %s", cl.what, err, out.Bytes(), said)
+				}
+				break
 			}
 		}()
 	}
 	wg.Wait()
+	if n := retried.Load(); n > 0 {
+		t.Logf("%d calls waited out the scope lock wait and were retried", n)
+	}
 	failed := 0
 	for _, e := range errs {
 		if e != "" {
