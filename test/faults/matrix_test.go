@@ -140,11 +140,13 @@ func judge(c *cell, o op, before tree, out outcome) []string {
 	if s := crashed(out, killed); s != "" {
 		bad = append(bad, s)
 	}
+	refused := ""
 	if o.tool && !killed {
 		code, p := answer(out)
 		if p != "" {
 			bad = append(bad, p)
 		}
+		refused = code
 		if c.f != nil {
 			if code == "" {
 				code = "ok"
@@ -164,6 +166,11 @@ func judge(c *cell, o op, before tree, out outcome) []string {
 			bad = append(bad, fmt.Sprintf("the scope holds %s: neither the old %s nor the new", got, before))
 		case c.ack && !got.equal(states[len(states)-1]):
 			bad = append(bad, fmt.Sprintf("acknowledged, yet the scope holds %s, not %s", got, states[len(states)-1]))
+		case refused != "" && refused != "unknown_outcome" && refused != "internal" && !got.equal(before) && got.equal(states[len(states)-1]):
+			// A refusal tells the model nothing changed; unknown_outcome
+			// and internal tell it to re-read, the answers for a change that
+			// may have happened.
+			bad = append(bad, fmt.Sprintf("refused (%s), yet the change is in place: %s", refused, got))
 		}
 	}
 	if o.held != nil {
