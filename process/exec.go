@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/agentloom/loomfs/policy"
@@ -263,7 +263,7 @@ func (p *Process) execEnded(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := p.box.svc.cfg.Runner.Engine().ContainerExecInspect(ctx, p.execID)
-	return err == nil && !st.Running || client.IsErrNotFound(err)
+	return err == nil && !st.Running || cerrdefs.IsNotFound(err)
 }
 
 // inspectExit asks the engine for the exit code, waiting briefly for the
@@ -289,12 +289,9 @@ func (p *Process) inspectExit() *int {
 	}
 }
 
-// ended marks the process ended with its sandbox.
-func (p *Process) ended(reason string) { p.endedWith(reason, false) }
-
-// endedWith marks the process ended with its sandbox, by the memory
-// limit when oom.
-func (p *Process) endedWith(reason string, oom bool) {
+// ended marks the process ended with its sandbox, by the memory limit
+// when oom.
+func (p *Process) ended(reason string, oom bool) {
 	p.hj.Close()
 	select {
 	case <-p.done:

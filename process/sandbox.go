@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/client"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -45,8 +44,8 @@ type Sandbox struct {
 	output  int
 
 	// The container's limits, for the answer that says one is spent.
-	pidsLimit, memLimit, tmpSize int64
-	gvisor                       bool // the runtime is gVisor's runsc
+	pidsLimit, memLimit int64
+	gvisor              bool // the runtime is gVisor's runsc
 
 	ctlMu   sync.Mutex
 	control *controller // see tree.go
@@ -164,7 +163,7 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	if hc.PidsLimit != nil {
 		b.pidsLimit = *hc.PidsLimit
 	}
-	b.memLimit, b.tmpSize = hc.Memory, tmpfsSize(hc.Tmpfs["/tmp"])
+	b.memLimit = hc.Memory
 	b.gvisor = strings.HasPrefix(hc.Runtime, "runsc")
 	cli := r.Engine()
 	octx := context.WithoutCancel(ctx)
@@ -315,7 +314,7 @@ func (b *Sandbox) Stop(ctx context.Context, reason, callID string) error {
 	oom := b.endedOOM
 	b.mu.Unlock()
 	for _, p := range procs {
-		p.endedWith(reason, oom)
+		p.ended(reason, oom)
 	}
 	if err == nil {
 		if cerr := b.ws.ClearSessionMarker(); cerr != nil {
@@ -369,7 +368,7 @@ func (b *Sandbox) running(ctx context.Context) (running bool, oomKilled bool, er
 	defer cancel()
 	st, err := b.svc.cfg.Runner.Engine().ContainerInspect(ictx, b.id)
 	if err != nil {
-		if client.IsErrNotFound(err) {
+		if cerrdefs.IsNotFound(err) {
 			return false, false, nil
 		}
 		return false, false, err
@@ -412,17 +411,6 @@ func (b *Sandbox) newOOMKill(ctx context.Context) bool {
 		return true
 	}
 	return false
-}
-
-// tmpfsSize reads the size= of a tmpfs mount's options; 0 when absent.
-func tmpfsSize(opts string) int64 {
-	for _, o := range strings.Split(opts, ",") {
-		if v, ok := strings.CutPrefix(o, "size="); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // errStopped answers a call on a sandbox that is going away.

@@ -55,7 +55,6 @@ const firstGID = 200000
 //	census GID...   live processes per GID, and the processes of the whole
 //	                sandbox: "ok TOTAL GID:N..."
 //	oom             the memory cgroup's OOM kills so far: "ok N", "ok -"
-//	tmp             whether /tmp takes one more page: "ok free", "ok full"
 const controllerScript = `members() {
 	local d s g f v r
 	m= n=0
@@ -111,10 +110,6 @@ oom() {
 	done
 	echo "ok -"
 }
-tmp() {
-	local f=/tmp/.loomfs-probe
-	if { printf x >>"$f"; } 2>/dev/null; then : 2>/dev/null >"$f"; echo "ok free"; else : 2>/dev/null >"$f"; echo "ok full"; fi
-}
 echo ready
 while read -r c a b; do
 	case $c in
@@ -126,7 +121,6 @@ while read -r c a b; do
 		echo "$r" ;;
 	census) census $a $b ;;
 	oom) oom ;;
-	tmp) tmp ;;
 	*) echo "err $c" ;;
 	esac
 done`
@@ -350,12 +344,6 @@ func (b *Sandbox) oomKills(ctx context.Context) int {
 	return n
 }
 
-// tmpFull reports whether /tmp can't take one more page.
-func (b *Sandbox) tmpFull(ctx context.Context) bool {
-	f, err := b.ask(ctx, "tmp")
-	return err == nil && len(f) == 1 && f[0] == "full"
-}
-
 // pidsReserve is what a process start needs of the pids limit: the exec
 // itself, the shell that runs the command and the command's first child.
 const pidsReserve = 4
@@ -386,29 +374,77 @@ func (b *Sandbox) checkRoom(ctx context.Context) error {
 	if used+pidsReserve <= b.pidsLimit {
 		return nil
 	}
-	return policy.Errorf(policy.SessionExhausted, "the session sandbox is at its pids limit (%d of %d processes and threads in use)%s; nothing was started. End the process that holds them with workspace_process_signal KILL (it reaches its whole tree) or wait for it to end, then start again", used, b.pidsLimit, b.holders(ctx))
+	return policy.Errorf(policy.SessionExhausted, "the session sandbox is at its pids limit (%d of %d processes and threads in use)%s; nothing was started. End the process that holds them with workspace_process_signal KILL (it reaches its whole tree) or wait for it to end, then start again", used, b.pidsLimit, b.holders())
 }
 
-// hostPids reads the container's pids cgroup from the host, where the
-// service can see it (cgroup v1 or v2, either engine cgroup driver).
-func hostPids(id string) (int64, bool) {
-	for _, f := range []string{
-		"/sys/fs/cgroup/pids/docker/" + id + "/pids.current",
-		"/sys/fs/cgroup/pids/system.slice/docker-" + id + ".scope/pids.current",
-		"/sys/fs/cgroup/docker/" + id + "/pids.current",
-		"/sys/fs/cgroup/system.slice/docker-" + id + ".scope/pids.current",
+// hostCgroup returns the container's pids cgroup directory as the host
+// sees it, where the service can see it (cgroup v1 or v2, either engine
+// cgroup driver); "" otherwise.
+func hostCgroup(id string) string {
+	for _, d := range []string{
+		"/sys/fs/cgroup/pids/docker/" + id,
+		"/sys/fs/cgroup/pids/system.slice/docker-" + id + ".scope",
+		"/sys/fs/cgroup/docker/" + id,
+		"/sys/fs/cgroup/system.slice/docker-" + id + ".scope",
 	} {
-		if data, err := os.ReadFile(f); err == nil {
-			n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-			return n, err == nil
+		if _, err := os.Stat(d + "/pids.current"); err == nil {
+			return d
 		}
 	}
-	return 0, false
+	return ""
+}
+
+// hostPids reads the container's pids cgroup count from the host.
+func hostPids(id string) (int64, bool) {
+	d := hostCgroup(id)
+	if d == "" {
+		return 0, false
+	}
+	data, err := os.ReadFile(d + "/pids.current")
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return n, err == nil
+}
+
+// hostGroups counts the container's processes per group id from the host,
+// which a fork bomb spinning in the container does not slow: the
+// controller's count would wait for CPU behind it, and hold up the kill
+// that comes next.
+func hostGroups(id string) (map[int]int, bool) {
+	d := hostCgroup(id)
+	if d == "" {
+		return nil, false
+	}
+	data, err := os.ReadFile(d + "/cgroup.procs")
+	if err != nil {
+		return nil, false
+	}
+	out := map[int]int{}
+	for _, pid := range strings.Fields(string(data)) {
+		st, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "Gid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					g, _ := strconv.Atoi(f[0])
+					out[g]++
+				}
+				break
+			}
+		}
+	}
+	return out, true
 }
 
 // holders names the running processes with the most processes, most
-// first: ": p-1 (`cmd`) holds 250, p-2 …".
-func (b *Sandbox) holders(ctx context.Context) string {
+// first: ": p-1 (`cmd`) holds 250, p-2 …", counted from the host; ""
+// where the host does not see the container's processes (the message
+// then names the limit only).
+func (b *Sandbox) holders() string {
 	b.mu.Lock()
 	procs := make([]*Process, 0, len(b.procs))
 	for _, p := range b.procs {
@@ -417,12 +453,8 @@ func (b *Sandbox) holders(ctx context.Context) string {
 		}
 	}
 	b.mu.Unlock()
-	gids := make([]int, len(procs))
-	for i, p := range procs {
-		gids[i] = p.gid
-	}
-	_, held, err := b.census(ctx, gids)
-	if err != nil || len(procs) == 0 {
+	held, ok := hostGroups(b.id)
+	if !ok || len(procs) == 0 {
 		return ""
 	}
 	sort.Slice(procs, func(i, j int) bool { return held[procs[i].gid] > held[procs[j].gid] })
