@@ -68,6 +68,7 @@ type Node struct {
 	runner *sandbox.Runner
 	svc    *process.Service
 	err    error
+	swept  <-chan struct{} // the start's sweep of stale projections is done
 }
 
 // New returns a Node over cfg. It connects to nothing until it must.
@@ -81,27 +82,28 @@ func New(cfg Config) *Node {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	sweepStaleMounts(cfg.MountDir)
-	return &Node{cfg: cfg}
+	return &Node{cfg: cfg, swept: sweepStaleMounts(cfg.MountDir)}
 }
 
-// sweepStaleMounts detaches the projections in the mount directory whose
-// daemon is gone (a worker killed during a command leaves a dead FUSE
-// mount there), whatever first uses the directory on a node: a tool call,
-// loomfs serve or mcp. The sweep asks each mount for its statistics, which
-// a dead one answers at once; one whose daemon is alive but stuck is left
-// alone, and not waited for past a second.
-func sweepStaleMounts(dir string) {
+// sweepStaleMounts starts a sweep of the mount directory: projections
+// whose daemon is gone (a worker killed during a command leaves a dead FUSE
+// mount there) are detached by whatever first uses the directory on a
+// node: a tool call, loomfs serve or mcp. The sweep asks each mount for its
+// statistics, which a dead one answers at once; it runs beside the Node's
+// work, so a live projection slow to answer (its daemon busy or stuck)
+// never delays a call. The channel is closed when it is done.
+func sweepStaleMounts(dir string) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		sandbox.SweepStaleMounts(dir)
 		close(done)
 	}()
-	select {
-	case <-done:
-	case <-time.After(time.Second):
-	}
+	return done
 }
+
+// sweepWait bounds how long Close waits for the start's sweep, for a
+// process that ends soon after it started (one tool call).
+const sweepWait = 100 * time.Millisecond
 
 // observe is the sink the doors record into for log (Config.Observe).
 func (n *Node) observe(log *audit.Log) audit.Sink {
@@ -114,6 +116,10 @@ func (n *Node) observe(log *audit.Log) audit.Sink {
 // Close stops the Node's own session sandboxes, if it started any, and
 // waits until their containers are confirmed gone.
 func (n *Node) Close() error {
+	select {
+	case <-n.swept:
+	case <-time.After(sweepWait):
+	}
 	if n.svc == nil {
 		return nil
 	}

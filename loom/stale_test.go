@@ -80,7 +80,10 @@ func TestStaleProjectionDetachedAtStart(t *testing.T) {
 		t.Fatalf("the killed daemon's mount: statfs %v, mounted %v; want a dead mount left", err, mountedAt(t, dead))
 	}
 
-	loom.New(loom.Config{Store: store.Config{Root: filepath.Join(base, "root")}, MountDir: mountDir})
+	n := loom.New(loom.Config{Store: store.Config{Root: filepath.Join(base, "root")}, MountDir: mountDir})
+	if err := n.Close(); err != nil { // waits for the start's sweep
+		t.Fatal(err)
+	}
 
 	if mountedAt(t, dead) {
 		t.Error("the dead projection is still mounted after the next start")

@@ -57,7 +57,7 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 	if err != nil {
 		return nil, err
 	}
-	return &session{ws: s.Workspace, log: s.Audit, tools: s.Tools, close: func() { s.Close(); procs.Close() }}, nil
+	return &session{ws: s.Workspace, log: s.Audit, tools: s.Tools, close: func() { s.Close(); procs.Close(); n.Close() }}, nil
 }
 
 // actorOf names the scope's ids for audit records.
