@@ -27,6 +27,8 @@ test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/faults$$)
 	LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/faults/
+	# Memory bounds, measured without the race detector (it multiplies memory).
+	$(GO) test -count=1 -run '^TestReadImageMemory$$' ./tools/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/ ./process/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m -run '^($(SANDBOX_E2E))$$' ./test/
 	$(MAKE) fuzz
