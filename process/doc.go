@@ -11,4 +11,11 @@
 // life, only while it starts the sandbox or a process. Under the policy's
 // "commands: session" it also runs workspace_command in the session
 // sandbox (Service.RunCommand), answered as a one-shot command is.
+//
+// A process is its whole tree (tree.go): it runs under a group id of its
+// own that everything it starts inherits and can't drop, so what it leaves
+// running is killed when it exits and a signal reaches all of it, through
+// a controller in the sandbox that forks nothing and so still works when
+// the pids limit is spent. It never lets a process's tree outlive the
+// process, and never needs a privilege the container does not have.
 package process
