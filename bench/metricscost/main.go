@@ -3,7 +3,8 @@
 // 100 B, stat and unlink cycle through a real mount, each with the metrics
 // off and on (the audit sink wrapper, and the mount's request hook),
 // alternating in each of -rounds rounds. It prints every round and the
-// medians; bench/metrics.sh runs it.
+// medians, and first what the metrics add per FUSE request and per audited
+// event. Run it as root (it mounts): go run ./bench/metricscost.
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agentloom/loomfs/audit"
@@ -30,6 +32,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "rounds, each running both variants in turn")
 	writes := flag.Int("writes", 300, "tool writes a round and variant")
 	cycles := flag.Int("cycles", 1000, "mount cycles a round and variant")
+	flag.StringVar(&only, "only", "", "with metrics on, only this part of them: requests (the mount's request hook) or sink (the audit sink wrapper)")
 	flag.Parse()
 	micro()
 	root, err := os.MkdirTemp("", "loomfs-metricscost-")
@@ -38,7 +41,7 @@ func main() {
 	}
 	defer os.RemoveAll(root)
 
-	var tool, cycle = map[bool][]float64{}, map[bool][]float64{}
+	var tool, cycle, cpu = map[bool][]float64{}, map[bool][]float64{}, map[bool][]float64{}
 	for r := range *rounds {
 		order := []bool{false, true}
 		if r%2 == 1 {
@@ -46,15 +49,19 @@ func main() {
 		}
 		for _, on := range order {
 			p50 := toolWrites(root, on, *writes, r)
-			per := mountCycles(root, on, *cycles, r)
+			per, perCPU := mountCycles(root, on, *cycles, r)
 			tool[on] = append(tool[on], p50)
 			cycle[on] = append(cycle[on], per)
-			fmt.Printf("round %d metrics=%-5v tool_write_p50_us %.1f  cycle_us %.1f\n", r, on, p50, per)
+			cpu[on] = append(cpu[on], perCPU)
+			fmt.Printf("round %d metrics=%-5v tool_write_p50_us %.1f  cycle_us %.1f  cycle_cpu_us %.1f\n", r, on, p50, per, perCPU)
 		}
 	}
 	fmt.Printf("median tool_write_p50_us off %.1f on %.1f ratio %.3f\n", median(tool[false]), median(tool[true]), median(tool[true])/median(tool[false]))
 	fmt.Printf("median cycle_us          off %.1f on %.1f ratio %.3f\n", median(cycle[false]), median(cycle[true]), median(cycle[true])/median(cycle[false]))
+	fmt.Printf("median cycle_cpu_us      off %.1f on %.1f ratio %.3f\n", median(cpu[false]), median(cpu[true]), median(cpu[true])/median(cpu[false]))
 }
+
+var only string
 
 func node(root string, reg *metrics.Registry) *loom.Node {
 	cfg := loom.Config{Store: store.Config{Root: root}}
@@ -88,10 +95,11 @@ func toolWrites(root string, on bool, n, round int) float64 {
 	return median(took)
 }
 
-// mountCycles returns the mean µs of n create+write+stat+unlink cycles
+// mountCycles returns the mean wall and CPU µs (this process's, client
+// and daemon both, user and system) of n create+write+stat+unlink cycles
 // through a mount served by this process with a queued audit log, as
 // loomfs mount serves one.
-func mountCycles(root string, on bool, n, round int) float64 {
+func mountCycles(root string, on bool, n, round int) (wall, cpu float64) {
 	var reg *metrics.Registry
 	if on {
 		reg = metrics.New(metrics.Options{})
@@ -108,8 +116,11 @@ func mountCycles(root string, on bool, n, round int) float64 {
 	}
 	defer plog.Close()
 	opts := fusefs.Options{Audit: plog}
-	if reg != nil {
-		opts.Audit, opts.Requests = reg.Sink(plog), reg.ObserveRequest
+	if reg != nil && only != "requests" {
+		opts.Audit = reg.Sink(plog)
+	}
+	if reg != nil && only != "sink" {
+		opts.Requests = reg.ObserveRequest
 	}
 	mnt, err := os.MkdirTemp("", "loomfs-metricscost-mnt-")
 	if err != nil {
@@ -125,6 +136,7 @@ func mountCycles(root string, on bool, n, round int) float64 {
 	if reg != nil && round == 0 {
 		defer func() { fmt.Printf("FUSE requests a cycle: %s\n", requestsPerCycle(reg, n)) }()
 	}
+	cpu0 := cpuTime()
 	start := time.Now()
 	for i := range n {
 		p := filepath.Join(mnt, "c"+strconv.Itoa(i))
@@ -138,7 +150,15 @@ func mountCycles(root string, on bool, n, round int) float64 {
 			fail(err)
 		}
 	}
-	return float64(time.Since(start).Microseconds()) / float64(n)
+	wall = float64(time.Since(start).Microseconds()) / float64(n)
+	return wall, float64((cpuTime() - cpu0).Microseconds()) / float64(n)
+}
+
+// cpuTime is the CPU time the process used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // micro prints what the metrics add per FUSE request and per audited
