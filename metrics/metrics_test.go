@@ -313,3 +313,30 @@ func TestExpositionPassesPromtool(t *testing.T) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
+
+// fakeLog is an audit log as the registry sees it: its status.
+type fakeLog struct{ st audit.Status }
+
+func (f *fakeLog) Record(context.Context, audit.Event) error { return nil }
+func (f *fakeLog) Status() audit.Status                      { return f.st }
+
+// TestClosedLogsForgotten: logs opened and closed one after another (a
+// session each) are not kept for good by a registry nobody scrapes, and
+// what they wrote stays in the total.
+func TestClosedLogsForgotten(t *testing.T) {
+	r := New(Options{})
+	for range 1000 {
+		l := &fakeLog{}
+		r.Sink(l)
+		l.st = audit.Status{Closed: true, Records: 2}
+	}
+	r.mu.Lock()
+	n := len(r.logs)
+	r.mu.Unlock()
+	if n > 64 {
+		t.Errorf("%d logs kept, want at most 64", n)
+	}
+	if v := gathered(t, r, "loomfs_audit_records_written_total"); v != 2000 {
+		t.Errorf("records written %v, want 2000", v)
+	}
+}

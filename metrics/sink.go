@@ -18,6 +18,10 @@ import (
 func (r *Registry) Sink(next audit.Sink) audit.Sink {
 	if l, ok := next.(statuser); ok {
 		r.mu.Lock()
+		if len(r.logs) >= 64 {
+			// Not scraped lately: drop the closed ones now.
+			r.pruneLogs()
+		}
 		r.logs = append(r.logs, l)
 		r.mu.Unlock()
 	}

@@ -78,18 +78,10 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	r := c.r
 	r.mu.Lock()
+	r.pruneLogs()
 	queued, records, failed, up := 0.0, r.closedRecords, r.closedFailed, 1.0
-	open := r.logs[:0]
 	for _, l := range r.logs {
 		st := l.Status()
-		if st.Closed {
-			r.closedRecords += float64(st.Records)
-			r.closedFailed += float64(st.Failed)
-			records += float64(st.Records)
-			failed += float64(st.Failed)
-			continue
-		}
-		open = append(open, l)
 		queued += float64(st.Queued)
 		records += float64(st.Records)
 		failed += float64(st.Failed)
@@ -97,8 +89,6 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 0
 		}
 	}
-	clear(r.logs[len(open):])
-	r.logs = open
 	state := r.stateFuncs
 	r.mu.Unlock()
 
@@ -164,6 +154,22 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(stateErr, prometheus.CounterValue, n, what)
 	}
 	r.mu.Unlock()
+}
+
+// pruneLogs forgets the closed logs, keeping what they wrote in the
+// totals. The caller holds r.mu.
+func (r *Registry) pruneLogs() {
+	open := r.logs[:0]
+	for _, l := range r.logs {
+		if st := l.Status(); st.Closed {
+			r.closedRecords += float64(st.Records)
+			r.closedFailed += float64(st.Failed)
+			continue
+		}
+		open = append(open, l)
+	}
+	clear(r.logs[len(open):])
+	r.logs = open
 }
 
 func (r *Registry) readErr(what string) {
