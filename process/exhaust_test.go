@@ -143,7 +143,12 @@ func TestOOMKilledReported(t *testing.T) {
 	k := e.start(map[string]any{"command": "sleep 600", "yield_ms": 100})
 	var info tools.ProcessInfo
 	e.must(tools.ProcessSignal, map[string]any{"process_id": k.ProcessID, "signal": "KILL"}, &info)
-	if info.Status != tools.StatusExited || info.OOMKilled {
-		t.Errorf("after KILL: %+v, want exited without oom_killed", info)
+	var r tools.ProcessOutput
+	waitFor(t, "the killed process to exit", 30*time.Second, func() bool {
+		e.must(tools.ProcessRead, map[string]any{"process_id": k.ProcessID, "yield_ms": 1000}, &r)
+		return r.Status == tools.StatusExited
+	})
+	if r.OOMKilled {
+		t.Errorf("after KILL: %+v, want exited without oom_killed", r)
 	}
 }

@@ -263,8 +263,14 @@ func (s *Service) SignalProcess(ctx context.Context, ws *store.Workspace, req to
 	if err := p.signal(ctx, req.Signal, req.CallID); err != nil {
 		return tools.ProcessInfo{}, err
 	}
-	// A signal that ends the process is answered with its exit.
-	p.waitExit(ctx, 2*time.Second)
+	// A signal that ends the process is answered with its exit; after a
+	// KILL, which answers once the tree is gone, that is only the exec's
+	// end and the final sweep.
+	wait := 2 * time.Second
+	if req.Signal == "KILL" {
+		wait = 5 * time.Second
+	}
+	p.waitExit(ctx, wait)
 	return p.Info(), nil
 }
 
