@@ -18,7 +18,7 @@ build:
 	$(GO) build -o $(BIN) ./cmd/loomfs
 
 # The end-to-end tests that run containers, repeated under gVisor.
-SANDBOX_E2E ?= TestProcessesAcrossCallers|TestServiceKilledWithLiveSession|TestSessionCommandsThroughTheService|TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
+SANDBOX_E2E ?= TestProcessesAcrossCallers|TestProcessTreeEndsWithIt|TestServiceKilledWithLiveSession|TestSessionCommandsThroughTheService|TestCommandEndToEnd|TestEscapesFromInsideContainer|TestCommandHoldsScopeLock|TestQuarantineAfterWorkerDies|TestHeldProjectionQuarantines|TestDaemonKilledDuringRead
 
 ## test: vet, race-enabled tests of every package, the sandbox tests again
 ## under gVisor (runsc, registered by scripts/setup), the CI slice of the

@@ -243,3 +243,49 @@ func TestProcessOfDeadServiceEnds(t *testing.T) {
 		t.Fatalf("list after the service died: %d %s", r.code, r.stdout)
 	}
 }
+
+// The issue's own scenario (issue 43) through loomfs serve and separate
+// tool calls: `sleep 201 & sleep 202 & sleep 1` is reported exited only
+// once both sleeps are gone, with left_running_killed 2; a KILL sent to a
+// running process reaches a child that left its session; and a process
+// read answers a since never past its cursor.
+func TestProcessTreeEndsWithIt(t *testing.T) {
+	s := newServeEnv(t)
+	scope := "acme/coder/tree"
+	t.Cleanup(func() { s.loomfs("", "processes", "stop", "--scope", scope) })
+	sleeps := func(marker string) string {
+		t.Helper()
+		var out tools.ProcessOutput
+		cmd := "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done | grep -c '^[s]leep " + marker + "'"
+		if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": cmd, "yield_ms": 10000}, &out); r.code != 0 || out.Status != tools.StatusExited {
+			t.Fatalf("count: %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		return strings.TrimSpace(out.Stdout)
+	}
+	var out tools.ProcessOutput
+	if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": "sleep 201 & sleep 202 & sleep 1", "yield_ms": 15000}, &out); r.code != 0 {
+		t.Fatalf("start: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if out.Status != tools.StatusExited || out.LeftRunningKilled == nil || *out.LeftRunningKilled != 2 {
+		t.Fatalf("sleep 201 & sleep 202 & sleep 1: %+v, want exited with left_running_killed 2", out)
+	}
+	if n := sleeps("20[12]"); n != "0" {
+		t.Fatalf("%s of the sleeps still run after their process exited", n)
+	}
+	var r tools.ProcessOutput
+	if res := s.tool(tools.ProcessRead, scope, map[string]any{"process_id": out.ProcessID, "since": 1000}, &r); res.code != 0 || r.Since > r.Cursor {
+		t.Fatalf("read past the end: %d %s, want since at most cursor", res.code, res.stdout)
+	}
+
+	if res := s.tool(tools.ProcessStart, scope, map[string]any{"command": "setsid sleep 301 </dev/null >/dev/null 2>&1 & exec sleep 302", "yield_ms": 500}, &out); res.code != 0 || out.Status != tools.StatusRunning {
+		t.Fatalf("start: %d %s", res.code, res.stdout)
+	}
+	time.Sleep(2 * time.Second) // the issue sent its KILL two seconds later
+	var info tools.ProcessInfo
+	if res := s.tool(tools.ProcessSignal, scope, map[string]any{"process_id": out.ProcessID, "signal": "KILL"}, &info); res.code != 0 || info.Status != tools.StatusExited {
+		t.Fatalf("KILL: %d %s", res.code, res.stdout)
+	}
+	if n := sleeps("30[12]"); n != "0" {
+		t.Fatalf("%s processes of the tree survived its KILL", n)
+	}
+}
