@@ -26,7 +26,7 @@ SANDBOX_E2E ?= TestProcessesAcrossCallers|TestProcessTreeEndsWithIt|TestServiceK
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/faults$$)
-	LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/faults/
+	LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m ./test/faults/
 	# Memory bounds, measured without the race detector (it multiplies memory).
 	$(GO) test -count=1 -run '^TestReadImageMemory$$' ./tools/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/ ./process/
