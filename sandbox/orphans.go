@@ -91,9 +91,10 @@ func (r *Runner) Containers(ctx context.Context) ([]Container, error) {
 // Orphans lists the loomfs containers on the engine that no live loomfs
 // process owns: their owner (LabelOwner) has exited, or they carry none.
 // Another call's container, starting or running, is not one of them, nor
-// is one the engine is removing: the engine's list still shows a removed
-// container for a moment after it answered that it no longer knows it,
-// and so after its owner, having seen that answer, exited.
+// is one the engine is removing. The engine's list still shows a removed
+// container for a moment after inspecting it answered that it is gone (so
+// after its owner, having seen that answer, exited): each one found is
+// inspected, and one the engine no longer knows is left out.
 func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
 	all, err := r.Containers(ctx)
 	if err != nil {
@@ -102,6 +103,9 @@ func (r *Runner) Orphans(ctx context.Context) ([]Container, error) {
 	var out []Container
 	for _, c := range all {
 		if o, ok := parseOwner(c.Owner); ok && o.Alive() || c.State == "removing" {
+			continue
+		}
+		if ok, err := r.ContainerExists(ctx, c.ID); err == nil && !ok {
 			continue
 		}
 		out = append(out, c)
