@@ -162,15 +162,21 @@ func connection(mnt string) string {
 	return ""
 }
 
-// stuck reports whether the connection outlived its mount: a thread of a
-// killed daemon waits on a request to its own mount, so its /dev/fuse is
-// never closed and nothing but an abort ends it.
+// stuck reports whether the connection outlived its daemon with
+// requests waiting on it: a thread of a killed daemon waits on a request
+// to its own mount, so its /dev/fuse is never closed and nothing but an
+// abort ends it. (A connection whose daemon is gone and that nothing
+// waits on is only a mount not yet detached.)
 func stuck(conn string) bool {
 	if conn == "" {
 		return false
 	}
-	_, err := os.Stat(conn)
-	return err == nil
+	b, err := os.ReadFile(filepath.Join(conn, "waiting"))
+	if err != nil {
+		return false
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n > 0
 }
 
 // abort ends a FUSE connection nothing else can end.
@@ -310,9 +316,9 @@ func mountOp() op {
 				detach(mnt)
 			}
 			if stuck(first.conn) {
-				bad = append(bad, "the faulted mount's FUSE connection outlived it (a thread of the killed daemon waits on its own mount; aborted)")
-				abort(first.conn)
+				bad = append(bad, "the faulted mount's FUSE connection outlived it with requests waiting (a thread of the killed daemon waits on its own mount; aborted)")
 			}
+			abort(first.conn) // nothing serves it any more, whatever waits
 			c.tool("workspace_delete", map[string]any{"path": "next.txt"})
 			return bad
 		},
