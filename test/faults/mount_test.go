@@ -176,7 +176,12 @@ func stuck(conn string) bool {
 		return false
 	}
 	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n > 0
+	if n == 0 {
+		return false
+	}
+	// Mounted nowhere: not a live mount that took the number since.
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	return !strings.Contains(string(mi), " 0:"+filepath.Base(conn)+" ")
 }
 
 // abort ends a FUSE connection nothing else can end.
@@ -317,8 +322,8 @@ func mountOp() op {
 			}
 			if stuck(first.conn) {
 				bad = append(bad, "the faulted mount's FUSE connection outlived it with requests waiting (a thread of the killed daemon waits on its own mount; aborted)")
+				abort(first.conn)
 			}
-			abort(first.conn) // nothing serves it any more, whatever waits
 			c.tool("workspace_delete", map[string]any{"path": "next.txt"})
 			return bad
 		},
