@@ -32,12 +32,13 @@ func projections() map[string]bool {
 }
 
 // dead reports whether the mount at dir no longer has a daemon: its
-// stat answers ENOTCONN, or nothing within two seconds (a daemon stuck
-// in its own mount; the stat is then left waiting).
+// statfs (which the kernel never answers from its cache, as it may a
+// stat) answers ENOTCONN, or nothing within two seconds (a daemon stuck in
+// its own mount; the call is then left waiting).
 func dead(dir string) bool {
 	err, hung := within(2*time.Second, func() error {
-		var st syscall.Stat_t
-		return syscall.Stat(dir, &st)
+		var st syscall.Statfs_t
+		return syscall.Statfs(dir, &st)
 	})
 	return hung || errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
 }
