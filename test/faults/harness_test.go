@@ -223,7 +223,13 @@ func run(x *exec.Cmd, stdin string, budget time.Duration) outcome {
 	case <-time.After(budget):
 		o.hung = true
 		syscall.Kill(-x.Process.Pid, syscall.SIGKILL)
-		<-done
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			// Killed, and still not gone: a thread sleeps in the kernel
+			// uninterruptibly (a FUSE request no daemon will answer).
+			return outcome{exit: -1, signal: "none (unkillable: a thread waits in the kernel)", hung: true}
+		}
 	}
 	o.stdout, o.stderr = out.String(), errb.String()
 	ws := x.ProcessState.Sys().(syscall.WaitStatus)

@@ -121,7 +121,13 @@ func (d *daemon) stop(budget time.Duration) outcome {
 			abort(d.conn)
 			d.stderr.Write([]byte("\n[faults: aborted FUSE connection " + filepath.Base(d.conn) + ", which a thread of the dead daemon kept waiting on its own mount]"))
 		}
-		<-d.done
+		select {
+		case <-d.done:
+		case <-time.After(10 * time.Second):
+			o.exit, o.signal = -1, "none (unkillable: a thread waits in the kernel)"
+			o.stderr = d.stderr.String()
+			return o
+		}
 	}
 	o.stdout, o.stderr = d.stdout.String(), d.stderr.String()
 	if d.x.ProcessState == nil {
