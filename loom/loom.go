@@ -64,11 +64,12 @@ type Node struct {
 	hooks     *hooks.Chain
 	hooksErr  error
 
-	once   sync.Once
-	runner *sandbox.Runner
-	svc    *process.Service
-	err    error
-	swept  <-chan struct{} // the start's sweep of stale projections is done
+	once      sync.Once
+	runner    *sandbox.Runner
+	svc       *process.Service
+	err       error
+	sweepOnce sync.Once
+	swept     <-chan struct{} // closed when SweepStaleMounts's sweep is done
 }
 
 // New returns a Node over cfg. It connects to nothing until it must.
@@ -82,27 +83,30 @@ func New(cfg Config) *Node {
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	return &Node{cfg: cfg, swept: sweepStaleMounts(cfg.MountDir)}
+	return &Node{cfg: cfg}
 }
 
-// sweepStaleMounts starts a sweep of the mount directory: projections
-// whose daemon is gone (a worker killed during a command leaves a dead FUSE
-// mount there) are detached by whatever first uses the directory on a
-// node: a tool call, loomfs serve or mcp. The sweep asks each mount for its
-// statistics, which a dead one answers at once; it runs beside the Node's
-// work, so a live projection slow to answer (its daemon busy or stuck)
-// never delays a call. The channel is closed when it is done.
-func sweepStaleMounts(dir string) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		sandbox.SweepStaleMounts(dir)
-		close(done)
-	}()
-	return done
+// SweepStaleMounts starts a sweep of the mount directory in the
+// background: projections whose daemon is gone (a worker killed during a
+// command leaves a dead FUSE mount there) are detached and their
+// mountpoints removed. A long-lived process that serves projections
+// (loomfs serve, loomfs mcp) calls it when it starts; a command's
+// projection sweeps again before it is made. The sweep asks each mount
+// for its statistics, which a dead one answers at once; it runs beside the
+// Node's work, so a live projection slow to answer (its daemon busy or
+// stuck) never delays a call.
+func (n *Node) SweepStaleMounts() {
+	n.sweepOnce.Do(func() {
+		done := make(chan struct{})
+		n.swept = done
+		go func() {
+			sandbox.SweepStaleMounts(n.cfg.MountDir)
+			close(done)
+		}()
+	})
 }
 
-// sweepWait bounds how long Close waits for the start's sweep, for a
-// process that ends soon after it started (one tool call).
+// sweepWait bounds how long Close waits for the start's sweep.
 const sweepWait = 100 * time.Millisecond
 
 // observe is the sink the doors record into for log (Config.Observe).
@@ -116,9 +120,12 @@ func (n *Node) observe(log *audit.Log) audit.Sink {
 // Close stops the Node's own session sandboxes, if it started any, and
 // waits until their containers are confirmed gone.
 func (n *Node) Close() error {
-	select {
-	case <-n.swept:
-	case <-time.After(sweepWait):
+	n.sweepOnce.Do(func() {}) // none starts after Close
+	if n.swept != nil {
+		select {
+		case <-n.swept:
+		case <-time.After(sweepWait):
+		}
 	}
 	if n.svc == nil {
 		return nil

@@ -54,9 +54,9 @@ func fuseMount(t *testing.T, src, mp string) *exec.Cmd {
 }
 
 // A worker killed with SIGKILL while it served a projection in the node's
-// mount directory leaves a dead FUSE mount there; the next loomfs on the
-// node (a tool call, loomfs serve or mcp: each starts a Node) detaches it
-// and removes its mountpoint. A live projection beside it is left alone.
+// mount directory leaves a dead FUSE mount there; the next loomfs serve or
+// mcp on the node detaches it when it starts (SweepStaleMounts) and
+// removes its mountpoint. A live projection beside it is left alone.
 func TestStaleProjectionDetachedAtStart(t *testing.T) {
 	base := t.TempDir()
 	mountDir, src := filepath.Join(base, "mnt"), filepath.Join(base, "src")
@@ -81,7 +81,8 @@ func TestStaleProjectionDetachedAtStart(t *testing.T) {
 	}
 
 	n := loom.New(loom.Config{Store: store.Config{Root: filepath.Join(base, "root")}, MountDir: mountDir})
-	if err := n.Close(); err != nil { // waits for the start's sweep
+	n.SweepStaleMounts()
+	if err := n.Close(); err != nil { // waits for the sweep
 		t.Fatal(err)
 	}
 

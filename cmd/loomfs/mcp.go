@@ -85,6 +85,7 @@ func runMCP(ctx context.Context, g *globals, scope, httpAddr, tokenFile string) 
 		return err
 	}
 	defer s.close()
+	s.node.SweepStaleMounts()
 	srv, err := mcpserver.New(s.tools, mcpserver.Options{Logger: g.slogger()})
 	if err != nil {
 		return err

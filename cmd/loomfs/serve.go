@@ -105,6 +105,7 @@ func (g *globals) newProcessService(ctx context.Context, node, mountDir string) 
 	if err != nil {
 		return nil, nil, err
 	}
+	n.SweepStaleMounts()
 	svc, err = n.Processes(ctx)
 	if err != nil {
 		return nil, nil, err

@@ -21,6 +21,7 @@ type session struct {
 	ws    *store.Workspace
 	log   *audit.Log
 	tools *tools.Toolbox
+	node  *loom.Node
 	close func()
 }
 
@@ -57,7 +58,7 @@ func (g *globals) openSession(ctx context.Context, scopeArg string) (*session, e
 	if err != nil {
 		return nil, err
 	}
-	return &session{ws: s.Workspace, log: s.Audit, tools: s.Tools, close: func() { s.Close(); procs.Close(); n.Close() }}, nil
+	return &session{ws: s.Workspace, log: s.Audit, tools: s.Tools, node: n, close: func() { s.Close(); procs.Close(); n.Close() }}, nil
 }
 
 // actorOf names the scope's ids for audit records.
