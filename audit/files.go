@@ -329,4 +329,4 @@ func allocate(f *os.File, off, n int64) error {
 
 // roomShare: room is kept ahead only on a volume with this many times as
 // much free.
-const roomShare = 64
+const roomShare = 4

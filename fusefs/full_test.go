@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -101,6 +102,16 @@ func TestFullVolume(t *testing.T) {
 			}
 			if _, err := os.ReadDir(e.mnt); err != nil {
 				t.Fatalf("list on a full volume: %v", err)
+			}
+			// A mount started on the full volume passes its health probe
+			// (the projection answers ENOSPC as it should) and serves.
+			var late *Mounted
+			dir := mountAt(t, e.ws, filepath.Join(t.TempDir(), "late"), Options{Audit: e.sink}, &late)
+			if err := late.Probe(context.Background()); err != nil {
+				t.Fatalf("health probe of a mount started on a full volume: %v", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "kept.txt")); err != nil || string(b) != "old" {
+				t.Fatalf("kept.txt through the late mount = %q, %v", b, err)
 			}
 			if ev := e.sink.find("create", "refused", "new.txt"); len(ev) == 0 && len(e.sink.find("write", "refused", "new.txt")) == 0 {
 				t.Errorf("the refusal of new.txt is not in the audit: %+v", e.sink.events)

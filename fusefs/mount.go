@@ -337,6 +337,12 @@ func (m *Mounted) Probe(ctx context.Context) error {
 		go func() {
 			err := probe(path, want)
 			m.fsys.probing.CompareAndSwap(&name, nil)
+			if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+				// The volume is full: the projection answered as it
+				// should, and serves reads (and deletes) until room
+				// comes back.
+				_, err = os.ReadDir(m.dir)
+			}
 			done <- err
 		}()
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -141,7 +142,9 @@ func (w *Workspace) replaceFrom(parent *Dir, name, rel string, r io.Reader, perm
 	tmp.Close()
 	w.NoteChangeBy(rel, false, by)
 	if err := syncDir(pfd); err != nil && err != unix.EINVAL {
-		return policy.FromErrno(err, "fsync dir", rel)
+		// The new content is in place, but not known to be durable: not
+		// a refusal ("nothing was written"), nor a success.
+		return &policy.Error{Code: policy.UnknownOutcome, Message: fmt.Sprintf("%s was written, but the storage could not confirm it durable (its directory's fsync failed), so it may not survive a crash of the node; re-read %s to see what it holds", rel, rel), Err: err}
 	}
 	return nil
 }
