@@ -184,8 +184,10 @@ func (w *Workspace) ApplyChanges(ctx context.Context, changes []FileChange) ([]W
 	results := make([]WriteResult, len(plan))
 	for i, p := range plan {
 		if err := w.put(p.parent, rec.Entries[i], rec); err != nil {
-			// The record stays: the next lock take rolls it forward.
-			return nil, err
+			// The record stays: the next lock take rolls it forward,
+			// the rest of the set as it was committed. The answer can't
+			// say nothing was written, nor that all of it was.
+			return nil, &policy.Error{Code: policy.UnknownOutcome, Message: fmt.Sprintf("the change set was committed, but placing %s failed (%v); the rest of it is placed by the next change on this workspace: re-read the files it names before changing them again", p.Path, err), Err: err}
 		}
 		if !p.Delete {
 			results[i] = WriteResult{Bytes: int64(len(p.Data)), SHA256: hashBytes(p.Data), Created: !p.exists}
@@ -354,10 +356,15 @@ func (w *Workspace) put(parent *Dir, e intentEntry, rec intent) error {
 	_, name := policy.Split(e.Path)
 	pfd := int(parent.Fd())
 	var err error
-	if e.Delete {
-		err = unix.Unlinkat(pfd, name, 0)
-	} else {
-		err = unix.Renameat(pfd, e.Temp, pfd, name)
+	for { // a call interrupted by a signal is made again, not failed
+		if e.Delete {
+			err = unix.Unlinkat(pfd, name, 0)
+		} else {
+			err = unix.Renameat(pfd, e.Temp, pfd, name)
+		}
+		if err != unix.EINTR {
+			break
+		}
 	}
 	if err == unix.ENOENT {
 		return nil
