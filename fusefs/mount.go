@@ -335,7 +335,7 @@ func (m *Mounted) Probe(ctx context.Context) error {
 		// Not listed while it exists: loomfs's own file.
 		m.fsys.probing.Store(&name)
 		go func() {
-			err := probe(path, want)
+			err := probeInChild(ctx, path, want)
 			m.fsys.probing.CompareAndSwap(&name, nil)
 			if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 				// The volume is full: the projection answered as it

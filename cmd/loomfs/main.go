@@ -65,6 +65,7 @@ func newRootCmd() *cobra.Command {
 }
 
 func main() {
+	limitMemoryToCgroup()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

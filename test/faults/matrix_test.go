@@ -156,6 +156,13 @@ func judge(c *cell, o op, before tree, out outcome) []string {
 	}
 	if o.after != nil {
 		states := o.after(c, before)
+		if o.tool {
+			// An agent sees the scope through a door: a change set that a
+			// fault cut after its commit is finished by the next lock
+			// take, which a read makes while one is pending (store's
+			// intent record). Look as an agent would, then at the tree.
+			c.tool("workspace_list", map[string]any{})
+		}
 		got := c.tree()
 		ok := false
 		for _, s := range states {
