@@ -60,7 +60,10 @@ func (w *Workspace) SetMarker(m Marker) error {
 
 // ClearMarker removes the execution marker after confirmed cleanup.
 func (w *Workspace) ClearMarker() error {
-	err := unix.Unlinkat(int(w.state.Fd()), ExecMarker, 0)
+	var err error = unix.EINTR
+	for err == unix.EINTR { // interrupted is not failed: a quarantine would follow
+		err = unix.Unlinkat(int(w.state.Fd()), ExecMarker, 0)
+	}
 	if err != nil && err != unix.ENOENT {
 		return fmt.Errorf("clear execution marker: %w", err)
 	}
