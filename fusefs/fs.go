@@ -200,13 +200,7 @@ func (g *quarantineGate) check() error {
 // refusal reports whether a store error is the policy refusing the object
 // found (a symlink, a hard link, a special file, a setuid file, another
 // filesystem) rather than a plain failure.
-func refusal(err error) bool {
-	switch policy.CodeOf(err) {
-	case policy.SymlinkRefused, policy.HardlinkRefused, policy.SpecialFileRefused, policy.PermissionDenied, policy.InvalidPath, policy.NameTooLong:
-		return true
-	}
-	return false
-}
+func refusal(err error) bool { return policy.Refused(err) }
 
 // Audit.
 

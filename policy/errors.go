@@ -143,6 +143,18 @@ func Unavailable(code Code, what string, err error) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf("%s can't be written, so nothing is done: %v", what, err), Err: err}
 }
 
+// Refused reports whether err is the policy refusing an object for what
+// it is or where it is (a link, a special file, a mode, a name), as
+// opposed to the storage failing: a walk that meets the one passes the
+// object over, one that meets the other must not say it saw everything.
+func Refused(err error) bool {
+	switch CodeOf(err) {
+	case SymlinkRefused, HardlinkRefused, SpecialFileRefused, PermissionDenied, InvalidPath, NameTooLong:
+		return true
+	}
+	return false
+}
+
 // CodeOf returns the code of err, or Internal for an error of another kind.
 func CodeOf(err error) Code {
 	if err == nil {

@@ -340,8 +340,13 @@ func (r *Repo) storeFiles(ctx context.Context, view *store.Workspace, entries []
 				src, info, err := openContent(view, *e)
 				if err != nil {
 					mu.Lock()
-					if policy.CodeOf(err) != policy.NotFound {
+					switch {
+					case policy.Refused(err):
 						m.Skipped = append(m.Skipped, Skipped{e.Path, string(policy.CodeOf(err))})
+					case policy.CodeOf(err) != policy.NotFound && firstErr == nil:
+						// The storage failed (descriptors, I/O): a
+						// snapshot said taken must hold every file.
+						firstErr = fmt.Errorf("read %s: %w", e.Path, err)
 					}
 					gone[i] = true
 					mu.Unlock()
