@@ -170,11 +170,16 @@ func CodeOf(err error) Code {
 	return Internal
 }
 
-// AsError converts any error to an *Error, keeping an existing one.
+// AsError converts any error to an *Error, keeping an existing one. A
+// full volume is never internal: an error that carries ENOSPC or EDQUOT
+// from wherever it came is NoSpace (Unavailable).
 func AsError(err error) *Error {
 	var pe *Error
 	if errors.As(err, &pe) {
 		return pe
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return Unavailable(Internal, "the change", err)
 	}
 	return &Error{Code: Internal, Message: "internal error: " + err.Error(), Err: err}
 }

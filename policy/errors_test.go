@@ -191,6 +191,13 @@ func TestCodeOfAndAsError(t *testing.T) {
 	if got.Code != policy.Internal || !errors.Is(got, cause) || !strings.Contains(got.Message, "disk on fire") {
 		t.Errorf("AsError(plain) = %#v", got)
 	}
+	// A full volume is never internal, wherever the error was wrapped.
+	for _, en := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+		full := fmt.Errorf("write quota ledger: %w", &os.PathError{Op: "write", Path: "/x", Err: en})
+		if got := policy.AsError(full); got.Code != policy.NoSpace || !errors.Is(got, en) || strings.Contains(got.Message, "/x") {
+			t.Errorf("AsError(%v) = %#v", full, got)
+		}
+	}
 }
 
 // TestErrorJSON pins the wire shape tools return: field names are part of

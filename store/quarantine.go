@@ -13,6 +13,43 @@ import (
 // Quarantines lists the quarantine records of every scope on the volume,
 // for administrators (SPEC §7.3).
 func (v *Volume) Quarantines() ([]Marker, error) {
+	return v.stateRecords(QuarantineFile)
+}
+
+// Markers lists the execution and session sandbox markers of every scope
+// on the volume: commands and sessions in flight, or ones a dead worker
+// left, which the scope's next lock turns into quarantines.
+func (v *Volume) Markers() ([]Marker, error) {
+	exec, err := v.stateRecords(ExecMarker)
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := v.stateRecords(SessionMarker)
+	return append(exec, sessions...), err
+}
+
+// HasMarker tells whether scope s has an execution or a session sandbox
+// marker (Markers). A scope with no state directory has none.
+func (v *Volume) HasMarker(s Scope) (bool, error) {
+	w, err := v.stateOnly(s)
+	if policy.CodeOf(err) == policy.NotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer w.state.Close()
+	for _, name := range []string{ExecMarker, SessionMarker} {
+		if m, err := w.readState(name); err != nil || m != nil {
+			return m != nil, err
+		}
+	}
+	return false, nil
+}
+
+// stateRecords reads the record called name in every scope's state
+// directory that has one.
+func (v *Volume) stateRecords(name string) ([]Marker, error) {
 	fd, err := openBeneath(int(v.root.Fd()), LocksDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err == unix.ENOENT {
 		return nil, nil
@@ -34,7 +71,7 @@ func (v *Volume) Quarantines() ([]Marker, error) {
 			continue
 		}
 		w := &Workspace{state: os.NewFile(uintptr(sfd), h)}
-		m, err := w.readState(QuarantineFile)
+		m, err := w.readState(name)
 		w.state.Close()
 		if err != nil {
 			return nil, err

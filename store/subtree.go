@@ -166,7 +166,7 @@ func (w *Workspace) reserveCaps(ctx context.Context, caps []policy.Subtree, addB
 	for _, c := range caps {
 		a, err := w.capAccount(c)
 		if err == nil {
-			err = a.Reserve(ctx, addBytes, addFiles)
+			err = accountErr(a.Reserve(ctx, addBytes, addFiles))
 		}
 		if err != nil {
 			for _, a := range taken {

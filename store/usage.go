@@ -242,7 +242,18 @@ func (w *Workspace) Reserve(ctx context.Context, addBytes, addFiles int64) error
 	if err := w.checkVolume(addBytes, addFiles); err != nil {
 		return err
 	}
-	return a.Reserve(ctx, addBytes, addFiles)
+	return accountErr(a.Reserve(ctx, addBytes, addFiles))
+}
+
+// accountErr is a quota account's error as the policy answers it: its
+// refusals as they are, and storage trouble (a ledger or a record it
+// could not write, a full volume) as the account being unavailable.
+func accountErr(err error) error {
+	var pe *policy.Error
+	if err == nil || errors.As(err, &pe) {
+		return err
+	}
+	return policy.Unavailable(policy.VolumeUnavailable, "the quota account", err)
 }
 
 // checkVolume refuses growth of a scope whose priority class is below its

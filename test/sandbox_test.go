@@ -202,6 +202,12 @@ func TestQuarantineAfterWorkerDies(t *testing.T) {
 	run.Wait()
 	t.Cleanup(func() { exec.Command("docker", "rm", "-f", names[0]).Run() })
 
+	// The operator's first look finds the quarantine before any later call
+	// on the scope did: the dead worker's marker is one (SPEC §5).
+	if r := c.run("", "--json", "quarantine", "show", "--scope", scope); !strings.Contains(string(r.stdout), "without a live owner") {
+		t.Fatalf("quarantine show right after the worker died: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+
 	m, code := c.tool(scope, "workspace_write", `{"path":"w","content":"x"}`)
 	if code != 1 || errCode(m) != "quarantined" {
 		t.Fatalf("write after a dead worker: %v", m)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
@@ -41,7 +42,8 @@ func TestFullVolumeNoSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { log.Close() })
-	tb := &Toolbox{WS: ws, Audit: log}
+	// The log says what an internal answer hid, should one come.
+	tb := &Toolbox{WS: ws, Audit: log, Log: zaptest.NewLogger(t)}
 	mustCall(t, tb, Write, map[string]any{"path": "kept.txt", "content": "old\n"})
 
 	filler := filepath.Join(root, "filler")
@@ -66,11 +68,29 @@ func TestFullVolumeNoSpace(t *testing.T) {
 		{Edit, map[string]any{"path": "kept.txt", "old_text": "old", "new_text": "edited"}},
 	} {
 		_, err := call(t, tb, tc.tool, tc.in)
+		t.Logf("%s %v", tc.tool, tc.in["path"])
 		pe := wantCode(t, err, policy.NoSpace)
 		if pe.Message == "" || policy.Public(err).Message != pe.Message {
 			t.Errorf("%s: the no_space message is replaced at the boundary: %q", tc.tool, pe.Message)
 		}
 	}
+	// A second holder of the scope (another process, or this one once its
+	// quota grant went back idle) must ask the quota ledger for room,
+	// which a full volume can't write either: still no_space.
+	vol2, err := store.OpenVolume(ctx, store.Config{Root: vol.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol2.Close() })
+	ws2, err := vol2.Open(ctx, ws.Scope(), policy.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws2.Close() })
+	tb2 := &Toolbox{WS: ws2, Audit: log, Log: zaptest.NewLogger(t)}
+	_, err = call(t, tb2, Write, map[string]any{"path": "other.txt", "content": "x"})
+	wantCode(t, err, policy.NoSpace)
+
 	// Reads go on: the audit log takes their records into the room it
 	// keeps ahead on a volume large enough to spare it.
 	for i := range 50 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 )
@@ -22,6 +24,9 @@ after the engine removed it, processes other than loomfs still held the
 command's projection (a runtime's helpers that outlived the container; the
 record lists their pids and command lines under "holders"). Writes and
 commands are refused there until an administrator clears it; reads work.
+A worker that died leaves its execution marker: list, show and clear take
+the scope's lock for a moment, and a marker no live worker holds becomes
+the quarantine record it stands for (a command in flight is left alone).
 
 Recovery:
   1. Stop new tasks and resumes for that workspace; keep the marker, the run
@@ -61,6 +66,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer vol.Close()
+			if err := g.settleMarkers(cmd.Context(), vol); err != nil {
+				return err
+			}
 			ms, err := vol.Quarantines()
 			if err != nil {
 				return err
@@ -94,6 +102,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer vol.Close()
+			if err := g.settleMarker(cmd.Context(), sc.String(), settleWait); err != nil {
+				return err
+			}
 			m, err := vol.Quarantine(sc)
 			if err != nil {
 				return err
@@ -137,6 +148,9 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("can't ask the local engine whether %s still exists, so nothing is cleared: %w", container, err)
 			}
+			if err := g.settleMarker(ctx, sc.String(), clearWait); err != nil {
+				return err
+			}
 			if exists {
 				return fmt.Errorf("container %s still exists on the local engine: stop and remove it first (see --help); nothing cleared", container)
 			}
@@ -156,6 +170,67 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 	clear.MarkFlagRequired("scope")
 	cmd.AddCommand(show, clear)
 	return cmd
+}
+
+// How long show and list wait for a scope's lock to look at a marker
+// (a command in flight holds it: its marker is no quarantine), and clear,
+// which needs the look done.
+const (
+	settleWait = 2 * time.Second
+	clearWait  = 30 * time.Second
+)
+
+// settleMarkers settles every scope that has an execution or session
+// marker (settleMarker), so that a list shows what a dead worker left.
+func (g *globals) settleMarkers(ctx context.Context, vol *store.Volume) error {
+	ms, err := vol.Markers()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := g.settleMarker(ctx, m.Scope, settleWait); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleMarker takes scope's lock for a moment, if it comes within wait.
+// A lock no one holds means no live worker owns the scope's markers, and
+// taking it turns a marker a dead worker left into the quarantine it
+// stands for (SPEC §5), as the scope's next command would: an operator
+// sees it without running one. A lock still held is a command in flight,
+// and nothing is settled. A scope with no state yet is left uncreated.
+func (g *globals) settleMarker(ctx context.Context, scope string, wait time.Duration) error {
+	sc, err := parseScopeFlag(scope)
+	if err != nil {
+		return err
+	}
+	vol, err := store.OpenVolume(ctx, g.storeConfig())
+	if err != nil {
+		return err
+	}
+	has, err := vol.HasMarker(sc)
+	vol.Close()
+	if err != nil || !has {
+		return err
+	}
+	ws, done, err := g.openWorkspace(ctx, scope)
+	if err != nil {
+		return err
+	}
+	defer done()
+	lctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	unlock, err := ws.Lock(lctx)
+	if err != nil {
+		if c := policy.CodeOf(err); c == policy.Timeout || c == policy.Cancelled {
+			return nil // in flight
+		}
+		return err
+	}
+	unlock()
+	return nil
 }
 
 // holdersGone refuses to clear a quarantine whose record names processes
