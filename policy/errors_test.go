@@ -245,7 +245,8 @@ func TestPublicKeepsHostPathsOut(t *testing.T) {
 		code policy.Code
 	}{
 		{"an unwritable audit log", &policy.Error{Code: policy.AuditUnavailable, Message: "the audit log can't be written: " + werr.Error(), Err: werr}, policy.AuditUnavailable},
-		{"an error of another kind", fmt.Errorf("open journal: %w", werr), policy.Internal},
+		{"a full device's error, wrapped", fmt.Errorf("open journal: %w", werr), policy.NoSpace},
+		{"an error of another kind", fmt.Errorf("open journal: %w", &fs.PathError{Op: "read", Path: "/dev/full", Err: syscall.EIO}), policy.Internal},
 		{"an errno loomfs has no code for", policy.FromErrno(&fs.PathError{Op: "read", Path: "/dev/full", Err: syscall.EIO}, "read", "/dev/full"), policy.Internal},
 		{"a volume gone", policy.Errorf(policy.VolumeUnavailable, "shared volume unavailable: /dev/full is not a mount point"), policy.VolumeUnavailable},
 		{"an engine that does not answer", &policy.Error{Code: policy.SandboxUnavailable, Message: "no sandbox engine: dial unix /dev/full: connection refused", Err: werr}, policy.SandboxUnavailable},
