@@ -46,6 +46,10 @@ type Result struct {
 	DataS     float64 `json:"data_s"`
 	RecordS   float64 `json:"record_s"`
 	Duration  float64 `json:"duration_s"`
+	// Existing says the destination was a fork of the source already (a
+	// retried start of a child): the figures are its record's, and
+	// nothing was copied now.
+	Existing bool `json:"existing,omitempty"`
 }
 
 // Fork makes the scope dst a copy of the scope src as of a snapshot (taken

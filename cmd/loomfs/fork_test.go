@@ -77,3 +77,45 @@ func TestForkMerge(t *testing.T) {
 		}
 	}
 }
+
+// TestRunsCreateChild: "runs create --child" starts a child instance from
+// main's files, a retry lists it as existing, and a child holding files of
+// its own is refused.
+func TestRunsCreateChild(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "root")
+	loomfs := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runLoomfs(t, append([]string{"--root", root, "--json"}, args...)...)
+	}
+	in, _ := json.Marshal(map[string]string{"path": "src/a.go", "content": "package a\n"})
+	if out, errOut, code := loomfs("tool", "workspace_write", "--scope", "a/b/c", "--input", string(in)); code != exitOK {
+		t.Fatalf("write in main: exit %d: %s %s", code, out, errOut)
+	}
+	create := []string{"runs", "create", "--scope", "a/b/c", "--run", "r1", "--user", "u", "--child", "sub-1"}
+	steps := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{name: "a bad instance id is a usage error", args: []string{"runs", "create", "--scope", "a/b/c", "--run", "r1", "--user", "u", "--child", "../x"}, code: exitUsage, want: "instance"},
+		{name: "the child starts from main's files", args: create, code: exitOK, want: `"files": 1`},
+		{name: "a retry lists the child as existing", args: create, code: exitOK, want: `"existing": true`},
+		{name: "the child holds main's file", args: []string{"tool", "workspace_read", "--scope", "run:r1/sub-1", "--input", `{"path":"src/a.go"}`}, code: exitOK, want: "package a"},
+	}
+	for _, s := range steps {
+		out, errOut, code := loomfs(s.args...)
+		if code != s.code || !strings.Contains(out+errOut, s.want) {
+			t.Fatalf("%s: exit %d, stdout %q, stderr %q; want exit %d with %q", s.name, code, out, errOut, s.code, s.want)
+		}
+	}
+	// A child that already holds files of its own is never overwritten.
+	in, _ = json.Marshal(map[string]string{"path": "notes.txt", "content": "mine"})
+	if out, errOut, code := loomfs("tool", "workspace_write", "--scope", "a/b/c/r2/sub-1", "--input", string(in)); code != exitOK {
+		t.Fatalf("write in the child: exit %d: %s %s", code, out, errOut)
+	}
+	out, errOut, code := loomfs("runs", "create", "--scope", "a/b/c", "--run", "r2", "--user", "u", "--child", "sub-1")
+	if code != exitRefused || !strings.Contains(out+errOut, "already holds files") {
+		t.Fatalf("a child holding files: exit %d, %s %s; want refused", code, out, errOut)
+	}
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/fork"
+	"github.com/agentloom/loomfs/loom"
 	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/retention"
@@ -47,14 +49,20 @@ func newRunsCmd(g *globals) *cobra.Command {
 		},
 	}
 	var scope, runID, user, priority string
+	var children []string
 	create := &cobra.Command{
-		Use:   "create --scope SPACE/AGENT/SESSION --run RUN --user USER [--priority low|normal|high]",
+		Use:   "create --scope SPACE/AGENT/SESSION --run RUN --user USER [--priority low|normal|high] [--child INSTANCE]...",
 		Short: "Record a new run's binding and print it as JSON",
 		Long: "Record a new run's binding and print it as JSON. Creating the same run again\n" +
 			"with the same session and user prints the existing binding (a platform may\n" +
-			"retry); anything else already bound to that run id is refused.\n\n" + runsHelp,
+			"retry); anything else already bound to that run id is refused.\n\n" +
+			"Each --child INSTANCE starts that child instance of the run from the main\n" +
+			"scope's files: a fork of main as of a snapshot taken now (loomfs fork), whose\n" +
+			"result is listed under \"children\". A child forked from main already (a\n" +
+			"retry) is listed with \"existing\": true; one holding other files is refused.\n\n" + runsHelp,
 		Example: `  loomfs --backend shared_posix --root /mnt/loom --volume-id team-v1 \
-    runs create --scope acme/coder/s1 --run r-42 --user alice@example.com`,
+    runs create --scope acme/coder/s1 --run r-42 --user alice@example.com
+  loomfs runs create --scope acme/coder/s1 --run r-43 --user alice@example.com --child sub-1`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sc, err := store.ParseScope(scope)
@@ -67,6 +75,11 @@ func newRunsCmd(g *globals) *cobra.Command {
 			if runID == "" || user == "" {
 				return usagef("--run and --user are required")
 			}
+			for _, inst := range children {
+				if err := store.ValidateID("instance", inst); err != nil {
+					return usageError{err}
+				}
+			}
 			if priority != "" {
 				if _, err := policy.ParsePriority(priority); err != nil {
 					return usagef("--priority %q: want low, normal or high", priority)
@@ -78,13 +91,25 @@ func newRunsCmd(g *globals) *cobra.Command {
 				return refuse(cmd, g, err)
 			}
 			g.auditAdmin(ctx, "run_create", sc, map[string]any{"run": runID, "user": user, "volume_id": b.VolumeID, "priority": b.Priority})
-			return printJSON(cmd, b)
+			if len(children) == 0 {
+				return printJSON(cmd, b)
+			}
+			out := runCreated{Binding: b}
+			for _, inst := range children {
+				res, err := startChild(ctx, g, runID, inst)
+				if err != nil {
+					return refuse(cmd, g, err)
+				}
+				out.Children = append(out.Children, res)
+			}
+			return printJSON(cmd, out)
 		},
 	}
 	create.Flags().StringVar(&scope, "scope", "", "the run's session, SPACE/AGENT/SESSION (required)")
 	create.Flags().StringVar(&runID, "run", "", "run id from the platform's run record (required)")
 	create.Flags().StringVar(&user, "user", "", "the authenticated user who started the run (required)")
 	create.Flags().StringVar(&priority, "priority", "", "the run's class: low, normal or high (default: the policy's)")
+	create.Flags().StringArrayVar(&children, "child", nil, "start this child instance from a fork of the main scope's files (repeatable; see loomfs fork)")
 
 	show := &cobra.Command{
 		Use:   "show --run RUN",
@@ -186,6 +211,24 @@ func finishScope(ctx context.Context, open func() (*store.Workspace, error), run
 		return nil, err
 	}
 	return snapshot.Create(ctx, ws, snapshot.Options{Run: runID, Label: "end of run " + runID, Locked: true})
+}
+
+// runCreated is what "runs create --child" prints: the binding, and the
+// fork that started each child.
+type runCreated struct {
+	*store.Binding
+	Children []*fork.Result `json:"children"`
+}
+
+// startChild forks the run's main scope into its child instance
+// (loom.Node.StartChild).
+func startChild(ctx context.Context, g *globals, runID, instance string) (*fork.Result, error) {
+	n, err := g.node(loom.Config{})
+	if err != nil {
+		return nil, err
+	}
+	defer n.Close()
+	return n.StartChild(ctx, runID, instance, fork.Options{})
 }
 
 // runShow is what "runs show" prints.
