@@ -35,6 +35,7 @@ import (
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
 //	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
 //	commands: fresh         # or session: each workspace_command is an exec in the scope's session sandbox
+//	agent_merge: false      # true: an agent in a fork may merge it back itself (workspace_merge)
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -231,9 +232,10 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		byPriority *yaml.Node
 		reserve    = map[string]Watermark{}
 		hooks      Hooks
+		agentMerge *bool
 	)
 	known := []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache", "commands",
-		"priority", "limits_by_priority", "volume_reserve_low", "volume_reserve_normal", "hooks"}
+		"priority", "limits_by_priority", "volume_reserve_low", "volume_reserve_normal", "hooks", "agent_merge"}
 	err := p.mapping(root, "the policy file", known, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
@@ -260,6 +262,12 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 				return p.errf(v, "readme must be true or false")
 			}
 			readme = &b
+		case "agent_merge":
+			var b bool
+			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+				return p.errf(v, "agent_merge must be true or false")
+			}
+			agentMerge = &b
 		case "symlinks":
 			s, err := p.str(v, "symlinks")
 			if err != nil {
@@ -348,6 +356,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if symlinks != "" {
 		pol.Symlinks = symlinks
+	}
+	if agentMerge != nil {
+		pol.AgentMerge = *agentMerge
 	}
 	if cache != "" {
 		pol.Cache = cache

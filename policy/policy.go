@@ -83,6 +83,19 @@ type Policy struct {
 	VolumeReserveLow, VolumeReserveNormal Watermark
 	// Hooks are the command hooks of the tool door (hooks.go).
 	Hooks Hooks
+	// AgentMerge lets an agent in a fork merge it back into the scope it
+	// was forked from itself (the policy file's agent_merge). Off by
+	// default: the platform decides when a fork's work comes back.
+	AgentMerge bool
+}
+
+// CheckAgentMerge refuses an agent's own merge of its fork unless the
+// policy allows it.
+func (p *Policy) CheckAgentMerge() error {
+	if !p.AgentMerge {
+		return Errorf(PermissionDenied, "this workspace's policy does not let an agent merge its work back (agent_merge is off): the platform merges it; workspace_fork_status shows what a merge would bring back and hold back")
+	}
+	return nil
 }
 
 // Symlinks is the policy file's "symlinks" setting (SPEC §3.2).
