@@ -205,6 +205,14 @@ func selfChecks(r *CheckReport, root string) {
 	}
 }
 
+// Filesystem names the filesystem root is on as the mount table does
+// ("ceph", "fuse.ceph-fuse", "nfs4"), else by its magic number; "" if it
+// can't be looked at. A fence needs to know whether it is CephFS.
+func Filesystem(root string) string {
+	name, _ := filesystemOf(root, "", nil)
+	return name
+}
+
 // filesystemOf names the root's filesystem type and warns when a shared
 // root sits on one that is local to this node.
 func filesystemOf(root, backend string, warnings []string) (string, []string) {

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/fence"
+	"github.com/agentloom/loomfs/nodeid"
+	"github.com/agentloom/loomfs/store"
+)
+
+func init() { addCommand(newFenceCmd) }
+
+const fenceHelp = `Shuts node N out of the shared volume before another node takes over its
+work, so that nothing N left behind (a buffered write, a paused process, a
+remount) can land afterwards. Run it from any other node (or an
+administrator's host) that sees the volume and may run "ceph" on the cluster.
+
+On CephFS it blocklists every client instance whose mount carries
+client_metadata loomfs_node=N (never another node's, never by IP) for
+--expire, evicts their sessions, waits for the MDS's OSD epoch barrier,
+records the fence on the volume and in the audit, and only then answers.
+Each node's mount must carry that metadata and client_reconnect_stale off
+(see DEPLOY.md).
+
+On any other filesystem loomfs can't fence a node: it refuses and says what
+to do instead. Once the operator has made sure N can't write,
+--confirm-fenced-externally records the fence without touching the storage.`
+
+// nfsInstead is what an operator must do where loomfs can't fence.
+const nfsInstead = `make sure it can no longer write: power it off (or fence it through its power
+controller), or remove it from the export at the server and restart the server's
+grace period, or, at the least, wait until its NFSv4 lease has expired plus the
+server's grace period while it stays cut off; then run again with
+--confirm-fenced-externally`
+
+func newFenceCmd(g *globals) *cobra.Command {
+	var node, reason string
+	var expire time.Duration
+	var confirmed bool
+	var ceph fence.Ceph
+	cmd := &cobra.Command{
+		Use:   "fence --node N [--reason TEXT]",
+		Short: "Shut a node presumed dead out of the volume before its work moves (administrators)",
+		Long:  fenceHelp,
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if err := fence.CheckNode(node); err != nil {
+				return usagef("--node: %v", err)
+			}
+			if self, err := nodeid.Name(); err == nil && self == node {
+				return usagef("--node %s is this node: a node is fenced from another one", node)
+			}
+			if expire < time.Hour {
+				return usagef("--expire %s: want at least an hour (the default is %s)", expire, fence.DefaultExpire)
+			}
+			vol, err := store.OpenVolume(ctx, g.storeConfig())
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			by, err := nodeid.Name()
+			if err != nil {
+				return err
+			}
+			rec := fence.Record{Node: node, Reason: reason, By: by, Time: time.Now().UTC()}
+			fs := store.Filesystem(vol.Path())
+			switch {
+			case confirmed:
+				rec.Method = fence.MethodExternal
+			case fs == "ceph" || fs == "fuse.ceph-fuse":
+				start := time.Now()
+				res, err := ceph.Fence(ctx, node, expire)
+				if err != nil {
+					if errors.Is(err, fence.ErrNoInstances) {
+						return fmt.Errorf("%w; nothing was fenced. If node %s is down for sure, %s", err, node, "run again with --confirm-fenced-externally")
+					}
+					return fmt.Errorf("%w; the fence is not complete: run it again before any takeover", err)
+				}
+				rec.Method = fence.MethodCeph
+				rec.Instances, rec.OSDEpoch, rec.Barrier, rec.Warnings = res.Instances, res.OSDEpoch, res.Barrier, res.Warnings
+				rec.Took = time.Since(start)
+			default:
+				return fmt.Errorf("the volume is on %s, where loomfs can't fence a node (no API shuts one client out); before another node takes over node %s's work, %s", fs, node, nfsInstead)
+			}
+			if err := fence.Write(vol.Path(), rec); err != nil {
+				return fmt.Errorf("node %s is fenced but %w; run it again before any takeover", node, err)
+			}
+			if err := auditFence(cmd, vol.Path(), rec); err != nil {
+				return fmt.Errorf("node %s is fenced and recorded on the volume, but the audit log can't be written: %w", node, err)
+			}
+			return printFence(cmd, g.json, rec)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&node, "node", "", "the node to fence, as its mounts' loomfs_node metadata and its $AGENT_LOOM_NODE name it")
+	f.StringVar(&reason, "reason", "", "why, for the record and the audit")
+	f.DurationVar(&expire, "expire", fence.DefaultExpire, "how long the blocklist entries last (a fence is lifted by a fresh mount, not by this)")
+	f.BoolVar(&confirmed, "confirm-fenced-externally", false, "record a fence the operator made outside loomfs (power-off, export removal)")
+	f.StringVar(&ceph.Conf, "ceph-conf", os.Getenv("CEPH_CONF"), "ceph.conf of the volume's cluster ($CEPH_CONF)")
+	f.StringVar(&ceph.ID, "ceph-id", "", "cephx user that may evict clients and blocklist (default: ceph's own)")
+	f.StringVar(&ceph.FS, "ceph-fs", "", "the CephFS file system's name, if the cluster has several")
+	cmd.MarkFlagRequired("node")
+	return cmd
+}
+
+// auditFence records the fence as an administrator's action; unlike
+// other admin actions a fence fails when it can't be audited.
+func auditFence(cmd *cobra.Command, root string, rec fence.Record) error {
+	log, err := audit.Open(root, audit.Options{})
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	detail := map[string]any{"node": rec.Node, "method": rec.Method, "reason": rec.Reason, "by": rec.By}
+	var addrs []string
+	for _, in := range rec.Instances {
+		addrs = append(addrs, fmt.Sprintf("client.%d %s", in.ID, in.Addr))
+	}
+	if len(addrs) > 0 {
+		detail["instances"] = addrs
+		detail["osd_epoch"] = rec.OSDEpoch
+	}
+	return log.Record(cmd.Context(), audit.Event{Source: audit.SourceAdmin, Op: "fence", Result: "ok", Duration: rec.Took, Detail: detail})
+}
+
+func printFence(cmd *cobra.Command, asJSON bool, rec fence.Record) error {
+	out := cmd.OutOrStdout()
+	if asJSON {
+		return json.NewEncoder(out).Encode(rec)
+	}
+	switch rec.Method {
+	case fence.MethodExternal:
+		fmt.Fprintf(out, "node %s recorded as fenced by the operator\n", rec.Node)
+	default:
+		fmt.Fprintf(out, "node %s fenced in %s: %d client instance(s) blocklisted and evicted, OSD epoch barrier %d\n", rec.Node, rec.Took.Round(time.Millisecond), len(rec.Instances), rec.Barrier)
+		for _, in := range rec.Instances {
+			fmt.Fprintf(out, "  client.%d %s (boot %s) blocklisted until %s\n", in.ID, in.Addr, in.Boot, in.BlocklistedUntil.Format(time.RFC3339))
+		}
+	}
+	for _, w := range rec.Warnings {
+		fmt.Fprintf(cmd.ErrOrStderr(), "loomfs: warning: %s\n", w)
+	}
+	return nil
+}

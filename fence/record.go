@@ -1,0 +1,112 @@
+package fence
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Dir is the directory on the volume's root that holds one record per
+// fenced node, outside every scope (like the audit's and the locks').
+const Dir = ".agentloom-fences"
+
+// Record is a fence as kept on the volume: what a re-admission and a
+// takeover check, and what the audit's fence event details.
+type Record struct {
+	Node   string    `json:"node"`
+	Reason string    `json:"reason,omitempty"`
+	By     string    `json:"by"` // the node that ran the fence
+	Time   time.Time `json:"time"`
+	Method string    `json:"method"` // MethodCeph or MethodExternal
+	// Instances are the client instances blocklisted and evicted.
+	Instances []Instance `json:"instances,omitempty"`
+	OSDEpoch  int64      `json:"osd_epoch,omitempty"`
+	Barrier   int64      `json:"osd_epoch_barrier,omitempty"`
+	Warnings  []string   `json:"warnings,omitempty"`
+	// Took is how long the fence took, from its start to the barrier.
+	Took time.Duration `json:"took_ns"`
+}
+
+// nodeName is what a node's name may be to name its record: a hostname or
+// an $AGENT_LOOM_NODE of the same characters.
+var nodeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// CheckNode refuses a node name that could not name a record (or match
+// client metadata set on a mount's command line).
+func CheckNode(node string) error {
+	if !nodeName.MatchString(node) {
+		return fmt.Errorf("node name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit, at most 253", node)
+	}
+	return nil
+}
+
+func recordPath(root, node string) string { return filepath.Join(root, Dir, node+".json") }
+
+// Write keeps r as its node's record under root, replacing an earlier one
+// (the audit keeps every fence). It is written whole or not at all and
+// made durable before Write returns: a fence answers only once recorded.
+func Write(root string, r Record) error {
+	if err := CheckNode(r.Node); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, Dir)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("record the fence: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".tmp-"+r.Node+"-")
+	if err != nil {
+		return fmt.Errorf("record the fence: %w", err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), recordPath(root, r.Node))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("record the fence: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Read returns node's fence record under root; an error wrapping
+// os.ErrNotExist if the node was never fenced.
+func Read(root, node string) (Record, error) {
+	var r Record
+	if err := CheckNode(node); err != nil {
+		return r, err
+	}
+	b, err := os.ReadFile(recordPath(root, node))
+	if err != nil {
+		return r, fmt.Errorf("read the fence record of node %s: %w", node, err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("read the fence record of node %s: %w", node, err)
+	}
+	return r, nil
+}
