@@ -127,6 +127,18 @@ func WaitEnded(ctx context.Context, format string, args ...any) *Error {
 	return Errorf(Timeout, format, args...)
 }
 
+// FencedMessage is what every caller on a node that was fenced reads
+// (SPEC: loomfs fence). Its storage client answers ESHUTDOWN to every
+// operation once evicted and blocklisted (Ceph's EBLOCKLISTED is
+// ESHUTDOWN on Linux): nothing this node writes lands any more, and no
+// retry here can succeed.
+const FencedMessage = "this node was fenced: it was shut out of the storage volume so that another node could take over its work, and nothing it writes lands any more; the call was refused. Retrying on this node can't succeed: the work continues on another node, and an administrator must re-admit this one"
+
+// fenced is the refusal of a call that met ESHUTDOWN from the volume.
+func fenced(err error) *Error {
+	return &Error{Code: VolumeUnavailable, Message: FencedMessage, Err: err}
+}
+
 // Unavailable is the refusal of a call because something loomfs keeps on
 // the volume (named by what: "the quota account", "the audit log") can't
 // be opened or written. A full volume or the backing store's own quota is
@@ -135,6 +147,8 @@ func WaitEnded(ctx context.Context, format string, args ...any) *Error {
 // log shows.
 func Unavailable(code Code, what string, err error) *Error {
 	switch {
+	case errors.Is(err, syscall.ESHUTDOWN):
+		return fenced(err)
 	case errors.Is(err, syscall.ENOSPC):
 		return &Error{Code: NoSpace, Message: what + " can't be written: the storage volume is full (no space or no inodes left), so the call was refused and nothing was written; deleting files this workspace no longer needs may make room, otherwise the operator must free space", Err: err}
 	case errors.Is(err, syscall.EDQUOT):
@@ -172,13 +186,14 @@ func CodeOf(err error) Code {
 
 // AsError converts any error to an *Error, keeping an existing one. A
 // full volume is never internal: an error that carries ENOSPC or EDQUOT
-// from wherever it came is NoSpace (Unavailable).
+// from wherever it came is NoSpace (Unavailable), and one that carries
+// ESHUTDOWN is the node's fence.
 func AsError(err error) *Error {
 	var pe *Error
 	if errors.As(err, &pe) {
 		return pe
 	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.ESHUTDOWN) {
 		return Unavailable(Internal, "the change", err)
 	}
 	return &Error{Code: Internal, Message: "internal error: " + err.Error(), Err: err}
@@ -203,7 +218,7 @@ var operatorTrouble = map[Code]string{
 func Public(err error) *Error {
 	pe := AsError(err)
 	msg, ok := operatorTrouble[pe.Code]
-	if !ok || pe.Message == msg {
+	if !ok || pe.Message == msg || pe.Message == FencedMessage {
 		return pe
 	}
 	return &Error{Code: pe.Code, Message: msg, SHA256: pe.SHA256, Count: pe.Count, Token: pe.Token, Err: pe}
@@ -293,6 +308,8 @@ func FromErrno(err error, op, path string) error {
 	}
 	e := &Error{Err: err}
 	switch en {
+	case syscall.ESHUTDOWN:
+		return fenced(err)
 	case syscall.ENOENT:
 		e.Code, e.Message = NotFound, fmt.Sprintf("%s: no such file or directory", path)
 	case syscall.EEXIST:

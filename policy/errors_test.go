@@ -291,3 +291,37 @@ func TestMaskHostPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestFencedNode: ESHUTDOWN from the volume (an evicted, blocklisted
+// CephFS client) is the node's fence wherever it meets the policy, and
+// the boundary a model reads keeps saying so.
+func TestFencedNode(t *testing.T) {
+	wrapped := fmt.Errorf("write the journal: %w", &fs.PathError{Op: "write", Path: "/mnt/vol/x", Err: syscall.ESHUTDOWN})
+	tests := []struct {
+		name string
+		err  error
+	}{
+		{"FromErrno", policy.FromErrno(syscall.ESHUTDOWN, "write", "a.txt")},
+		{"FromErrno of a path error", policy.FromErrno(&fs.PathError{Op: "openat", Path: "a.txt", Err: syscall.ESHUTDOWN}, "open", "a.txt")},
+		{"Unavailable", policy.Unavailable(policy.AuditUnavailable, "the audit log", wrapped)},
+		{"AsError", policy.AsError(wrapped)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pe := policy.Public(tc.err)
+			if pe.Code != policy.VolumeUnavailable || pe.Message != policy.FencedMessage {
+				t.Errorf("Public = %q %q, want volume_unavailable with the fenced message", pe.Code, pe.Message)
+			}
+			if !errors.Is(tc.err, syscall.ESHUTDOWN) {
+				t.Error("the cause was lost")
+			}
+			if got := policy.Errno(tc.err); got != syscall.EIO {
+				t.Errorf("Errno = %v, want EIO", got)
+			}
+		})
+	}
+	// A volume that is merely unavailable keeps the fixed message.
+	if pe := policy.Public(policy.Unavailable(policy.VolumeUnavailable, "the journal", syscall.EIO)); pe.Message == policy.FencedMessage {
+		t.Error("an EIO reads as a fence")
+	}
+}
