@@ -44,8 +44,14 @@ type MergeOptions struct {
 	// over it).
 	Markers bool
 	// Call is the call id the change feed shows the merge as (one call);
-	// "" makes one.
-	Call string
+	// "" makes one. Source is the door it shows it from: store.SourceTool
+	// for an agent's own merge, "" the platform's.
+	Call   string
+	Source string
+	// Preview, if set, is the Preview of a dry run the merge must still
+	// match: otherwise nothing is applied (a conflict), so what is merged
+	// is what was previewed.
+	Preview string
 }
 
 // Applied is one change a merge brought over, or would in a dry run.
@@ -88,6 +94,9 @@ type MergeResult struct {
 	Conflicts []Conflict `json:"conflicts"`
 	Refused   []Refused  `json:"refused,omitempty"`
 	Skipped   []Refused  `json:"skipped,omitempty"`
+	// Preview names this plan (what is applied, held back and refused);
+	// MergeOptions.Preview asks a merge to apply it and nothing else.
+	Preview string `json:"preview"`
 	// ScanS is the time taken to find what the fork changed (a walk of
 	// it, reading only files fstat finds changed); Duration the whole.
 	ScanS    float64 `json:"scan_s"`
@@ -230,6 +239,12 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 		settled = append(settled, c)
 	}
 
+	res.Preview = planID(res)
+	if opt.Preview != "" && opt.Preview != res.Preview {
+		res.Duration = time.Since(start).Seconds()
+		return res, policy.Errorf(policy.Conflict, "merge of %s into %s: what a merge would do changed since the preview (%d changes, %d conflicts, %d refusals now); nothing was merged: preview again",
+			res.From, res.Into, len(res.Applied), len(res.Conflicts), len(res.Refused))
+	}
 	if !opt.DryRun && opt.Markers {
 		for i := range res.Conflicts {
 			markConflict(ctx, fork, target, &res.Conflicts[i])
@@ -249,7 +264,11 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 		call = newCallID()
 	}
 	res.Call = call
-	actx := store.WithChange(ctx, store.Change{Source: store.SourcePlatform, Call: call})
+	source := opt.Source
+	if source == "" {
+		source = store.SourcePlatform
+	}
+	actx := store.WithChange(ctx, store.Change{Source: source, Call: call})
 	if len(changes) > 0 {
 		if _, err := target.ApplyChanges(actx, changes); err != nil {
 			return nil, fmt.Errorf("merge %s into %s: %w", fork.Scope(), target.Scope(), err)
@@ -278,6 +297,26 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 		return res, heldBack(res)
 	}
 	return res, nil
+}
+
+// planID names what a merge would do: the base, each change with the
+// fork's hash, each conflict's and refusal's path and kind. The target's
+// hashes are left out (a conflict's type says enough, and a change in the
+// target since is caught by the expected hashes), so the name tells
+// nothing of a file its reader may not read.
+func planID(res *MergeResult) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "base %s\n", res.Base)
+	for _, a := range res.Applied {
+		fmt.Fprintf(h, "apply %q %s %s\n", a.Path, a.Op, a.Fork)
+	}
+	for _, c := range res.Conflicts {
+		fmt.Fprintf(h, "conflict %q %s\n", c.Path, c.Type)
+	}
+	for _, r := range res.Refused {
+		fmt.Fprintf(h, "refused %q %s\n", r.Path, r.Code)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 // heldBack is the error of a merge that conflicts or refusals stopped.

@@ -57,7 +57,7 @@ func validValue(t *testing.T, ts toolSchema, prop string) any {
 	case "boolean":
 		cands = []any{false}
 	case "array":
-		cands = []any{[]any{map[string]any{"old_text": "gen", "new_text": "other"}}}
+		cands = []any{[]any{map[string]any{"old_text": "gen", "new_text": "other"}}, []any{"gen.txt"}}
 	case "object":
 		cands = []any{map[string]any{}}
 	}

@@ -34,10 +34,11 @@ const (
 	ReadImage  = "workspace_read_image"
 	Changes    = "workspace_changes"
 	ForkStatus = "workspace_fork_status" // fork.go
+	Merge      = "workspace_merge"       // merge.go
 )
 
 // Names lists every tool in a stable order.
-var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command, ApplyPatch, ReadImage, Changes, ForkStatus}
+var Names = []string{List, Stat, Glob, Grep, Read, Write, Edit, Mkdir, Delete, Command, ApplyPatch, ReadImage, Changes, ForkStatus, Merge}
 
 // mutating tools hold the scope lock and are never replayed blind.
 var mutating = map[string]bool{Write: true, Edit: true, Mkdir: true, Delete: true, Command: true, ApplyPatch: true}
@@ -151,7 +152,7 @@ func Definitions(pol *policy.Policy) []Definition {
 			})},
 	}
 	defs = append(defs, otherDefinitions(pol, paths, quota)...)
-	defs = append(defs, forkStatusDefinition(paths))
+	defs = append(defs, forkStatusDefinition(paths), mergeDefinition(pol, paths))
 	return append(defs, processDefinitions(pol)...)
 }
 

@@ -12,7 +12,8 @@ import (
 // workspace_fork_status: an agent in a forked scope (package fork) sees
 // its base, what a merge would bring back now and what it would hold back,
 // and what changed in the source since. It changes nothing; whether an
-// agent may merge is the platform's decision, and no tool does it.
+// agent may merge is the policy's decision (workspace_merge). The hashes
+// of files the agent may not read are withheld.
 
 const (
 	defaultForkStatusLimit = 200
@@ -70,6 +71,7 @@ func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 		if res.Status, err = fork.ReadStatus(ctx, t.WS, src, limit); err != nil {
 			return nil, err
 		}
+		withhold(res.Mergeable, res.Status.Conflicts, t.WS.Policy(), src.Policy())
 		res.Forked = true
 	default:
 		return nil, err
@@ -91,6 +93,7 @@ func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 		if err != nil {
 			return nil, fmt.Errorf("preview the merge of %s: %w", sc, err)
 		}
+		withhold(nil, m.Conflicts, t.WS.Policy(), ws.Policy())
 		res.Forks = append(res.Forks, forkPreview{Scope: m.From, Base: m.Base, Mergeable: len(m.Applied), Conflicts: m.Conflicts, Refused: len(m.Refused)})
 	}
 	return res, nil
