@@ -30,6 +30,7 @@ type Filter struct {
 	Path   string // string prefix of the path or the new path
 	Result string
 	Node   string // records of this node only
+	Trace  string // records of this trace only: a call end to end
 }
 
 // Match reports whether r is an event record that f selects.
@@ -43,7 +44,8 @@ func (f Filter) Match(r Record) bool {
 		f.Op != "" && r.Op != f.Op,
 		f.Path != "" && !strings.HasPrefix(r.Path, f.Path) && !strings.HasPrefix(r.NewPath, f.Path),
 		f.Result != "" && r.Result != f.Result,
-		f.Node != "" && r.Node != f.Node:
+		f.Node != "" && r.Node != f.Node,
+		f.Trace != "" && r.TraceID != f.Trace:
 		return false
 	}
 	return true

@@ -267,6 +267,9 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
+	if !write {
+		f.traceUnrecorded(ctx, ev) // the audit keeps no record of a read's open
+	}
 	h, fuseFlags := newHandle(n, fd, rel, flags, false, !current)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the

@@ -37,8 +37,10 @@ type fsys struct {
 	timeout time.Duration
 	// limit holds the scope to its policy's I/O rates; nil for none.
 	limit *throttle.Limiter
-	// call is the call served since Mounted.Serve, nil before.
-	call atomic.Pointer[servedCall]
+	// call is the call served since Mounted.Serve, nil before; first is
+	// the one Options named, served until then.
+	call  atomic.Pointer[servedCall]
+	first *servedCall
 	// coherent: the mount follows the change journals (follow.go), so
 	// the kernel may keep failed lookups, listings and pages too.
 	coherent bool
@@ -112,6 +114,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 	if sink == nil {
 		sink = audit.Discard
 	}
+	first := newServedCall(Call{TraceID: opts.TraceID, CallID: opts.CallID, Refused: opts.Refused, Trace: opts.Trace}, actor)
 	f := &fsys{
 		ws:        ws,
 		pol:       ws.Policy(),
@@ -121,6 +124,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		dev:       devOf(&root),
 		mnt:       root.Mnt_id,
 		sink:      sink,
+		first:     first,
 		actor:     actor,
 		scopeHash: sc.Hash(),
 		gate:      quarantineGate{ws: ws},
@@ -134,6 +138,7 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 		// See statChanged.
 		f.changedStat = unix.AT_STATX_DONT_SYNC
 	}
+	f.sink = tracedSink{Sink: sink, f: f}
 	f.root = &node{fsys: f}
 	f.root.perm.Store(uint32(root.Mode) & 0o7777)
 	return f, &root, nil

@@ -4,6 +4,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentloom/loomfs/audit"
 )
 
@@ -81,6 +83,8 @@ type Options struct {
 	// TraceID and CallID are recorded with every event: the trace and the
 	// tool call (a sandbox command) the mount serves.
 	TraceID, CallID string
+	// Trace is that call's span, as in Call.
+	Trace trace.SpanContext
 
 	// Refused, if set, is told of every request the mount refuses, as it
 	// refuses it (from the request's goroutine: it must not block), so

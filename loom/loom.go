@@ -415,6 +415,7 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log audit.S
 			Requests:   n.cfg.Requests,
 			Actor:      a,
 			CallID:     call.CallID,
+			Trace:      call.Trace,
 			Refused:    policyEvent(call.Refused),
 		})
 		if err != nil {
@@ -465,7 +466,7 @@ func (s servingMount) Unmount() error {
 }
 
 func (s servingMount) Serve(call sandbox.CallInfo) {
-	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Container: call.Container, Refused: policyEvent(call.Refused)})
+	s.Mounted.Serve(fusefs.Call{CallID: call.CallID, Trace: call.Trace, Container: call.Container, Refused: policyEvent(call.Refused)})
 }
 
 // policyEvent hands each refusal of a command's projection to refused,

@@ -34,7 +34,7 @@ func (n *Node) Processes(ctx context.Context) (*process.Service, error) {
 			Mount: func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
 				a := Actor(ws.Scope())
 				a.Container = call.Container
-				m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID, Requests: n.cfg.Requests})
+				m, err := fusefs.Mount(ctx, ws, mp, fusefs.Options{AllowOther: true, Audit: log, Actor: a, CallID: call.CallID, Trace: call.Trace, Requests: n.cfg.Requests})
 				if err != nil {
 					return nil, err
 				}

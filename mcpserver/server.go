@@ -124,6 +124,7 @@ func (s *Server) handler(name string, schema *jsonschema.Resolved) mcp.ToolHandl
 			args = json.RawMessage("{}")
 		}
 		callID := callIDOf(req)
+		ctx = withMetaTrace(ctx, req.Params.Meta)
 		if err := checkArgs(schema, name, args); err != nil {
 			s.recordRefusal(ctx, name, callID, args, err)
 			return errorResult(err), nil

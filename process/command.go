@@ -7,6 +7,8 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
@@ -55,7 +57,7 @@ func (b *Sandbox) command(ctx context.Context, req tools.CommandRequest) (tools.
 		// it runs (a process of the session refusing meanwhile is counted
 		// too), and it first catches up with the change journals, so the
 		// command sees every change made before it.
-		rp.Serve(sandbox.CallInfo{CallID: req.CallID, Run: b.scope.Run, Container: b.name, Refused: refused.Add})
+		rp.Serve(sandbox.CallInfo{CallID: req.CallID, Run: b.scope.Run, Container: b.name, Refused: refused.Add, Trace: trace.SpanContextFromContext(ctx)})
 		defer rp.Serve(sandbox.CallInfo{CallID: b.callID, Run: b.scope.Run, Container: b.name})
 	}
 	if err := b.proj.Probe(ctx); err != nil {

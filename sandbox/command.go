@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
@@ -39,6 +40,9 @@ type CallInfo struct {
 	// Refused is to be told of every refusal the projection makes, for
 	// the command's policy_events; it may be called concurrently.
 	Refused func(tools.PolicyEvent)
+	// Trace is the span of the call (package tracing): the projection's
+	// operations for the command are its children.
+	Trace trace.SpanContext
 }
 
 // Commands runs workspace_command calls (SPEC §5): for each, it mounts the
@@ -69,7 +73,7 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	}
 	name := NewContainerName(ws.Scope().Hash())
 	var refused Refusals
-	call := CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.Add}
+	call := CallInfo{CallID: req.CallID, Run: c.Run, Container: name, Refused: refused.Add, Trace: trace.SpanContextFromContext(ctx)}
 	proj, dev, lease, err := c.projection(ctx, ws, call)
 	if err != nil {
 		return tools.CommandResult{}, err

@@ -19,8 +19,11 @@ import (
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/tracing"
 )
 
 // Limits on one command's run time (SPEC §5).
@@ -292,8 +295,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 		defer cancel()
 		return res, errors.Join(fmt.Errorf("sandbox: set execution marker for %s: %w", res.ContainerName, err), req.Marker.Clear(cctx))
 	}
+	ctx, span := tracing.Start(ctx, "sandbox run", attribute.String("loomfs.container", res.ContainerName),
+		attribute.String("loomfs.runtime", r.cfg.Runtime))
+	defer span.End()
 	known, runErr := r.execute(ctx, req, timeout, &res)
 	cleanErr := r.cleanup(context.WithoutCancel(ctx), req, &res, known)
+	span.SetAttributes(attribute.Int("loomfs.exit_code", res.ExitCode), attribute.Bool("loomfs.timed_out", res.TimedOut))
+	if err := errors.Join(runErr, cleanErr); err != nil {
+		span.SetStatus(codes.Error, policy.MaskHostPaths(err.Error()))
+	}
 	res.Duration = time.Since(began)
 	return res, errors.Join(runErr, cleanErr)
 }
@@ -306,7 +316,9 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 	// The create request runs to its answer even if ctx ends meanwhile: only
 	// an answered request lets cleanup prove that no container is left.
 	cctx, cancel := context.WithTimeout(octx, engineTimeout)
+	_, span := tracing.Start(octx, "container create")
 	created, err := r.cli.ContainerCreate(cctx, cc, hc, nil, nil, res.ContainerName)
+	span.End()
 	cancel()
 	if err != nil {
 		return answered(err), fmt.Errorf("sandbox: create container %s: %w", res.ContainerName, err)
@@ -355,7 +367,9 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 	// A runtime that never answers the start request costs the command's
 	// budget, not more.
 	sctx, scancel := context.WithTimeout(ctx, timeout)
+	_, span = tracing.Start(octx, "container start")
 	err = r.cli.ContainerStart(sctx, created.ID, container.StartOptions{})
+	span.End()
 	startExpired := sctx.Err() != nil
 	scancel()
 	var reason string
@@ -381,6 +395,8 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+	_, span = tracing.Start(octx, "container wait")
+	defer span.End()
 	if !res.TimedOut {
 		select {
 		case w := <-waitC:
@@ -440,6 +456,8 @@ func exitWait(startExpired bool) time.Duration {
 func (r *Runner) cleanup(ctx context.Context, req Request, res *Result, known bool) error {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CleanupTimeout)
 	defer cancel()
+	_, span := tracing.Start(ctx, "container remove")
+	defer span.End()
 	ref := res.ContainerID
 	if ref == "" {
 		ref = res.ContainerName

@@ -18,7 +18,7 @@ import (
 // own decoding and the policy as the model's input would be. The scope is
 // the Toolbox's: no hook can name another.
 func (t *Toolbox) before(ctx context.Context, name, callID string, input json.RawMessage, ev *audit.Event) (json.RawMessage, map[string]json.RawMessage, error) {
-	d, err := t.Hooks.RunBefore(ctx, t.hookCall(name, callID, input))
+	d, err := t.Hooks.RunBefore(ctx, t.hookCall(ctx, name, callID, input))
 	if err != nil {
 		ev.Detail = map[string]any{"hook": d.DeniedBy}
 		if pe := policy.AsError(err); pe.Err != nil {
@@ -38,7 +38,7 @@ func (t *Toolbox) before(ctx context.Context, name, callID string, input json.Ra
 // after runs the tool.after hooks on a call's outcome, as the model gets
 // it; they can't change it, and what fails of them is logged.
 func (t *Toolbox) after(ctx context.Context, name, callID string, input, res json.RawMessage, err error) {
-	o := hooks.Outcome{Call: t.hookCall(name, callID, input), Result: res}
+	o := hooks.Outcome{Call: t.hookCall(ctx, name, callID, input), Result: res}
 	if err != nil {
 		pe := policy.Public(err)
 		o.Code, o.Message = string(pe.Code), pe.Message
@@ -48,8 +48,8 @@ func (t *Toolbox) after(ctx context.Context, name, callID string, input, res jso
 	}
 }
 
-func (t *Toolbox) hookCall(name, callID string, input json.RawMessage) hooks.Call {
+func (t *Toolbox) hookCall(ctx context.Context, name, callID string, input json.RawMessage) hooks.Call {
 	sc := t.WS.Scope()
-	return hooks.Call{Tool: name, Input: input, CallID: callID, TraceID: t.TraceID,
+	return hooks.Call{Tool: name, Input: input, CallID: callID, TraceID: t.traceID(ctx),
 		Scope: hooks.Scope{Space: sc.Space, Agent: sc.Agent, Session: sc.Session, Run: sc.Run, Instance: sc.Instance}}
 }

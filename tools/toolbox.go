@@ -11,12 +11,15 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/hooks"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tracing"
 )
 
 // CommandRequest is one workspace_command call handed to a CommandRunner.
@@ -108,7 +111,9 @@ type Toolbox struct {
 	Log *zap.Logger
 	// LockWait bounds the wait for the scope lock (default 30 s).
 	LockWait time.Duration
-	// TraceID and Actor are copied into every audit record.
+	// TraceID and Actor are copied into every audit record. A call whose
+	// context carries a span (package tracing) is recorded with that
+	// span's trace id instead.
 	TraceID string
 	Actor   audit.Actor
 	// Hooks are the platform's tool.before and tool.after hooks (package
@@ -123,9 +128,14 @@ type Toolbox struct {
 // as a model may read it (policy.Public): operator trouble is logged to Log
 // with its detail and answered without it.
 func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawMessage) (json.RawMessage, error) {
+	ctx, span := tracing.Start(ctx, "tool "+name, attribute.String("loomfs.tool", name),
+		attribute.String("loomfs.call_id", callID), attribute.String("loomfs.scope", t.WS.Scope().Hash()))
+	defer span.End()
 	res, err := t.audited(ctx, name, callID, input)
 	if err != nil {
 		orig, pe := policy.AsError(err), policy.Public(err)
+		span.SetAttributes(attribute.String("loomfs.code", string(pe.Code)))
+		span.SetStatus(codes.Error, string(pe.Code))
 		// The operator hears of what a model can't fix: trouble whose
 		// message the boundary replaced, and a full volume.
 		if pe.Message != orig.Message || pe.Code == policy.NoSpace {
@@ -141,6 +151,15 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 	return res, nil
 }
 
+// traceID is the trace a call in ctx belongs to: its span's, else the
+// one the toolbox was given.
+func (t *Toolbox) traceID(ctx context.Context) string {
+	if id := tracing.TraceID(ctx); id != "" {
+		return id
+	}
+	return t.TraceID
+}
+
 // audited runs the call between its audit records.
 func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.RawMessage) (res json.RawMessage, err error) {
 	begun := time.Now()
@@ -151,7 +170,7 @@ func (t *Toolbox) audited(ctx context.Context, name, callID string, input json.R
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}
-	ev := audit.Event{TraceID: t.TraceID, CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
+	ev := audit.Event{TraceID: t.traceID(ctx), CallID: callID, Actor: t.Actor, Scope: t.WS.Scope().Hash(), Source: audit.SourceTool, Op: name}
 	fields, ferr := topFields(name, input)
 	if !t.Hooks.Empty() {
 		// The after hooks see every outcome; the before hooks see

@@ -365,7 +365,7 @@ log uses.`,
 
 // auditFilterFlags are the filters query and tail share.
 type auditFilterFlags struct {
-	scope, since, until, source, op, path, result, node string
+	scope, since, until, source, op, path, result, node, trace string
 }
 
 func (ff *auditFilterFlags) register(cmd *cobra.Command) {
@@ -378,10 +378,14 @@ func (ff *auditFilterFlags) register(cmd *cobra.Command) {
 	f.StringVar(&ff.path, "path", "", "path prefix (matches the path or the new path of a rename)")
 	f.StringVar(&ff.result, "result", "", "result: ok, refused, error, started")
 	f.StringVar(&ff.node, "node", "", "records of this node only")
+	f.StringVar(&ff.trace, "trace", "", "records of this trace id (32 hex digits) only: a call end to end, through every door")
 }
 
 func (ff *auditFilterFlags) filter(now time.Time) (audit.Filter, error) {
-	f := audit.Filter{Scope: ff.scope, Source: audit.Source(ff.source), Op: ff.op, Path: ff.path, Result: ff.result, Node: ff.node}
+	f := audit.Filter{Scope: ff.scope, Source: audit.Source(ff.source), Op: ff.op, Path: ff.path, Result: ff.result, Node: ff.node, Trace: strings.ToLower(ff.trace)}
+	if f.Trace != "" && !validTraceID(f.Trace) {
+		return f, usagef("--trace %q: want a trace id, 32 hex digits (the second field of a traceparent)", ff.trace)
+	}
 	if strings.Contains(ff.scope, "/") {
 		parts := strings.Split(ff.scope, "/")
 		if (len(parts) != 3 && len(parts) != 5) || strings.Contains("/"+ff.scope+"/", "//") {
@@ -541,4 +545,18 @@ func auditText(s string) string {
 	}
 	q := strconv.Quote(s)
 	return q[1 : len(q)-1]
+}
+
+// validTraceID reports whether id is a W3C trace id: 32 lowercase hex
+// digits, not all zero.
+func validTraceID(id string) bool {
+	if len(id) != 32 || strings.Trim(id, "0") == "" {
+		return false
+	}
+	for _, c := range id {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

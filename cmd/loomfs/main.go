@@ -66,7 +66,10 @@ func newRootCmd() *cobra.Command {
 
 func main() {
 	limitMemoryToCgroup()
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	stopTracing := startTracing()
+	code := run(os.Args[1:], os.Stdout, os.Stderr)
+	stopTracing()
+	os.Exit(code)
 }
 
 // run executes the command line and returns the exit code main exits with.

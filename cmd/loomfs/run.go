@@ -19,7 +19,7 @@ func init() { addCommand(newRunCmd) }
 const exitTimedOut = 124
 
 func newRunCmd(g *globals) *cobra.Command {
-	var scope, callID string
+	var scope, callID, traceparent string
 	var timeout, procs int
 	var tty bool
 	cmd := &cobra.Command{
@@ -68,7 +68,10 @@ until it exits; --timeout does not apply.`,
 			}
 			// The command's projection is served from this process.
 			setProcs(procs, cmd.Flags().Changed("procs"), g.storeConfig().RootPath())
-			ctx := cmd.Context()
+			ctx, err := withTraceparent(cmd.Context(), traceparent)
+			if err != nil {
+				return err
+			}
 			s, err := g.openSession(ctx, scope)
 			if err != nil {
 				return printToolError(cmd, err)
@@ -116,6 +119,7 @@ until it exits; --timeout does not apply.`,
 	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().IntVar(&timeout, "timeout", 60, "seconds before the container is killed (1–120)")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	traceparentFlag(cmd, &traceparent)
 	cmd.Flags().BoolVar(&tty, "tty", false, "run on a terminal in the session sandbox, interactively (needs loomfs serve)")
 	addProcsFlag(cmd.Flags(), &procs)
 	return cmd

@@ -20,7 +20,7 @@ func init() {
 }
 
 func newToolCmd(g *globals) *cobra.Command {
-	var scope, input, callID string
+	var scope, input, callID, traceparent string
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "tool NAME --scope S [--input JSON|-] [--call-id ID] [--timeout D]",
@@ -75,7 +75,10 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 			if timeout < 0 {
 				return usagef("--timeout %s: must be 0 (no budget) or positive", timeout)
 			}
-			ctx := cmd.Context()
+			ctx, err := withTraceparent(cmd.Context(), traceparent)
+			if err != nil {
+				return err
+			}
 			if timeout > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, timeout)
@@ -106,6 +109,7 @@ Run "loomfs tools" for every tool's name, description and input schema.`,
 	cmd.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION or SPACE/AGENT/SESSION/RUN/INSTANCE, or run:RUN[/INSTANCE] to resume through the run's binding (required)")
 	cmd.Flags().StringVar(&input, "input", "{}", "tool arguments as JSON, or - to read them from stdin")
 	cmd.Flags().StringVar(&callID, "call-id", "", "call id for replay")
+	traceparentFlag(cmd, &traceparent)
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "the call's budget, e.g. 20s: answer timeout (or unknown_outcome) when it runs out, whatever the storage does; 0: only the 30 s lock wait is bounded")
 	return cmd
 }
