@@ -33,10 +33,17 @@
 // under the target's scope lock (store.Workspace.ApplyChanges: an intent
 // record, all or none). Directories the fork made empty are made after it,
 // and directories it removed are removed when they are empty in the target
-// too. Emulated links and permission bits are not carried: a link change
-// is listed as skipped, and a new file gets the store's 0600. The change
-// feed shows a merge as one call of the platform (MergeOptions.Call); the
-// caller audits it on both scopes, as "loomfs merge" does.
+// too. Emulated links are carried as the target's policy says of links
+// (symlinks: emulate makes them after the change set; refuse refuses them,
+// listed); a link's removal is in the change set. A new file keeps the
+// owner's bits the fork gave it (an executable stays one); a replaced file
+// keeps the target's mode, as a replace through the tool door does, and a
+// change of mode alone is not seen. Nothing goes into a subtree the
+// target's policy makes read-only or hidden, and no conflict marker carries
+// a write-only file's content out. The change feed shows a merge as one
+// call (MergeOptions.Call, from the platform's door unless Source says the
+// tool's); the caller audits it on both scopes, as "loomfs merge" and
+// workspace_merge do.
 //
 // # Forks of a scope
 //

@@ -177,6 +177,8 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 
 	var changes []store.FileChange
 	var mkdirs, rmdirs []string
+	var links []link         // made after the change set
+	var modes []forkChange   // new files that keep the fork's mode
 	var settled []forkChange // applied or the same: they take the fork's state as base
 	for _, c := range changed {
 		tgt, err := targetState(target, c.path)
@@ -193,10 +195,6 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 			res.Conflicts = append(res.Conflicts, Conflict{Path: c.path, Type: conflictType(c.base, tgt, c.fork), Base: c.base.String(), Target: tgt.String(), Fork: c.fork.String()})
 			continue
 		}
-		if c.fork.kind == "symlink" || c.base.kind == "symlink" {
-			res.Skipped = append(res.Skipped, Refused{Path: c.path, Code: string(policy.LinkUnsupported), Message: "a merge does not carry emulated links: make or remove it in the target yourself"})
-			continue
-		}
 		if c.base.kind != "" && c.fork.kind != "" && c.base.kind != c.fork.kind {
 			// A file became a directory or the other way: more than one
 			// change set can say; left to whoever merges by hand.
@@ -204,14 +202,36 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 			continue
 		}
 		op := policy.OpWrite
-		if c.fork.kind == "" {
+		switch {
+		case c.fork.kind == "":
 			op = policy.OpDelete
+		case c.base.kind == "":
+			op = policy.OpCreate
 		}
 		if err := target.Policy().Check(op, c.path); err != nil {
 			res.Refused = append(res.Refused, refusal(c.path, err))
 			continue
 		}
 		a := Applied{Path: c.path, Base: c.base.sha, Fork: c.fork.sha}
+		if c.fork.kind == "symlink" || (c.base.kind == "symlink" && c.fork.kind == "") {
+			// An emulated link is carried as the target's policy says of
+			// links (symlinks: emulate makes them, refuse does not).
+			l, err := linkChange(fork, target.Policy(), c, opt.DryRun)
+			if err != nil {
+				res.Refused = append(res.Refused, refusal(c.path, err))
+				continue
+			}
+			a.Op = l.op
+			if l.remove {
+				changes = append(changes, store.FileChange{Path: c.path, Delete: true, Link: true})
+			}
+			if l.op != "delete" {
+				links = append(links, l)
+			}
+			res.Applied = append(res.Applied, a)
+			settled = append(settled, c)
+			continue
+		}
 		switch {
 		case c.fork.kind == "dir":
 			a.Op = "mkdir"
@@ -226,6 +246,12 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 			a.Op = "write"
 			if c.base.kind == "" {
 				a.Op = "create"
+				// A new file keeps the owner's bits the fork gave it (an
+				// executable stays one, SPEC §2.1); a replaced one keeps
+				// the target's mode, as a replace through the tool door.
+				if perm := policy.OwnerPerm(c.st.Mode); perm != policy.FilePerm {
+					modes = append(modes, c)
+				}
 			}
 			if !opt.DryRun {
 				data, err := readFork(fork, c.path, c.fork.sha)
@@ -272,6 +298,16 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 	if len(changes) > 0 {
 		if _, err := target.ApplyChanges(actx, changes); err != nil {
 			return nil, fmt.Errorf("merge %s into %s: %w", fork.Scope(), target.Scope(), err)
+		}
+	}
+	for _, c := range modes {
+		if err := chmod(target, c.path, policy.OwnerPerm(c.st.Mode)); err != nil {
+			res.Skipped = append(res.Skipped, refusal(c.path, fmt.Errorf("merged with mode 0600, not the fork's %#o: %w", policy.OwnerPerm(c.st.Mode), err)))
+		}
+	}
+	for _, l := range links {
+		if _, err := target.Symlink(actx, l.path, l.target); err != nil {
+			return nil, fmt.Errorf("merge %s into %s: the files were merged, making link %s failed: %w", fork.Scope(), target.Scope(), l.path, err)
 		}
 	}
 	// Directories come after the files: new ones (their files made them
@@ -509,6 +545,51 @@ func refusal(rel string, err error) Refused {
 		code = policy.Internal
 	}
 	return Refused{Path: rel, Code: string(code), Message: policy.Public(err).Error()}
+}
+
+// link is an emulated link a merge makes or removes in the target.
+type link struct {
+	path, target string
+	op           string // "symlink" (made), "relink" (replaced), "delete"
+	remove       bool   // the base's link goes first, in the change set
+}
+
+// linkChange is what a merge does with a link the fork made, changed or
+// removed; the target's policy must let a link be made there.
+func linkChange(fork *store.Workspace, pol *policy.Policy, c forkChange, dryRun bool) (link, error) {
+	l := link{path: c.path, remove: c.base.kind == "symlink"}
+	switch {
+	case c.fork.kind == "":
+		l.op = "delete"
+		return l, nil
+	case l.remove:
+		l.op = "relink"
+	default:
+		l.op = "symlink"
+	}
+	target, _, err := fork.Unfiltered().ReadLink(c.path)
+	if err != nil {
+		return l, fmt.Errorf("read link %s in the fork: %w", c.path, err)
+	}
+	if sum := sha256.Sum256([]byte(target)); hex.EncodeToString(sum[:]) != c.fork.sha && !dryRun {
+		return l, policy.Errorf(policy.Conflict, "%s changed in the fork during the merge; merge again", c.path)
+	}
+	l.target = target
+	return l, pol.CheckSymlink(c.path, target)
+}
+
+// chmod gives the target's file at rel the mode perm, as the policy
+// lets a program ask for one.
+func chmod(ws *store.Workspace, rel string, perm uint32) error {
+	if err := policy.CheckChmod(rel, perm); err != nil {
+		return err
+	}
+	f, _, err := ws.Open(policy.OpSetattr, rel, unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fchmod(int(f.Fd()), perm)
 }
 
 // readFork reads the fork's file at rel, which must still have sha.

@@ -96,7 +96,9 @@ both_added or type_changed, listed with the three sha256. The files are applied
 as one change set under both scopes' locks, all or none: a conflict, or a
 change the target's policy refuses (read-only, hidden), applies nothing unless
 --partial. The change feed shows the merge as one call of the platform.
-Emulated links and permission bits are not carried.
+Emulated links are carried as the target's policy says (symlinks: refuse
+refuses them); a new file keeps the fork's owner bits, a replaced one the
+target's mode.
 
 Exit status: 0 merged (or, with --dry-run, previewed), 1 refused or held back
 by conflicts (the result is printed all the same), 2 usage error.`
