@@ -47,7 +47,7 @@ faults: build
 DFS_TESTS ?= ^TestNode
 test-dfs: build
 	bash scripts/cephfs up
-	LOOMFS_DFS_ROOTS=$$(bash scripts/cephfs roots) $(GO) test -race -count=1 -timeout 20m -run '$(DFS_TESTS)' ./test/; \
+	LOOMFS_CEPHFS_STATE=$${LOOMFS_CEPHFS_STATE:-/tmp/loomfs-cephfs} LOOMFS_DFS_ROOTS=$$(bash scripts/cephfs roots) $(GO) test -race -count=1 -timeout 20m -run '$(DFS_TESTS)' ./test/; \
 		rc=$$?; bash scripts/cephfs down; [ $$rc -eq 0 ] || exit $$rc
 	bash scripts/glusterfs up
 	LOOMFS_GLUSTER_DEFAULT_ROOTS=$$(bash scripts/glusterfs roots default) \

@@ -151,6 +151,9 @@ func CheckMarker(root, volumeID string) error {
 	if errors.Is(err, errMarkerTooLong) {
 		return unavailable("marker %s is longer than any volume id (%d bytes at most)", VolumeMarker, markerMax)
 	}
+	if errors.Is(err, unix.ESHUTDOWN) {
+		return policy.AsError(err) // this node was fenced (loomfs fence)
+	}
 	if err != nil {
 		if st, err := os.Stat(root); err != nil || !st.IsDir() {
 			return unavailable("root %s does not exist or is not a directory", root)

@@ -1,0 +1,397 @@
+package test
+
+// Fencing a node presumed dead on CephFS (issue 50), on the single-host
+// cluster of scripts/cephfs. Node A and node B get ceph-fuse mounts of
+// their own: fencing A evicts its client, which must not be one of the
+// two mounts every other shared-volume test uses.
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentloom/loomfs/fence"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
+)
+
+// cephStateEnv is scripts/cephfs's state directory (its ceph.conf): the
+// fence test mounts clients of its own and asks the cluster to fence.
+const cephStateEnv = "LOOMFS_CEPHFS_STATE"
+
+// A writer of node A runs in a re-executed test binary: it appends a line
+// to the file named by the variable, by its path each time (as a program
+// that opens, writes and closes would), syncing each, and says "wrote N"
+// or, at its first failure, "error ERRNO" and ends.
+const fenceWriterEnv = "LOOMFS_FENCE_TEST_WRITER"
+
+func init() {
+	if path := os.Getenv(fenceWriterEnv); path != "" {
+		lateWriter(path)
+		os.Exit(0)
+	}
+}
+
+func lateWriter(path string) {
+	for i := 1; ; i++ {
+		err := appendSync(path, fmt.Sprintf("A line %d\n", i))
+		if err != nil {
+			var en syscall.Errno
+			errors.As(err, &en)
+			fmt.Printf("error %d\n", int(en))
+			return
+		}
+		fmt.Printf("wrote %d\n", i)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func appendSync(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(line)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// cephClient is one ceph-fuse mount standing in for one node's.
+type cephClient struct {
+	dir string
+	cmd *exec.Cmd
+}
+
+// mountCephClient mounts the cluster of conf at a new directory as node
+// would: client metadata naming the node and this boot. It is unmounted
+// and stopped at cleanup, fenced or not.
+func mountCephClient(t *testing.T, conf, node string) *cephClient {
+	t.Helper()
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	meta := fmt.Sprintf("%s=%s,%s=%s", fence.NodeKey, node, fence.BootKey, strings.TrimSpace(string(boot)))
+	cmd := exec.Command("ceph-fuse", "-c", conf, "--client_metadata="+meta, "--client_reconnect_stale=false", "-f", dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	logf, err := os.Create(filepath.Join(filepath.Dir(dir), "ceph-fuse.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start ceph-fuse: %v", err)
+	}
+	c := &cephClient{dir: dir, cmd: cmd}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		if isMounted(t, dir) {
+			unix.Unmount(dir, unix.MNT_DETACH)
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for !isMounted(t, dir) {
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(logf.Name())
+			t.Fatalf("ceph-fuse did not mount %s in 30 s: %s", dir, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return c
+}
+
+// treeSums returns the sha256 of every regular file under root, by path.
+func treeSums(t *testing.T, root string) map[string]string {
+	t.Helper()
+	sums := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		sums[rel] = hex.EncodeToString(h.Sum(nil))
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("checksum the volume: %v", err)
+	}
+	return sums
+}
+
+// TestNodeFenceTakeover is issue 50's experiment: node A works, freezes
+// (its processes and its ceph-fuse are stopped, as on a node that hangs
+// or is cut off), node B fences A and takes its work over, and A wakes
+// up: not one byte A writes after the fence lands, A's callers get the
+// fenced error, and B's work is intact. The blocklist entries outlive a
+// default expiry shortened to seconds: the fence pinned them.
+func TestNodeFenceTakeover(t *testing.T) {
+	if _, _, ok := dfsRoots(t); !ok {
+		t.Skipf("needs CephFS: %s unset (make test-dfs, or scripts/cephfs up)", dfsRootsEnv)
+	}
+	state := os.Getenv(cephStateEnv)
+	if state == "" {
+		t.Skipf("%s unset: the fence test needs the cluster's ceph.conf", cephStateEnv)
+	}
+	conf := filepath.Join(state, "ceph.conf")
+	ceph := &fence.Ceph{Conf: conf}
+	ctx := context.Background()
+
+	// The monitor's default blocklist expiry, which the MDS's own
+	// eviction gets, is cut to 3 s for this test.
+	const shortExpire = 3
+	cephCmd(t, conf, "config", "set", "mon", "mon_osd_blocklist_default_expire", strconv.Itoa(shortExpire))
+	t.Cleanup(func() {
+		exec.Command("ceph", "--conf", conf, "config", "rm", "mon", "mon_osd_blocklist_default_expire").Run()
+	})
+
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36) + strconv.Itoa(rand.IntN(1000))
+	nameA, nameB := "fence-a-"+tag, "fence-b-"+tag
+	ca, cb := mountCephClient(t, conf, nameA), mountCephClient(t, conf, nameB)
+	vol := "vol-" + tag
+	if err := os.Mkdir(filepath.Join(cb.dir, vol), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cb.dir, vol, store.VolumeMarker), []byte(nodeVolume+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(cb.dir, vol)) })
+	base := t.TempDir()
+	mk := func(name, mnt string) *node {
+		dir := filepath.Join(base, name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return &node{t: t, root: filepath.Join(mnt, vol), volumeID: nodeVolume, dir: dir, name: name}
+	}
+	a, b := mk(nameA, ca.dir), mk(nameB, cb.dir)
+	const scope = "acme/coder/fenced"
+
+	// A works: a tool call, and a program of its own appending to a file.
+	a.mustTool(scope, "workspace_write", `{"path":"owned.txt","content":"written by A before the fence"}`)
+	var wsDir string
+	filepath.WalkDir(a.root, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.Name() == "owned.txt" {
+			wsDir = filepath.Dir(path)
+		}
+		return err
+	})
+	if wsDir == "" {
+		t.Fatal("node A's file is nowhere on its mount")
+	}
+	latePath := filepath.Join(wsDir, "late.txt")
+	writer := exec.Command(os.Args[0], "-test.run=^$")
+	writer.Env = append(os.Environ(), fenceWriterEnv+"="+latePath)
+	stdout, err := writer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer.Stderr = os.Stderr
+	if err := writer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Process.Signal(syscall.SIGCONT); writer.Process.Kill(); writer.Wait() })
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	for n := 0; n < 5; {
+		select {
+		case l, ok := <-lines:
+			if !ok || !strings.HasPrefix(l, "wrote ") {
+				t.Fatalf("A's writer said %q before the fence", l)
+			}
+			n++
+		case <-time.After(30 * time.Second):
+			t.Fatal("A's writer wrote nothing in 30 s")
+		}
+	}
+
+	// A freezes: its program, then its storage client.
+	if err := writer.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// A control entry, added with the (shortened) default expiry: it
+	// must lapse while the fence's entries stay.
+	control := fmt.Sprintf("127.0.0.1:0/%d", rand.Uint32())
+	cephCmd(t, conf, "osd", "blocklist", "add", control)
+	t.Cleanup(func() { ceph.Unblocklist(ctx, control) })
+
+	// B fences A and takes over.
+	start := time.Now()
+	r := b.run("--json", "fence", "--node", nameA, "--reason", "node A stopped answering", "--ceph-conf", conf)
+	fenced := time.Since(start)
+	if r.code != 0 {
+		t.Fatalf("fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	var rec fence.Record
+	if err := json.Unmarshal(r.stdout, &rec); err != nil {
+		t.Fatalf("fence --json: %v: %s", err, r.stdout)
+	}
+	for _, in := range rec.Instances {
+		t.Cleanup(func() { ceph.Unblocklist(ctx, in.Addr) })
+	}
+	if len(rec.Instances) != 1 || rec.Instances[0].Node != nameA || rec.Method != fence.MethodCeph || rec.Barrier < rec.OSDEpoch {
+		t.Fatalf("fence record %+v: want node A's one instance, evicted, barrier reached", rec)
+	}
+	if onVolume, err := fence.Read(b.root, nameA); err != nil || onVolume.Instances[0].Addr != rec.Instances[0].Addr {
+		t.Errorf("the fence on the volume: %+v %v", onVolume, err)
+	}
+	b.mustTool(scope, "workspace_write", `{"path":"owned.txt","content":"B's work after the takeover"}`)
+	b.mustTool(scope, "workspace_write", `{"path":"late.txt","content":"B's late.txt\n"}`)
+	takeover := time.Since(start)
+	t.Logf("fence took %s (by its record %s), fence to B's two writes landed %s", fenced.Round(time.Millisecond), rec.Took.Round(time.Millisecond), takeover.Round(time.Millisecond))
+	// Every instance of B still works, and only A's was evicted.
+	clients, err := ceph.Clients(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seenB := false
+	for _, c := range clients {
+		if c.Node == nameA {
+			t.Errorf("node A's client.%d still has a session after the fence", c.ID)
+		}
+		seenB = seenB || c.Node == nameB
+	}
+	if !seenB {
+		t.Error("node B's client lost its session: the fence hit the wrong node")
+	}
+	before := treeSums(t, b.root)
+
+	// A wakes up.
+	if err := ca.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	if err := writer.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	var writerSaw string
+	for writerSaw == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("A's writer ended without a word after the fence")
+			}
+			if strings.HasPrefix(l, "error ") {
+				writerSaw = l
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("A's writer went on writing for 30 s after the fence")
+		}
+	}
+	sawAfter := time.Since(resumed)
+	if writerSaw != fmt.Sprintf("error %d", int(syscall.ESHUTDOWN)) {
+		t.Errorf("A's writer got %q, want ESHUTDOWN (%d)", writerSaw, int(syscall.ESHUTDOWN))
+	}
+	m, code, err := a.tool(scope, "workspace_write", `{"path":"owned.txt","content":"A's late write"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errm, _ := m["error"].(map[string]any)
+	if code == 0 || errm["code"] != string(policy.VolumeUnavailable) || errm["message"] != policy.FencedMessage {
+		t.Errorf("A's tool call after the fence: exit %d, %v; want volume_unavailable, this node was fenced", code, m)
+	}
+	t.Logf("A's writer got %s %s after it resumed; its tool call: %v", writerSaw, sawAfter.Round(time.Millisecond), errm["code"])
+
+	// Nothing of A's landed: every file as B left it.
+	time.Sleep(2 * time.Second)
+	after := treeSums(t, b.root)
+	for p, sum := range after {
+		if before[p] != sum {
+			t.Errorf("%s changed after A woke up", p)
+		}
+	}
+	for p := range before {
+		if _, ok := after[p]; !ok {
+			t.Errorf("%s went after A woke up", p)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(b.root, strings.TrimPrefix(latePath, a.root))); err != nil || string(got) != "B's late.txt\n" {
+		t.Errorf("late.txt as B sees it: %q %v", got, err)
+	}
+
+	// The control entry lapses at the monitor's next tick or so; A's
+	// entry, pinned by the fence, stays.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, err := ceph.Blocklisted(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		until, ok := list[rec.Instances[0].Addr]
+		if !ok {
+			t.Fatalf("node A's blocklist entry is gone %s after the fence", time.Since(start).Round(time.Second))
+		}
+		if _, ok := list[control]; !ok {
+			if until.Before(time.Now().Add(365 * 24 * time.Hour)) {
+				t.Errorf("node A's entry lapses at %s, want years ahead", until)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the control entry did not lapse in 30 s with a %d s default expiry", shortExpire)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// cephCmd runs ceph on the cluster of conf and fails the test if it fails.
+func cephCmd(t *testing.T, conf string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ceph", append([]string{"--conf", conf}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ceph %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
