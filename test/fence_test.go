@@ -395,3 +395,72 @@ func cephCmd(t *testing.T, conf string, args ...string) {
 		t.Fatalf("ceph %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 }
+
+// TestNodeFencedQuarantineClear: once node A is fenced, node B clears in
+// one step every quarantine A's commands left, and only those; before
+// the fence it refuses. Where loomfs can't fence (not CephFS), the fence
+// refuses and the operator's confirmation records it.
+func TestNodeFencedQuarantineClear(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	ctx := context.Background()
+	vol, err := store.OpenVolume(ctx, store.Config{Backend: store.BackendSharedPOSIX, Root: a.root, VolumeID: a.volumeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	quarantine := func(scope, node, container string) {
+		sc, err := store.ParseScope(scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := vol.Open(ctx, sc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ws.Close()
+		if err := ws.Quarantine(store.Marker{Container: container, Node: node, Time: time.Now()}, "its worker died"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quarantine("acme/coder/s1", a.name, "loomfs-a1")
+	quarantine("acme/coder/s2", a.name, "loomfs-a2")
+	quarantine("acme/coder/s3", "node-c", "loomfs-c1")
+	listed := func() []string {
+		t.Helper()
+		r := b.run("--json", "quarantine", "list")
+		var ms []store.Marker
+		if r.code != 0 || json.Unmarshal(r.stdout, &ms) != nil {
+			t.Fatalf("quarantine list: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		var scopes []string
+		for _, m := range ms {
+			scopes = append(scopes, m.Scope)
+		}
+		return scopes
+	}
+
+	if r := b.run("quarantine", "clear", "--fenced-node", a.name); r.code == 0 || !strings.Contains(r.stderr, "fence it first") {
+		t.Errorf("clear --fenced-node before the fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if got := listed(); len(got) != 3 {
+		t.Fatalf("quarantines after a refused clear: %v, want all three", got)
+	}
+	if _, _, onCeph := dfsRoots(t); !onCeph {
+		r := b.run("fence", "--node", a.name)
+		if r.code == 0 || !strings.Contains(r.stderr, "can't fence") || !strings.Contains(r.stderr, "--confirm-fenced-externally") {
+			t.Errorf("fence on a volume loomfs can't fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "powered off"); r.code != 0 {
+		t.Fatalf("fence --confirm-fenced-externally: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := b.run("quarantine", "clear", "--fenced-node", a.name); r.code != 0 || !strings.Contains(string(r.stdout), "2 quarantine(s)") {
+		t.Fatalf("clear --fenced-node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if got := listed(); len(got) != 1 || got[0] != "acme/coder/s3" {
+		t.Errorf("quarantines after the fenced node's were cleared: %v, want node-c's alone", got)
+	}
+	if r := b.run("quarantine", "clear", "--fenced-node", a.name, "--scope", "acme/coder/s3"); r.code == 0 {
+		t.Error("clear --fenced-node with --scope was accepted")
+	}
+}

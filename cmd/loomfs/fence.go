@@ -150,3 +150,58 @@ func printFence(cmd *cobra.Command, asJSON bool, rec fence.Record) error {
 	}
 	return nil
 }
+
+const fencedClearHelp = `After "loomfs fence --node N", "loomfs quarantine clear --fenced-node N" clears
+in one step every quarantine whose record names node N as the node that ran the
+command (a scope N's dead worker left marked is settled into its quarantine
+first). It needs N's fence record on the volume, and checks no container: N's
+containers and the processes that held their projections may still run on N,
+but a fenced node writes nothing any more. They must be stopped before N is
+re-admitted with a fresh mount.`
+
+// clearFenced clears every quarantine node left, once node is fenced:
+// what its containers could still do to the volume, the fence stops.
+func (g *globals) clearFenced(cmd *cobra.Command, node string) error {
+	ctx := cmd.Context()
+	if err := fence.CheckNode(node); err != nil {
+		return usagef("--fenced-node: %v", err)
+	}
+	vol, err := store.OpenVolume(ctx, g.storeConfig())
+	if err != nil {
+		return err
+	}
+	defer vol.Close()
+	rec, err := fence.Read(vol.Path(), node)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("node %s has no fence record on this volume: fence it first (loomfs fence --node %s); nothing cleared", node, node)
+	}
+	if err != nil {
+		return err
+	}
+	if err := g.settleMarkers(ctx, vol); err != nil {
+		return err
+	}
+	ms, err := vol.Quarantines()
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	n := 0
+	for _, m := range ms {
+		if m.Node != node {
+			continue
+		}
+		sc, err := parseScopeFlag(m.Scope)
+		if err != nil {
+			return err
+		}
+		if err := vol.ClearQuarantine(sc, m.Container); err != nil {
+			return fmt.Errorf("cleared %d quarantine(s) of node %s, then: %w", n, node, err)
+		}
+		g.auditAdmin(ctx, "quarantine_clear", sc, map[string]any{"container": m.Container, "fenced_node": node, "fenced_at": rec.Time})
+		fmt.Fprintf(out, "cleared the quarantine of %s (container %s of fenced node %s)\n", sc, m.Container, node)
+		n++
+	}
+	fmt.Fprintf(out, "%d quarantine(s) of node %s cleared (fenced %s, %s); no other marker, lock or file was touched\n", n, node, rec.Time.Format(time.RFC3339), rec.Method)
+	return nil
+}

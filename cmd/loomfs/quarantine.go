@@ -91,7 +91,7 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	})
-	var scope, container string
+	var scope, container, fencedNode string
 	show := &cobra.Command{
 		Use:   "show --scope S",
 		Short: "Show one scope's quarantine record",
@@ -121,11 +121,20 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 	show.Flags().StringVar(&scope, "scope", "", "scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
 	show.MarkFlagRequired("scope")
 	clear := &cobra.Command{
-		Use:   "clear --scope S --container NAME",
-		Short: "Clear one scope's quarantine once its container is confirmed gone",
-		Long:  "Clear one scope's quarantine record.\n\n" + quarantineProcedure,
+		Use:   "clear --scope S --container NAME | clear --fenced-node N",
+		Short: "Clear one scope's quarantine once its container is confirmed gone, or every one a fenced node left",
+		Long:  "Clear one scope's quarantine record.\n\n" + quarantineProcedure + "\n\n" + fencedClearHelp,
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fencedNode != "" {
+				if scope != "" || container != "" {
+					return usagef("--fenced-node clears every quarantine node %s left: give it without --scope and --container", fencedNode)
+				}
+				return g.clearFenced(cmd, fencedNode)
+			}
+			if scope == "" {
+				return usagef("--scope is required (or --fenced-node)")
+			}
 			sc, err := parseScopeFlag(scope)
 			if err != nil {
 				return err
@@ -167,7 +176,7 @@ func newQuarantineCmd(g *globals) *cobra.Command {
 	}
 	clear.Flags().StringVar(&scope, "scope", "", "exact scope SPACE/AGENT/SESSION[/RUN/INSTANCE] (required)")
 	clear.Flags().StringVar(&container, "container", "", "exact container name from the quarantine record (required)")
-	clear.MarkFlagRequired("scope")
+	clear.Flags().StringVar(&fencedNode, "fenced-node", "", "clear every quarantine of a command node N ran, once N is fenced (loomfs fence)")
 	cmd.AddCommand(show, clear)
 	return cmd
 }
