@@ -46,14 +46,28 @@ type ArtifactList struct {
 // authorize lets only the run's initiating user at its artifacts, and
 // checks the volume again.
 func (r *Run) authorize(user string) error {
-	if r.binding == nil {
-		return policy.Errorf(policy.PermissionDenied, "run %s is a legacy run: its initiating user was never recorded, so its artifacts are not served", r.id)
+	owner := ""
+	if r.binding != nil {
+		owner = r.binding.User
 	}
-	if user == "" || user != r.binding.User {
-		// The owner's name is not told to someone else.
-		return policy.Errorf(policy.PermissionDenied, "the artifacts of run %s are served only to the user who started it", r.id)
+	if err := CheckArtifactUser(r.id, owner, user); err != nil {
+		return err
 	}
 	return r.vol.recheck()
+}
+
+// CheckArtifactUser is the rule of every door to a run's artifacts, here
+// and in a published copy (package artifact): only owner, the user who
+// started run, is served; an empty owner is a legacy run, never served.
+func CheckArtifactUser(run, owner, user string) error {
+	if owner == "" {
+		return policy.Errorf(policy.PermissionDenied, "run %s is a legacy run: its initiating user was never recorded, so its artifacts are not served", run)
+	}
+	if user == "" || user != owner {
+		// The owner's name is not told to someone else.
+		return policy.Errorf(policy.PermissionDenied, "the artifacts of run %s are served only to the user who started it", run)
+	}
+	return nil
 }
 
 // Artifacts lists the run's files for user. pol (nil: the open layout)

@@ -276,3 +276,35 @@ func within2s(t *testing.T, f func() ([]byte, error)) (b []byte, err error) {
 	within(t, 2e9, "download", func() { b, err = f() })
 	return b, err
 }
+
+// TestCheckArtifactUser: the one owner rule every artifact door asks, the
+// live volume's and a published copy's.
+func TestCheckArtifactUser(t *testing.T) {
+	cases := []struct {
+		name, owner, user string
+		ok                bool
+	}{
+		{"the owner is served", "alice", "alice", true},
+		{"another user is refused", "alice", "bob", false},
+		{"no user is refused", "alice", "", false},
+		{"a legacy run is served to no one", "", "alice", false},
+		{"a legacy run with no user", "", "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := store.CheckArtifactUser("r1", c.owner, c.user)
+			if c.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if policy.CodeOf(err) != policy.PermissionDenied {
+				t.Fatalf("CheckArtifactUser(%q, %q) = %v, want permission_denied", c.owner, c.user, err)
+			}
+			if c.owner != "" && strings.Contains(err.Error(), c.owner) {
+				t.Fatalf("the refusal names the owner: %v", err)
+			}
+		})
+	}
+}
