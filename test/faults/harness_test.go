@@ -267,6 +267,33 @@ func (c *cell) fired() bool {
 	return bytes.Contains(b, []byte("(INJECTED)"))
 }
 
+// injected lists the calls strace failed on purpose, as its log shows
+// them (the first ten): where a failing cell's fault landed.
+func (c *cell) injected() []string {
+	b, _ := os.ReadFile(c.log)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "(INJECTED)") {
+			lines = append(lines, l)
+		}
+	}
+	return lines[:min(len(lines), 10)]
+}
+
+var injectedOnOutput = regexp.MustCompile(`(?m)^\d+ +write\([12]<[^>]*>.*\(INJECTED\)$`)
+
+// outputLost reports whether the fault hit a write to the process's own
+// stdout or stderr: what it answered did not reach the caller, through
+// no fault of its own (a pipe never answers ENOSPC or EIO), so a missing
+// answer or message is the fault's, not loomfs's.
+func (c *cell) outputLost() bool {
+	if c.f == nil || c.f.kill() {
+		return false
+	}
+	b, _ := os.ReadFile(c.log)
+	return injectedOnOutput.Match(b)
+}
+
 var injectedOnFD = regexp.MustCompile(`(?m)^\d+ +(write|pwrite64|fsync|fdatasync|ftruncate|fallocate)\(\d+<([^>]*)>.*\(INJECTED\)$`)
 
 // offVolume reports whether the fault hit only descriptors that are not

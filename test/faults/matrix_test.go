@@ -117,6 +117,7 @@ func runCell(t *testing.T, matrix string, o op, f fault) {
 		tally.add(matrix+" (off the volume, not judged)", o.door, true)
 		return
 	}
+	t.Logf("injected: %s", strings.Join(c.injected(), "\n    "))
 	bad := judge(c, o, before, out)
 	tally.add(matrix, o.door, len(bad) == 0)
 	if len(bad) > 0 {
@@ -141,7 +142,11 @@ func judge(c *cell, o op, before tree, out outcome) []string {
 		bad = append(bad, s)
 	}
 	refused := ""
-	if o.tool && !killed {
+	if o.tool && !killed && c.outputLost() {
+		// The fault ate the answer on its way to the caller: there is
+		// nothing to judge but the scope.
+		tally.code(o.door, c.f.errno, "(answer lost to the fault)")
+	} else if o.tool && !killed {
 		code, p := answer(out)
 		if p != "" {
 			bad = append(bad, p)
