@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/fence"
 	"github.com/agentloom/loomfs/newname"
 	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/ofdlock"
@@ -53,20 +54,23 @@ type CheckItem struct {
 // true and AdvisoryLockLocal is true only when the probe proved local lock
 // semantics: the fields say what was and wasn't shown (see Meaning).
 type CheckReport struct {
-	OK                bool              `json:"ok"`
-	Backend           string            `json:"backend"`
-	Root              string            `json:"root"`
-	VolumeID          string            `json:"volume_id,omitempty"`
-	Node              string            `json:"node"`
-	Shared            bool              `json:"shared"`
-	Probe             bool              `json:"probe"`
-	SingleNode        bool              `json:"single_node"`
-	AdvisoryLockLocal bool              `json:"advisory_lock_local"`
-	Filesystem        string            `json:"filesystem,omitempty"`
-	Writable          bool              `json:"writable"`
-	Checks            []CheckItem       `json:"checks"`
-	Warnings          []string          `json:"warnings,omitempty"`
-	Meaning           map[string]string `json:"meaning"`
+	OK                bool   `json:"ok"`
+	Backend           string `json:"backend"`
+	Root              string `json:"root"`
+	VolumeID          string `json:"volume_id,omitempty"`
+	Node              string `json:"node"`
+	Shared            bool   `json:"shared"`
+	Probe             bool   `json:"probe"`
+	SingleNode        bool   `json:"single_node"`
+	AdvisoryLockLocal bool   `json:"advisory_lock_local"`
+	Filesystem        string `json:"filesystem,omitempty"`
+	// Fenceable: with Probe on CephFS, loomfs fence can shut this node's
+	// mount out (see Meaning).
+	Fenceable bool              `json:"fenceable"`
+	Writable  bool              `json:"writable"`
+	Checks    []CheckItem       `json:"checks"`
+	Warnings  []string          `json:"warnings,omitempty"`
+	Meaning   map[string]string `json:"meaning"`
 }
 
 var checkMeaning = map[string]string{
@@ -77,6 +81,9 @@ var checkMeaning = map[string]string{
 		"not that locks conflict across nodes. false: not checked (no --probe) or the check failed.",
 	"shared": "true: backend shared_posix and the root's marker holds the configured volume id. It says the " +
 		"administrator's label is in place, not that the directory is on network storage.",
+	"fenceable": "true: the root is on a ceph-fuse mount whose client metadata names this node (loomfs_node) and " +
+		"whose stale reconnection is off, as its daemon says over its admin socket (or its command line): loomfs fence " +
+		"--node <this node> would find it and keep it out. false: not CephFS, not checked (no --probe), or something is missing (the fence_ready check says what).",
 	"writable": "true: the kernel's access check says this process's user may create files in the root; asked " +
 		"without writing anything (the probe writes for real). false: it may not, or the check stopped before asking.",
 }
@@ -158,8 +165,37 @@ func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 	selfChecks(r, root)
 	if opts.Probe {
 		r.AdvisoryLockLocal = probe(ctx, r, root, opts)
+		fenceReady(ctx, r, root)
 	}
 	return r
+}
+
+// fenceReady reports, on CephFS, whether loomfs fence could shut this
+// node's mount out (issue 50): a ceph-fuse mount whose client metadata
+// names this node and whose stale reconnection is off, as its daemon
+// says. What can't be read (the daemon is another user's) is a warning;
+// what is missing fails the check.
+func fenceReady(ctx context.Context, r *CheckReport, root string) {
+	switch r.Filesystem {
+	case "ceph":
+		r.add("fence_ready", false, "a kernel CephFS mount carries no %s client metadata, so loomfs fence can't find this node's client: mount with ceph-fuse (DEPLOY.md, fencing)", fence.NodeKey)
+		return
+	case "fuse.ceph-fuse":
+	default:
+		return
+	}
+	m, err := fence.FindMount(ctx, mountPoints(root))
+	if err != nil {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("whether loomfs fence can shut this node's mount out was not checked: %v", err))
+		return
+	}
+	if miss := m.Missing(r.Node); len(miss) > 0 {
+		r.add("fence_ready", false, "loomfs fence can't shut this node's mount out; its ceph-fuse (pid %d, as its %s says): %s", m.PID, m.From, strings.Join(miss, "; "))
+		return
+	}
+	r.Warnings = append(r.Warnings, m.Unknown()...)
+	r.Fenceable = len(m.Unknown()) == 0
+	r.add("fence_ready", true, "ceph-fuse (pid %d, as its %s says) carries %s=%s and stale reconnection off: loomfs fence --node %s finds it and keeps it out", m.PID, m.From, fence.NodeKey, m.Metadata[fence.NodeKey], r.Node)
 }
 
 // auditWritable reports whether the audit log directory can be written:
@@ -243,6 +279,39 @@ func mountType(root string) string {
 		return ""
 	}
 	return mountTypeOf(string(b), unix.Major(st.Dev), unix.Minor(st.Dev))
+}
+
+// mountPoints lists where the mount root is on is mounted (the mount
+// and its bind mounts), as /proc/self/mountinfo says.
+func mountPoints(root string) []string {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return nil
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	return mountPointsOf(string(b), unix.Major(st.Dev), unix.Minor(st.Dev))
+}
+
+// mountPointsOf lists the mount points of device major:minor in the text
+// of a mountinfo file, unescaped ("\040" is a space).
+func mountPointsOf(mountinfo string, major, minor uint32) []string {
+	dev := fmt.Sprintf("%d:%d", major, minor)
+	var points []string
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[2] != dev {
+			continue
+		}
+		p, err := strconv.Unquote(`"` + strings.ReplaceAll(f[4], `"`, `\"`) + `"`)
+		if err != nil {
+			p = f[4]
+		}
+		points = append(points, p)
+	}
+	return points
 }
 
 // mountTypeOf finds the filesystem type of device major:minor in the text

@@ -225,6 +225,20 @@ func TestMountType(t *testing.T) {
 			t.Errorf("device %d:%d: type %q, want %q", tc.major, tc.minor, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		major, minor uint32
+		want         []string
+	}{
+		{0, 52, []string{"/mnt/a"}},
+		{8, 1, []string{"/", "/mnt/bind"}},
+		{0, 54, []string{"/mnt/with space"}},
+		{0, 99, nil},
+	} {
+		info := mountinfo + `93 22 0:54 / /mnt/with\040space rw - fuse.ceph-fuse ceph-fuse rw` + "\n"
+		if got := store.MountPointsOf(info, tc.major, tc.minor); !slices.Equal(got, tc.want) {
+			t.Errorf("device %d:%d: mount points %q, want %q", tc.major, tc.minor, got, tc.want)
+		}
+	}
 	root := filepath.Join(t.TempDir(), "root")
 	goodShared(t, root)
 	r := store.Check(context.Background(), store.CheckOptions{Root: root, Backend: store.BackendSharedPOSIX, VolumeID: volID})

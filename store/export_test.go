@@ -45,6 +45,9 @@ func RefuseRenameNoReplace(t testing.TB) {
 // MountTypeOf is mountTypeOf, for tests.
 var MountTypeOf = mountTypeOf
 
+// MountPointsOf is mountPointsOf, for tests.
+var MountPointsOf = mountPointsOf
+
 // JournalFileOpens is how many times this process opened a journal file
 // to describe or read it.
 func JournalFileOpens() int64 { return journalOpens.Load() }

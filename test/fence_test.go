@@ -93,12 +93,19 @@ func mountCephClient(t *testing.T, conf, node string) *cephClient {
 	if err != nil {
 		t.Fatal(err)
 	}
+	meta := fmt.Sprintf("%s=%s,%s=%s", fence.NodeKey, node, fence.BootKey, strings.TrimSpace(string(boot)))
+	return mountCephFuse(t, conf, "--client_metadata="+meta, "--client_reconnect_stale=false")
+}
+
+// mountCephFuse mounts the cluster of conf at a new directory with
+// ceph-fuse and its options, and unmounts and stops it at cleanup.
+func mountCephFuse(t *testing.T, conf string, options ...string) *cephClient {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	meta := fmt.Sprintf("%s=%s,%s=%s", fence.NodeKey, node, fence.BootKey, strings.TrimSpace(string(boot)))
-	cmd := exec.Command("ceph-fuse", "-c", conf, "--client_metadata="+meta, "--client_reconnect_stale=false", "-f", dir)
+	cmd := exec.Command("ceph-fuse", append(append([]string{"-c", conf}, options...), "-f", dir)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logf, err := os.Create(filepath.Join(filepath.Dir(dir), "ceph-fuse.out"))
 	if err != nil {
@@ -385,6 +392,83 @@ func TestNodeFenceTakeover(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// TestFenceReadyCheck: on CephFS, loomfs check --probe says whether loomfs
+// fence could shut this node's mount out, and what is missing when not,
+// as the mount's own ceph-fuse says over its admin socket.
+func TestFenceReadyCheck(t *testing.T) {
+	conf := cephConf(t)
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	meta := func(node string) string {
+		return fmt.Sprintf("--client_metadata=%s=%s,%s=%s", fence.NodeKey, node, fence.BootKey, strings.TrimSpace(string(boot)))
+	}
+	tests := []struct {
+		name    string
+		node    string // this node, as loomfs names it
+		options []string
+		want    string // in fence_ready's detail; "" when it passes
+	}{
+		{"metadata names this node, reconnect off", "ready-" + tag, []string{meta("ready-" + tag), "--client_reconnect_stale=false"}, ""},
+		{"no client metadata", "bare-" + tag, []string{"--client_reconnect_stale=false"}, "has no loomfs_node"},
+		{"metadata names another node", "self-" + tag, []string{meta("other-" + tag), "--client_reconnect_stale=false"}, `names node "other-` + tag + `"`},
+		{"stale reconnection on", "stale-" + tag, []string{meta("stale-" + tag), "--client_reconnect_stale=true"}, "client_reconnect_stale is on"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mountCephFuse(t, conf, tc.options...)
+			vol := filepath.Join(c.dir, "vol-"+tag)
+			if err := os.Mkdir(vol, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(vol) })
+			if err := os.WriteFile(filepath.Join(vol, store.VolumeMarker), []byte(nodeVolume+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			n := &node{t: t, root: vol, volumeID: nodeVolume, dir: t.TempDir(), name: tc.node}
+			r := n.run("--json", "check", "--probe")
+			var rep store.CheckReport
+			if err := json.Unmarshal(r.stdout, &rep); err != nil {
+				t.Fatalf("check --probe: exit %d, %s %s", r.code, r.stdout, r.stderr)
+			}
+			var item *store.CheckItem
+			for i, c := range rep.Checks {
+				if c.Name == "fence_ready" {
+					item = &rep.Checks[i]
+				}
+			}
+			if item == nil {
+				t.Fatalf("check --probe on ceph-fuse made no fence_ready check: %s", r.stdout)
+			}
+			if tc.want == "" {
+				if !item.OK || !rep.Fenceable || !rep.OK || r.code != 0 {
+					t.Errorf("check --probe: exit %d, fenceable %v, fence_ready %+v; want it to pass", r.code, rep.Fenceable, *item)
+				}
+				return
+			}
+			if item.OK || rep.Fenceable || rep.OK || r.code != 1 || !strings.Contains(item.Detail, tc.want) {
+				t.Errorf("check --probe: exit %d, fenceable %v, fence_ready %+v; want it to fail saying %q", r.code, rep.Fenceable, *item, tc.want)
+			}
+		})
+	}
+}
+
+// cephConf is the ceph.conf of scripts/cephfs's cluster; the test is
+// skipped where there is none.
+func cephConf(t *testing.T) string {
+	t.Helper()
+	if _, _, ok := dfsRoots(t); !ok {
+		t.Skipf("needs CephFS: %s unset (make test-dfs, or scripts/cephfs up)", dfsRootsEnv)
+	}
+	state := os.Getenv(cephStateEnv)
+	if state == "" {
+		t.Skipf("%s unset: the test needs the cluster's ceph.conf", cephStateEnv)
+	}
+	return filepath.Join(state, "ceph.conf")
 }
 
 // cephCmd runs ceph on the cluster of conf and fails the test if it fails.

@@ -48,7 +48,13 @@ write, fsync, read back, rename and delete files and a directory; replace a
 file atomically (temporary file, fsync, rename); create a file exclusively,
 saying whether RENAME_NOREPLACE works or loomfs hard-links instead; take an
 advisory lock and check that a second open file description is refused it
-while held. The filesystem is named as the mount table names it.
+while held. The filesystem is named as the mount table names it. On CephFS
+it also says whether "loomfs fence --node <this node>" could shut this
+node's mount out (fence_ready, and "fenceable" in --json): the mount's
+ceph-fuse, asked over its admin socket (else read from its command line),
+must carry client metadata loomfs_node naming this node and have
+client_reconnect_stale off; a kernel mount can't carry the metadata. What
+is missing fails the check; what can't be read is a warning.
 
 --peer ROOT2 (with --probe) names the same volume mounted at a second path,
 by another client: a second mount on this node, or a second node's mount
