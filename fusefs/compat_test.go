@@ -145,7 +145,7 @@ func TestReadyNotListed(t *testing.T) {
 	}
 	mustWrite(t, e.path("src/main.go"), "package main\n")
 	// A health probe under way: its file is loomfs's too.
-	probe := ".loomfs-probe-0123456789abcdef"
+	probe := policy.ProbePrefix + "0123456789abcdef"
 	e.m.fsys.probing.Store(&probe)
 	mustWrite(t, e.path(probe), "loomfs probe\n")
 	if _, err := os.Stat(e.path(probe)); err != nil {

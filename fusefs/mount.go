@@ -320,11 +320,12 @@ func (m *Mounted) JournalRead() (t time.Time, ok bool) {
 
 // Probe writes a file through the mount, reads it back and removes it: the
 // health check of the path the agent uses (SPEC §6). The probe's name is
-// one the tools can address.
+// one loomfs keeps for itself (policy.ProbePrefix): a probe killed halfway
+// leaves nothing an agent meets.
 func (m *Mounted) Probe(ctx context.Context) error {
 	var b [8]byte
 	rand.Read(b[:])
-	name := ".loomfs-probe-" + hex.EncodeToString(b[:])
+	name := policy.ProbePrefix + hex.EncodeToString(b[:])
 	path := filepath.Join(m.dir, name)
 	want := []byte("loomfs probe " + hex.EncodeToString(b[:]) + "\n")
 	done := make(chan error, 1)
@@ -336,6 +337,12 @@ func (m *Mounted) Probe(ctx context.Context) error {
 		m.fsys.probing.Store(&name)
 		go func() {
 			err := probeInChild(ctx, path, want)
+			if err != nil {
+				// A child that failed or was killed between its create
+				// and its unlink leaves the file: it goes while it is
+				// still hidden.
+				m.dropProbe(name)
+			}
 			m.fsys.probing.CompareAndSwap(&name, nil)
 			if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 				// The volume is full: the projection answered as it
@@ -357,6 +364,22 @@ func (m *Mounted) Probe(ctx context.Context) error {
 		m.fsys.setReady(false)
 		return fmt.Errorf("probe through %s: %w", m.dir, ctx.Err())
 	}
+}
+
+// dropProbe removes a probe's file the probe left, from the backing store:
+// a daemon thread never waits on its own mount (probe.go).
+func (m *Mounted) dropProbe(name string) {
+	f := m.fsys
+	var st unix.Stat_t
+	if err := unix.Fstatat(f.ws.DirFD(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return
+	}
+	if err := unix.Unlinkat(f.ws.DirFD(), name, 0); err != nil {
+		return
+	}
+	f.ws.AdjustAt(name, -st.Size, -1)
+	f.ws.NoteChangeBy(name, false, store.Change{Op: store.OpDelete, Source: store.SourceLoomfs})
+	m.Invalidate(name)
 }
 
 // SelfCheck probes the mount every interval until ctx is done (SPEC §6),

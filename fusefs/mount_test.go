@@ -25,7 +25,7 @@ func TestProbe(t *testing.T) {
 	if ents, _ := os.ReadDir(e.backing); len(ents) != 0 {
 		t.Errorf("the probe left %v", ents)
 	}
-	if got := e.sink.find("create", "ok", ""); len(got) != 1 || !strings.HasPrefix(got[0].Path, ".loomfs-probe-") {
+	if got := e.sink.find("create", "ok", ""); len(got) != 1 || !strings.HasPrefix(got[0].Path, policy.ProbePrefix) {
 		t.Errorf("the probe's create was not recorded through the mount: %+v", got)
 	}
 	if err := e.ws.Quarantine(store.Marker{Container: "c"}, "test"); err != nil {

@@ -143,6 +143,10 @@ func (n *node) childRel(name string) (string, error) {
 	if !ok {
 		return "", policy.Errorf(policy.NotFound, "the directory was removed")
 	}
+	if dir == "." && n.fsys.probingName(name) {
+		// loomfs's own file, under a name no door may use.
+		return name, nil
+	}
 	if err := policy.CheckName(dir, name, n.fsys.pol.MainScope); err != nil {
 		return policy.Join(dir, "?"), err
 	}

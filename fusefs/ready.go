@@ -54,6 +54,11 @@ func (f *fsys) placedHere(name string) bool {
 	if name == policy.ReadyFile {
 		return true
 	}
+	return f.probingName(name)
+}
+
+// probingName reports whether name is the file of a health probe under way.
+func (f *fsys) probingName(name string) bool {
 	p := f.probing.Load()
 	return p != nil && *p == name
 }

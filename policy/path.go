@@ -20,6 +20,10 @@ const (
 	// InternalPrefix starts every name loomfs keeps for itself, including
 	// the temporary files of atomic writes; no door can name or create one.
 	InternalPrefix = ".agentloom-"
+	// ProbePrefix starts the file a projection's health probe writes
+	// through the mount: loomfs's own, so no door names or lists it, and
+	// one a killed probe leaves is swept like an atomic write's temporary.
+	ProbePrefix = InternalPrefix + "probe-"
 	// ReadyFile appears at the top of a projection once its health probe
 	// passed (SPEC §6); nothing else may take the name.
 	ReadyFile = ".workspace_ready"

@@ -340,8 +340,8 @@ func TestClearTemporary(t *testing.T) {
 }
 
 // TestSweepTemporaries: gc removes the hidden temporary files an
-// interrupted atomic write left behind once they are an hour old, and
-// nothing else; a dry run only counts them.
+// interrupted atomic write or health probe left behind once they are an
+// hour old, and nothing else; a dry run only counts them.
 func TestSweepTemporaries(t *testing.T) {
 	ctx := context.Background()
 	v := newVolume(t)
@@ -349,9 +349,13 @@ func TestSweepTemporaries(t *testing.T) {
 	sc, _ := store.ParseScope("sp/ag/s")
 	dir := filepath.Join(v.root, sc.Dir(), "src")
 	leftover := filepath.Join(dir, policy.InternalPrefix+"tmp-0123456789abcdef")
+	probe := filepath.Join(v.root, sc.Dir(), policy.ProbePrefix+"0123456789abcdef")
 	other := filepath.Join(dir, policy.InternalPrefix+"other")
 	link := filepath.Join(dir, policy.InternalPrefix+"tmp-link")
 	if err := os.WriteFile(leftover, []byte("half a write"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(probe, []byte("loomfs probe 0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(other, []byte("x"), 0o600)
@@ -373,18 +377,21 @@ func TestSweepTemporaries(t *testing.T) {
 	}
 	later := fakeClock{time.Now().Add(2 * time.Hour)}
 	rep, err = retention.Collect(ctx, v.vol, retention.Options{Clock: later, DryRun: true})
-	if err != nil || temps(rep) != 1 {
+	both := int64(len("half a write") + len("loomfs probe 0123456789abcdef\n"))
+	if err != nil || temps(rep) != 1 || rep.Freed != both {
 		t.Fatalf("dry run: %+v %v", rep, err)
 	}
 	if _, err := os.Stat(leftover); err != nil {
 		t.Fatal("the dry run removed it")
 	}
 	rep, err = retention.Collect(ctx, v.vol, retention.Options{Clock: later})
-	if err != nil || temps(rep) != 1 || rep.Freed < int64(len("half a write")) {
+	if err != nil || temps(rep) != 1 || rep.Freed != both {
 		t.Fatalf("sweep: %+v %v", rep, err)
 	}
-	if _, err := os.Stat(leftover); !os.IsNotExist(err) {
-		t.Fatalf("leftover still there: %v", err)
+	for _, gone := range []string{leftover, probe} {
+		if _, err := os.Stat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s still there: %v", filepath.Base(gone), err)
+		}
 	}
 	for _, keep := range []string{other, link, filepath.Join(dir, "a.txt")} {
 		if _, err := os.Lstat(keep); err != nil {

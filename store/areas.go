@@ -271,7 +271,8 @@ func walkStat(ctx context.Context, dirfd int, dev uint64, note func(dirfd int, n
 // temporary files of atomic writes (policy.InternalPrefix + "tmp-") last
 // changed before cutoff: leftovers of a writer that died between creating
 // and renaming one (on filesystems without O_TMPFILE, such as NFS, for
-// the whole write). They are hidden and uncounted, so nothing else would
+// the whole write), and the files of health probes killed halfway
+// (policy.ProbePrefix). They are hidden and uncounted, so nothing else would
 // ever remove them. With dryRun it only counts them. A session a scope of
 // which has a change set pending (intent.go) is left alone: its staged
 // files are what the next lock take puts in place.
@@ -298,7 +299,8 @@ func (v *Volume) SweepTemporaries(ctx context.Context, s Session, cutoff time.Ti
 	}
 	prefix := policy.InternalPrefix + "tmp-"
 	err = walkStat(ctx, fd, root.Dev, func(dirfd int, name string, st *unix.Stat_t) {
-		if st.Mode&unix.S_IFMT != unix.S_IFREG || !strings.HasPrefix(name, prefix) || st.Ctim.Nano() >= cutoff.UnixNano() {
+		leftover := strings.HasPrefix(name, prefix) || strings.HasPrefix(name, policy.ProbePrefix)
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || !leftover || st.Ctim.Nano() >= cutoff.UnixNano() {
 			return
 		}
 		if !dryRun && unix.Unlinkat(dirfd, name, 0) != nil {
