@@ -625,6 +625,15 @@ func (k *chainCheck) files(dir string, c *chainReader) error {
 	rep := k.rep
 	want := 1
 	for i := 0; i < len(c.files); i++ {
+		if c.files[i].n != want && k.node != nil && k.nextFile != "" {
+			// readdir promises nothing of entries made while it reads: a
+			// file rotated in meanwhile may be missing from the listing
+			// while a later one is in it. The checkpoint names it.
+			p := parseName(k.nextFile)
+			if fi, err := os.Lstat(filepath.Join(dir, k.nextFile)); err == nil && fi.Mode().IsRegular() && p.kind == nodeChainFile && p.w.node == c.w.node && p.n == want {
+				c.files = slices.Insert(c.files, i, chainFile{name: k.nextFile, n: p.n, day: p.day})
+			}
+		}
 		cf := c.files[i]
 		rep.Files++
 		last := i == len(c.files)-1
