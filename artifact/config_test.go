@@ -78,3 +78,37 @@ func TestPublishedPaths(t *testing.T) {
 		})
 	}
 }
+
+func TestParseURL(t *testing.T) {
+	cases := []struct {
+		url, bucket, prefix string
+		fails               bool
+	}{
+		{"s3://loomfs-anchors", "loomfs-anchors", "", false},
+		{"s3://loomfs-anchors/", "loomfs-anchors", "", false},
+		{"s3://loomfs-anchors/team/a", "loomfs-anchors", "team/a/", false},
+		{"s3://loomfs-anchors/team/a/", "loomfs-anchors", "team/a/", false},
+		{"s3://b.example.org/x", "b.example.org", "x/", false},
+		{"loomfs-anchors/x", "", "", true},
+		{"https://loomfs-anchors/x", "", "", true},
+		{"s3://", "", "", true},
+		{"s3://ab", "", "", true},
+		{"s3://Upper/x", "", "", true},
+		{"s3://-lead/x", "", "", true},
+		{"s3://b_under/x", "", "", true},
+		{"s3://bucket/a//b", "", "", true},
+		{"s3://bucket/a/../b", "", "", true},
+		{"s3://bucket/./b", "", "", true},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			b, p, err := ParseURL(c.url)
+			if (err != nil) != c.fails {
+				t.Fatalf("ParseURL(%q) = %q, %q, %v; want failure %v", c.url, b, p, err, c.fails)
+			}
+			if err == nil && (b != c.bucket || p != c.prefix) {
+				t.Fatalf("ParseURL(%q) = %q, %q; want %q, %q", c.url, b, p, c.bucket, c.prefix)
+			}
+		})
+	}
+}

@@ -135,3 +135,42 @@ func storeErr(what string, err error) error {
 	}
 	return fmt.Errorf("artifact store: %s: %w", what, err)
 }
+
+// ParseURL splits s3://BUCKET[/PREFIX] into the bucket and a key prefix
+// ("" or ending in "/"). The endpoint is not part of it: it comes from the
+// configuration, as the credentials come from the SDK's chain.
+func ParseURL(raw string) (bucket, prefix string, err error) {
+	rest, ok := strings.CutPrefix(raw, "s3://")
+	if !ok {
+		return "", "", fmt.Errorf("%q: want s3://BUCKET[/PREFIX]", raw)
+	}
+	bucket, prefix, _ = strings.Cut(rest, "/")
+	if !validBucket(bucket) {
+		return "", "", fmt.Errorf("%q: bucket %q is not a valid S3 bucket name (3 to 63 lowercase letters, digits, dots and hyphens)", raw, bucket)
+	}
+	prefix = strings.TrimSuffix(prefix, "/")
+	if prefix == "" {
+		return bucket, "", nil
+	}
+	for _, part := range strings.Split(prefix, "/") {
+		if part == "" || part == "." || part == ".." {
+			return "", "", fmt.Errorf("%q: the prefix may not hold empty, \".\" or \"..\" parts", raw)
+		}
+	}
+	return bucket, prefix + "/", nil
+}
+
+func validBucket(b string) bool {
+	if len(b) < 3 || len(b) > 63 {
+		return false
+	}
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '-' || c == '.') && i > 0 && i < len(b)-1:
+		default:
+			return false
+		}
+	}
+	return true
+}

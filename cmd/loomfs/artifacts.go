@@ -31,7 +31,14 @@ download; anyone else gets permission_denied. --user is the platform's
 authenticated user. A legacy run never recorded its user, so its artifacts are
 not served. Each download is capped at 2 MiB and read from the descriptor that
 was opened and checked; symlinks, hard-linked and special files are listed for
-what they are and refused. Every listing and download is audited.`
+what they are and refused. Every listing and download is audited.
+
+--published reads the run's copy in the S3 object store instead ("runs finish
+--publish"): the files as they were when the run finished, read back from the
+store alone and each checked against its sha256. The same owner rule applies
+(the manifest records the user). "get --published" streams a file of any
+size; a copy that doesn't match its manifest (altered, truncated, missing) is
+refused, naming the object, and --output is then removed.`
 
 func newArtifactsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -44,6 +51,7 @@ func newArtifactsCmd(g *globals) *cobra.Command {
 		},
 	}
 	var runID, user, output string
+	var fromStore bool
 	list := &cobra.Command{
 		Use:   "list --run RUN --user USER",
 		Short: "List a run's artifacts (a table, or JSON with --json)",
@@ -52,6 +60,9 @@ func newArtifactsCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runID == "" || user == "" {
 				return usagef("--run and --user are required")
+			}
+			if fromStore {
+				return g.listPublished(cmd, runID, user)
 			}
 			out, err := g.artifactOp(cmd, runID, user, "artifact_list", "", func(r *store.Run, pol *policy.Policy, ev *audit.Event) ([]byte, error) {
 				l, err := r.Artifacts(cmd.Context(), user, pol)
@@ -86,12 +97,15 @@ func newArtifactsCmd(g *globals) *cobra.Command {
 	}
 	get := &cobra.Command{
 		Use:   "get --run RUN --user USER PATH [--output FILE]",
-		Short: "Download one artifact (at most 2 MiB) to stdout or a new file",
+		Short: "Download one artifact (at most 2 MiB; any size --published) to stdout or a new file",
 		Long:  artifactsHelp + "\n\n--output writes a new file (mode 0600) and never replaces an existing one.",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runID == "" || user == "" {
 				return usagef("--run and --user are required")
+			}
+			if fromStore {
+				return g.getPublished(cmd, runID, user, args[0], output)
 			}
 			out, err := g.artifactOp(cmd, runID, user, "artifact_get", args[0], func(r *store.Run, pol *policy.Policy, ev *audit.Event) ([]byte, error) {
 				f, err := r.OpenArtifact(cmd.Context(), user, args[0], pol)
@@ -130,6 +144,7 @@ func newArtifactsCmd(g *globals) *cobra.Command {
 	for _, c := range []*cobra.Command{list, get} {
 		c.Flags().StringVar(&runID, "run", "", "run id (required)")
 		c.Flags().StringVar(&user, "user", "", "the platform's authenticated user (required)")
+		c.Flags().BoolVar(&fromStore, "published", false, "read the run's published copy in the S3 object store (AGENT_LOOM_S3_*)")
 	}
 	get.Flags().StringVarP(&output, "output", "o", "", "write to this new file instead of stdout")
 	cmd.AddCommand(list, get)

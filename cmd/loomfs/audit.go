@@ -143,6 +143,7 @@ on a shared root.`,
 func newAuditVerifyCmd(g *globals) *cobra.Command {
 	var keysDir, anchorFile string
 	var allowCrashed bool
+	var newest int
 	cmd := &cobra.Command{
 		Use:   "verify [--keys DIR] [--anchor FILE] [--allow-crashed]",
 		Short: "Check the audit log's chains, ledgers, signatures and anchors",
@@ -165,10 +166,16 @@ A hash chain has no secret: whoever can rewrite the files can recompute it.
 in DIR, so history up to each node's last seal can't be rewritten without
 its node key; without --keys the log is only chained, and verify says so.
 --anchor FILE checks that the log still extends every head in FILE (written
-by "loomfs audit anchor"), so even a replaced audit directory is caught.`,
+by "loomfs audit anchor"), so even a replaced audit directory is caught.
+--anchor s3://BUCKET/PREFIX reads the newest --anchor-newest anchors written
+there by "loomfs audit anchor --to s3://..." (every stored version: a later
+object under the same key, or a delete marker, hides none) and checks them
+the same way. The endpoint and credentials are those of the object store
+(see "loomfs audit anchor --help").`,
 		Example: `  loomfs audit verify
   loomfs audit verify --keys /etc/loomfs/audit-trust --anchor /srv/anchors/audit.jsonl
-  loomfs --json audit verify --allow-crashed | jq .ended_without_closing`,
+  loomfs --json audit verify --allow-crashed | jq .ended_without_closing
+  loomfs audit verify --keys /etc/loomfs/audit-trust --anchor s3://loomfs-anchors/team-v1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -180,7 +187,13 @@ by "loomfs audit anchor"), so even a replaced audit directory is caught.`,
 				}
 				opts.Keys = keys
 			}
-			if anchorFile != "" {
+			if strings.HasPrefix(anchorFile, "s3://") {
+				as, err := readS3Anchors(cmd.Context(), anchorFile, newest)
+				if err != nil {
+					return refuse(cmd, g, err)
+				}
+				opts.Anchors = as
+			} else if anchorFile != "" {
 				f, err := os.Open(anchorFile)
 				if err != nil {
 					return usagef("--anchor: %v", err)
@@ -246,15 +259,16 @@ by "loomfs audit anchor"), so even a replaced audit directory is caught.`,
 		},
 	}
 	cmd.Flags().StringVar(&keysDir, "keys", "", "directory of trusted node public keys (<node>.pub) to check every seal against")
-	cmd.Flags().StringVar(&anchorFile, "anchor", "", "file of anchors (loomfs audit anchor) the log must still extend")
+	cmd.Flags().StringVar(&anchorFile, "anchor", "", "file of anchors (loomfs audit anchor), or s3://BUCKET/PREFIX, the log must still extend")
+	cmd.Flags().IntVar(&newest, "anchor-newest", 10, "with --anchor s3://..., how many of the newest anchors to check (0: all)")
 	cmd.Flags().BoolVar(&allowCrashed, "allow-crashed", false, "exit 0 even if writers ended without closing (once you have looked at each)")
 	return cmd
 }
 
 func newAuditAnchorCmd(g *globals) *cobra.Command {
-	var to, sock string
+	var to, sock, retain string
 	cmd := &cobra.Command{
-		Use:   "anchor [--to FILE] [--syslog SOCKET]",
+		Use:   "anchor [--to FILE | --to s3://BUCKET/PREFIX --retain DURATION] [--syslog SOCKET]",
 		Short: "Print every node's current audit heads, to keep outside the volume",
 		Long: `Print one JSON line holding every node's current head: its ledger's last entry
 and its chain's last record (seq and hash), and its last seal, signed if the
@@ -265,12 +279,33 @@ head: a deleted, cut or replaced audit directory is caught.
 
 --to FILE appends the line to FILE (created 0600); --syslog SOCKET sends it
 to a syslog unix socket (e.g. /dev/log, or the one your forwarder listens on).
-The line is printed on stdout too.`,
+The line is printed on stdout too.
+
+--to s3://BUCKET/PREFIX writes the anchor as a new object under
+PREFIX/anchors/ in BUCKET, which must have been created with S3 Object Lock
+enabled, in compliance mode until --retain from now (e.g. 2160h or 90d): until
+then no one, not the volume's administrator nor the bucket's owner, can delete
+or overwrite that version. ` + s3Help,
 		Example: `  loomfs audit anchor --to /mnt/anchors/loomfs-audit.jsonl
   loomfs audit anchor --syslog /dev/log
-  loomfs audit anchor | ssh auditor@vault 'cat >> loomfs-anchors.jsonl'`,
+  loomfs audit anchor | ssh auditor@vault 'cat >> loomfs-anchors.jsonl'
+  loomfs audit anchor --to s3://loomfs-anchors/team-v1 --retain 400d`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			s3to := strings.HasPrefix(to, "s3://")
+			var keep time.Duration
+			switch {
+			case s3to && retain == "":
+				return usagef("--to s3://... needs --retain DURATION: how long no one may delete or replace the anchor")
+			case s3to:
+				d, err := parseRetention(retain)
+				if err != nil {
+					return usagef("--retain: %v", err)
+				}
+				keep = d
+			case retain != "":
+				return usagef("--retain applies to --to s3://... only")
+			}
 			a, err := audit.Heads(auditDir(g), time.Now())
 			if err != nil {
 				return err
@@ -283,7 +318,13 @@ The line is printed on stdout too.`,
 				return err
 			}
 			line = append(line, '\n')
-			if to != "" {
+			if s3to {
+				key, err := putS3Anchor(cmd.Context(), to, a, keep)
+				if err != nil {
+					return refuse(cmd, g, err)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "anchored in %s, locked until %s\n", key, time.Now().Add(keep).UTC().Format(time.RFC3339))
+			} else if to != "" {
 				if err := appendAnchor(to, line); err != nil {
 					return err
 				}
@@ -297,7 +338,8 @@ The line is printed on stdout too.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&to, "to", "", "append the anchor to FILE")
+	cmd.Flags().StringVar(&to, "to", "", "append the anchor to FILE, or write it to s3://BUCKET/PREFIX under Object Lock")
+	cmd.Flags().StringVar(&retain, "retain", "", "with --to s3://..., the compliance retention: a Go duration or a number of days (90d)")
 	cmd.Flags().StringVar(&sock, "syslog", "", "send the anchor to the syslog unix socket SOCKET")
 	return cmd
 }

@@ -137,9 +137,10 @@ func newRunsCmd(g *globals) *cobra.Command {
 		},
 	}
 	show.Flags().StringVar(&runID, "run", "", "run id (required)")
-	var instances []string
+	var instances, publishPaths []string
+	var publish bool
 	finish := &cobra.Command{
-		Use:   "finish --run RUN [--instance I]...",
+		Use:   "finish --run RUN [--instance I]... [--publish [--publish-path P]...]",
 		Short: "End a run: clear its temporary areas and snapshot its workspaces",
 		Long: `End a run (SPEC §6): in its main workspace and each --instance, empty the
 subtrees the policy marks clear_at_run_end (tmp/ in the standard preset), then
@@ -147,11 +148,33 @@ take a snapshot labelled with the run, which gives an immutable per-run artifact
 view ("loomfs snapshot list"). The scope's session sandbox, if this node's
 service ("loomfs serve") runs one, is stopped first. Refused while a command
 runs, a session sandbox runs on another node, or the scope is quarantined.
-Prints the snapshots as JSON.`,
+Prints the snapshots as JSON.
+
+--publish then copies the run's outputs from those snapshots to the S3
+object store, so they outlive the volume and stay as they were when the run
+finished ("loomfs artifacts list --published"): the files under each
+--publish-path (output/ by default) of the main workspace and of each
+--instance (as subagents/<instance>/...), as content-addressed objects (what
+the store already holds is not sent again), then a manifest with each
+file's path, size, sha256 and mode, the snapshots and the audit heads. The
+manifest is written last, so a cut upload leaves none and the next
+"runs finish --publish" resumes it; a run is published once and never
+replaced. With --publish the answer is {"snapshots": [...], "published":
+{...}}.
+
+` + s3Help,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runID == "" {
 				return usagef("--run is required")
+			}
+			if len(publishPaths) > 0 && !publish {
+				return usagef("--publish-path needs --publish")
+			}
+			for _, p := range publishPaths {
+				if _, err := policy.CleanPath(p, false); err != nil {
+					return usagef("--publish-path: %v", err)
+				}
 			}
 			ctx := cmd.Context()
 			pol, err := g.loadPolicy()
@@ -177,11 +200,20 @@ Prints the snapshots as JSON.`,
 				}
 				out = append(out, m)
 			}
-			return printJSON(cmd, out)
+			if !publish {
+				return printJSON(cmd, out)
+			}
+			pub, err := g.publishRun(ctx, r, out, publishPaths)
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			return printJSON(cmd, runFinished{Snapshots: out, Published: pub})
 		},
 	}
 	finish.Flags().StringVar(&runID, "run", "", "run id (required)")
 	finish.Flags().StringArrayVar(&instances, "instance", nil, "a child instance of the run to finish too (repeatable)")
+	finish.Flags().BoolVar(&publish, "publish", false, "publish the run's outputs to the S3 object store (AGENT_LOOM_S3_*)")
+	finish.Flags().StringArrayVar(&publishPaths, "publish-path", nil, "a subtree of each finished scope to publish (repeatable; default output, \".\" for all)")
 	cmd.AddCommand(create, show, finish)
 	return cmd
 }
@@ -229,6 +261,12 @@ func startChild(ctx context.Context, g *globals, runID, instance string) (*fork.
 	}
 	defer n.Close()
 	return n.StartChild(ctx, runID, instance, fork.Options{})
+}
+
+// runFinished is what "runs finish --publish" prints.
+type runFinished struct {
+	Snapshots []*snapshot.Manifest `json:"snapshots"`
+	Published *published           `json:"published"`
 }
 
 // runShow is what "runs show" prints.
