@@ -340,3 +340,56 @@ func TestClosedLogsForgotten(t *testing.T) {
 		t.Errorf("records written %v, want 2000", v)
 	}
 }
+
+// TestScopeQuotaOf: an active scope no watch reports has its quota read
+// through QuotaOf; a watch wins over it; an account that can't be read
+// leaves no series, and one that does not answer in time is left out of
+// the scrape instead of holding it up.
+func TestScopeQuotaOf(t *testing.T) {
+	r := New(Options{})
+	slow := make(chan struct{})
+	t.Cleanup(func() { close(slow) })
+	r.QuotaOf(func(scope string) (int64, int64, bool) {
+		switch scope {
+		case "acme/coder/read":
+			return 7, 100, true
+		case "acme/coder/slow":
+			<-slow
+			return 1, 1, true
+		}
+		return 0, 0, false
+	})
+	stop := r.WatchQuota("acme/coder/watched", func() (int64, int64, bool) { return 3, 0, true })
+	defer stop()
+	sink := r.Sink(audit.Discard)
+	for _, s := range []string{"read", "slow", "unread", "watched"} {
+		a := audit.Actor{Space: "acme", Agent: "coder", Session: s}
+		sink.Record(context.Background(), audit.Event{Source: audit.SourceTool, Op: "workspace_write", Result: "ok", Actor: a})
+	}
+	old := quotaReadWait
+	quotaReadWait = 200 * time.Millisecond
+	t.Cleanup(func() { quotaReadWait = old })
+	start := time.Now()
+	out := exposition(t, r)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the scrape waited %v for a slow account", took)
+	}
+	for _, want := range []string{
+		`loomfs_scope_quota_used_bytes{scope="acme/coder/read"} 7`,
+		`loomfs_scope_quota_limit_bytes{scope="acme/coder/read"} 100`,
+		`loomfs_scope_quota_used_bytes{scope="acme/coder/watched"} 3`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("exposition lacks %s:\n%s", want, out)
+		}
+	}
+	for _, absent := range []string{
+		`loomfs_scope_quota_used_bytes{scope="acme/coder/unread"}`,
+		`loomfs_scope_quota_used_bytes{scope="acme/coder/slow"}`,
+		`loomfs_scope_quota_limit_bytes{scope="acme/coder/watched"}`,
+	} {
+		if strings.Contains(out, absent) {
+			t.Errorf("exposition has %s:\n%s", absent, out)
+		}
+	}
+}

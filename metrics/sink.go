@@ -190,7 +190,15 @@ type scopeSet struct {
 	ops, refused, waited, used, limit *prometheus.Desc
 	active                            *prometheus.Desc
 	quota                             map[string]func() (used, limit int64, ok bool)
+	// quotaOf reads the quota of an active scope no watch reports, for
+	// the doors that open a scope per call; nil: none.
+	quotaOf func(scope string) (used, limit int64, ok bool)
 }
+
+// quotaReadWait bounds how long a scrape waits for the quota accounts it
+// reads through quotaOf: a scope whose account is not read in time (its
+// ledger locked by a long reconcile) has no quota series in that scrape.
+var quotaReadWait = time.Second
 
 // scopeKey names a scope as an event does, so a touch builds no string.
 type scopeKey struct {
@@ -328,19 +336,41 @@ func (s *scopeSet) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(s.waited, prometheus.CounterValue, c.waited, name)
 		if fn := s.quota[name]; fn != nil {
 			quotas = append(quotas, quota{name, fn})
+		} else if s.quotaOf != nil {
+			quotas = append(quotas, quota{name, func() (int64, int64, bool) { return s.quotaOf(name) }})
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(s.active, prometheus.GaugeValue, float64(len(s.m)))
 	s.mu.Unlock()
-	// Read outside the lock: an account's read may touch the volume.
+	// Read outside the lock, side by side and for a bounded time: an
+	// account's read touches the volume, and may wait for its ledger.
+	type reading struct {
+		name        string
+		used, limit int64
+		ok          bool
+	}
+	got := make(chan reading, len(quotas))
 	for _, q := range quotas {
-		used, limit, ok := q.fn()
-		if !ok {
+		go func() {
+			used, limit, ok := q.fn()
+			got <- reading{q.name, used, limit, ok}
+		}()
+	}
+	wait := time.NewTimer(quotaReadWait)
+	defer wait.Stop()
+	for range quotas {
+		var r reading
+		select {
+		case r = <-got:
+		case <-wait.C:
+			return
+		}
+		if !r.ok {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(s.used, prometheus.GaugeValue, float64(used), q.name)
-		if limit > 0 {
-			ch <- prometheus.MustNewConstMetric(s.limit, prometheus.GaugeValue, float64(limit), q.name)
+		ch <- prometheus.MustNewConstMetric(s.used, prometheus.GaugeValue, float64(r.used), r.name)
+		if r.limit > 0 {
+			ch <- prometheus.MustNewConstMetric(s.limit, prometheus.GaugeValue, float64(r.limit), r.name)
 		}
 	}
 }

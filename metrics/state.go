@@ -249,6 +249,16 @@ func (r *Registry) WatchQuota(scope string, fn func() (used, limit int64, ok boo
 	return r.scopes.watchQuota(scope, fn)
 }
 
+// QuotaOf reads the quota use and limit (0: unlimited) of an active scope
+// no WatchQuota reports, by its name (SPACE/AGENT/SESSION[/RUN/INSTANCE]):
+// the scopes the tool door opens for a call and closes after it. Set it
+// before the registry is scraped.
+func (r *Registry) QuotaOf(fn func(scope string) (used, limit int64, ok bool)) {
+	r.scopes.mu.Lock()
+	r.scopes.quotaOf = fn
+	r.scopes.mu.Unlock()
+}
+
 type sealed struct {
 	at time.Time
 	ok bool

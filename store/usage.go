@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"sync"
 
 	"go.uber.org/zap"
@@ -194,6 +195,24 @@ func (w *Workspace) ReconcileSubtree(ctx context.Context, prefix string, log *za
 // QuotaState reads the scope's account (quota.Inspect) without joining it.
 func (w *Workspace) QuotaState() (quota.State, error) {
 	return w.inspectAccount(QuotaDir)
+}
+
+// ScopeQuotaState reads scope s's quota account without opening the scope,
+// joining the account or making anything: the zero State for a scope no
+// holder has joined yet. Metrics read it for every scope active lately.
+func (v *Volume) ScopeQuotaState(s Scope) (quota.State, error) {
+	if err := s.Validate(); err != nil {
+		return quota.State{}, err
+	}
+	st, err := v.Area(LocksDir+"/"+s.Hash(), false)
+	if errors.Is(err, fs.ErrNotExist) || policy.CodeOf(err) == policy.NotFound {
+		return quota.State{}, nil
+	}
+	if err != nil {
+		return quota.State{}, err
+	}
+	defer st.Close()
+	return (&Workspace{state: st}).inspectAccount(QuotaDir)
 }
 
 // inspectAccount reads the account in the directory of the state

@@ -251,7 +251,11 @@ func TestPrometheusScrapesMountAndServe(t *testing.T) {
 	if !bytes.Contains(body, []byte(`loomfs_scope_quota_used_bytes{scope="acme/coder/m1"} 1`)) {
 		t.Errorf("the mount's quota use (the kept byte) is not exposed:\n%s", grepLines(body, "loomfs_scope_quota"))
 	}
-	promtoolCheck(t, serveAddr)
+	// The session sandbox's scope, opened by serve for its process: its
+	// account is read for the scrape.
+	if body := promtoolCheck(t, serveAddr); !bytes.Contains(body, []byte(`loomfs_scope_quota_used_bytes{scope="acme/coder/p1"}`)) {
+		t.Errorf("serve's scope's quota use is not exposed:\n%s", grepLines(body, "loomfs_scope_"))
+	}
 	for _, addr := range []string{mountAddr, serveAddr} {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {

@@ -131,6 +131,21 @@ func (g *globals) startMetrics(ctx context.Context, m metricsFlags) (stop func()
 		}
 		return out
 	})
+	var limit int64
+	if pol, err := g.loadPolicy(); err == nil {
+		limit = pol.Limits.ScopeBytes
+	}
+	o.reg.QuotaOf(func(name string) (int64, int64, bool) {
+		sc, err := store.ParseScope(name)
+		if err != nil {
+			return 0, 0, false
+		}
+		st, err := vol.ScopeQuotaState(sc)
+		if err != nil || !st.Known && st.Holders == 0 {
+			return 0, 0, false
+		}
+		return st.Used.Bytes, limit, true
+	})
 	o.reg.WatchQuarantines(func() ([]metrics.Quarantine, error) {
 		ms, err := vol.Quarantines()
 		out := make([]metrics.Quarantine, 0, len(ms))
@@ -235,6 +250,7 @@ func (o *observability) watchService(svc *process.Service) {
 		}
 		return len(list), procs
 	})
+	o.require("fence", func(context.Context) error { return svc.Fenced() })
 	var mu sync.Mutex
 	var engine *sandbox.Runner
 	o.require("engine", func(ctx context.Context) error {

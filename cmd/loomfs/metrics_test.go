@@ -118,6 +118,8 @@ func TestMCPMetrics(t *testing.T) {
 		`loomfs_tool_calls_total{code="invalid_path",result="refused",tool="workspace_read"} 1`,
 		`loomfs_refusals_total{code="invalid_path",door="tool"} 1`,
 		`loomfs_scope_operations_total{door="tool",scope="acme/coder/s1"} 4`,
+		// The scope's account, read for the scrape (a.txt's 2 bytes).
+		`loomfs_scope_quota_used_bytes{scope="acme/coder/s1"} 2`,
 		`loomfs_self_check_ok{target="volume"} 1`,
 	} {
 		if !strings.Contains(string(b), want) {
