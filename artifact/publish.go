@@ -175,53 +175,14 @@ func (s *Store) Publish(ctx context.Context, r *store.Run, snaps []*snapshot.Man
 		return nil, sent, err
 	}
 
-	// Upload every content first, a few at a time; the first failure
-	// stops the rest, and no manifest is written.
-	var (
-		mu    sync.Mutex
-		first error
-		seen  = map[string]bool{}
-		wg    sync.WaitGroup
-		slots = make(chan struct{}, uploaders)
-	)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for _, t := range todo {
-		if seen[t.file.SHA256] {
-			continue
-		}
-		seen[t.file.SHA256] = true
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			uploaded, err := s.putBlob(ctx, bucket, t.repo, t.file)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil && first == nil:
-				first = err
-				cancel()
-			case err == nil && uploaded:
-				sent.Blobs++
-				sent.Bytes += t.file.Size
-			case err == nil:
-				sent.Present++
-			}
-		}()
+	// Every content first; the first failure stops the rest, and no
+	// manifest is written.
+	blobs := make([]blobSource, len(todo))
+	for i, t := range todo {
+		blobs[i] = blobSource{what: t.file.Path, sha: t.file.SHA256, size: t.file.Size, repo: t.repo}
 	}
-	wg.Wait()
-	if first != nil {
-		return nil, sent, first
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, sent, policy.Errorf(policy.Cancelled, "publishing run %s cancelled", r.ID())
+	if sent, err = s.upload(ctx, bucket, blobs); err != nil {
+		return nil, sent, err
 	}
 	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -234,37 +195,116 @@ func (s *Store) Publish(ctx context.Context, r *store.Run, snaps []*snapshot.Man
 	return m, sent, nil
 }
 
-// putBlob sends f's content from the snapshot unless the store has it. The
-// content is checked against its name first: a damaged snapshot blob is
-// never published under the hash it no longer has.
-func (s *Store) putBlob(ctx context.Context, bucket string, repo *snapshot.Repo, f File) (uploaded bool, err error) {
-	key := s.blobKey(f.SHA256)
+// blobSource is one content to upload: the file it is (for messages),
+// its sha256 and size, and the snapshot store holding it.
+type blobSource struct {
+	what string
+	sha  string
+	size int64
+	repo *snapshot.Repo
+}
+
+// upload sends every content of todo the store lacks, uploaders at a time,
+// each once; the first failure stops the rest and is returned.
+func (s *Store) upload(ctx context.Context, bucket string, todo []blobSource) (Sent, error) {
+	var (
+		mu   sync.Mutex
+		sent Sent
+		seen = map[string]bool{}
+		uniq []blobSource
+	)
+	for _, b := range todo {
+		if !seen[b.sha] {
+			seen[b.sha] = true
+			uniq = append(uniq, b)
+		}
+	}
+	err := each(ctx, uniq, func(ctx context.Context, b blobSource) error {
+		uploaded, err := s.putBlob(ctx, bucket, b)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if uploaded {
+			sent.Blobs++
+			sent.Bytes += b.size
+		} else {
+			sent.Present++
+		}
+		return nil
+	})
+	return sent, err
+}
+
+// each runs fn on every item, uploaders at a time. The first error cancels
+// the rest and is returned; a cancelled ctx is cancelled.
+func each[T any](ctx context.Context, items []T, fn func(context.Context, T) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+		slots = make(chan struct{}, uploaders)
+	)
+	for _, it := range items {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if err := fn(ctx, it); err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if ctx.Err() != nil {
+		return policy.Errorf(policy.Cancelled, "cancelled")
+	}
+	return nil
+}
+
+// putBlob sends b's content from its snapshot store unless the store has
+// it. The content is checked against its name first: a damaged snapshot
+// blob is never published under the hash it no longer has.
+func (s *Store) putBlob(ctx context.Context, bucket string, b blobSource) (uploaded bool, err error) {
+	key := s.blobKey(b.sha)
 	head, err := s.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &bucket, Key: &key})
-	if err == nil && aws.ToInt64(head.ContentLength) == f.Size {
+	if err == nil && aws.ToInt64(head.ContentLength) == b.size {
 		return false, nil
 	}
 	if err != nil && !isNotFound(err) {
-		return false, storeErr("look up the content of "+f.Path, err)
+		return false, storeErr("look up the content of "+b.what, err)
 	}
-	blob, err := repo.OpenBlob(f.SHA256)
+	blob, err := b.repo.OpenBlob(b.sha)
 	if err != nil {
-		return false, fmt.Errorf("publish %s: %w", f.Path, err)
+		return false, fmt.Errorf("copy %s: %w", b.what, err)
 	}
 	defer blob.Close()
 	sum, md, n, err := digest(blob)
 	if err != nil {
-		return false, fmt.Errorf("publish %s: read the snapshot's content: %w", f.Path, err)
+		return false, fmt.Errorf("copy %s: read the snapshot's content: %w", b.what, err)
 	}
-	if sum != f.SHA256 || n != f.Size {
-		return false, fmt.Errorf("publish %s: the snapshot's content %.12s… is damaged (%d bytes, sha256 %.12s…): not published", f.Path, f.SHA256, n, sum)
+	if sum != b.sha || n != b.size {
+		return false, fmt.Errorf("copy %s: the snapshot's content %.12s… is damaged (%d bytes, sha256 %.12s…): not copied", b.what, b.sha, n, sum)
 	}
 	if _, err := blob.Seek(0, io.SeekStart); err != nil {
-		return false, fmt.Errorf("publish %s: %w", f.Path, err)
+		return false, fmt.Errorf("copy %s: %w", b.what, err)
 	}
 	_, err = s.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: blob,
 		ContentLength: aws.Int64(n), ContentMD5: aws.String(md), ContentType: aws.String("application/octet-stream")})
 	if err != nil {
-		return false, storeErr("upload "+f.Path, err)
+		return false, storeErr("upload "+b.what, err)
 	}
 	return true, nil
 }

@@ -258,3 +258,29 @@ func readS3Anchors(ctx context.Context, url string, n int) ([]audit.Anchor, erro
 	}
 	return out, nil
 }
+
+// archived is what "snapshot archive" prints.
+type archived struct {
+	Snapshot string        `json:"snapshot"`
+	Scope    string        `json:"scope"`
+	Files    int           `json:"files"`
+	Bytes    int64         `json:"bytes"`
+	Sent     artifact.Sent `json:"sent"`
+}
+
+// restoreArchive takes ws's scope lock, waiting at most wait, then
+// rebuilds it from the archive; the download itself is not timed.
+func (g *globals) restoreArchive(ctx context.Context, ws *store.Workspace, id string, wait time.Duration) (*snapshot.Manifest, artifact.Fetched, error) {
+	st, err := openArtifactStore(ctx)
+	if err != nil {
+		return nil, artifact.Fetched{}, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, wait)
+	unlock, err := ws.Lock(lctx)
+	cancel()
+	if err != nil {
+		return nil, artifact.Fetched{}, err
+	}
+	defer unlock()
+	return st.RestoreArchive(ctx, ws, id, snapshot.RestoreOptions{Locked: true})
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -214,5 +215,70 @@ func TestAuditAnchorS3(t *testing.T) {
 	out, errOut, code := runLoomfs(t, "--root", other, "audit", "verify", "--anchor", url)
 	if code != exitRefused || !strings.Contains(out, "BROKEN") {
 		t.Fatalf("verify of a replaced log against the anchor: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// TestSnapshotArchiveCommands: snapshot archive sends what the store
+// lacks, and snapshot restore --from-archive rebuilds the scope on a fresh
+// volume from the store alone.
+func TestSnapshotArchiveCommands(t *testing.T) {
+	s3Test(t)
+	root, fresh := filepath.Join(t.TempDir(), "root"), filepath.Join(t.TempDir(), "fresh")
+	on := func(root string, args ...string) (string, string, int) {
+		t.Helper()
+		return runLoomfs(t, append([]string{"--root", root}, args...)...)
+	}
+	write := func(path, content string) {
+		t.Helper()
+		in, _ := json.Marshal(map[string]string{"path": path, "content": content})
+		if out, errOut, code := on(root, "tool", "workspace_write", "--scope", "acme/coder/s1", "--input", string(in)); code != exitOK {
+			t.Fatalf("write %s: exit %d: %s %s", path, code, out, errOut)
+		}
+	}
+	for i := range 5 {
+		write(fmt.Sprintf("src/f%d.txt", i), fmt.Sprintf("file %d\n", i))
+	}
+	steps := []struct {
+		name string
+		root string
+		args []string
+		code int
+		want string
+	}{
+		{"restore needs an id or --from-archive", root, []string{"snapshot", "restore", "--scope", "acme/coder/s1"}, exitUsage, "--from-archive"},
+		{"nothing archived yet", fresh, []string{"snapshot", "restore", "--scope", "acme/coder/s1", "--from-archive"}, exitRefused, "no archived snapshot"},
+		{"no snapshot to archive", root, []string{"snapshot", "archive", "--scope", "acme/coder/s1"}, exitRefused, "no snapshots"},
+		{"snapshot", root, []string{"snapshot", "create", "--scope", "acme/coder/s1"}, exitOK, "5 files"},
+		{"archive", root, []string{"snapshot", "archive", "--scope", "acme/coder/s1"}, exitOK, "sent 5 contents"},
+		{"archive again", root, []string{"snapshot", "archive", "--scope", "acme/coder/s1"}, exitOK, "archived already"},
+	}
+	for _, s := range steps {
+		out, errOut, code := on(s.root, s.args...)
+		if code != s.code || !strings.Contains(out+errOut, s.want) {
+			t.Fatalf("%s: exit %d, stdout %q, stderr %q; want exit %d with %q", s.name, code, out, errOut, s.code, s.want)
+		}
+	}
+	write("src/f1.txt", "changed\n")
+	if out, errOut, code := on(root, "snapshot", "create", "--scope", "acme/coder/s1"); code != exitOK {
+		t.Fatalf("second snapshot: exit %d: %s %s", code, out, errOut)
+	}
+	out, errOut, code := on(root, "--json", "snapshot", "archive", "--scope", "acme/coder/s1")
+	var a archived
+	if err := json.Unmarshal([]byte(out), &a); err != nil || code != exitOK || a.Sent.Blobs != 1 || a.Sent.Present != 4 {
+		t.Fatalf("second archive: exit %d, %q %q (%v); want 1 sent, 4 present", code, out, errOut, err)
+	}
+	out, errOut, code = on(fresh, "snapshot", "restore", "--scope", "acme/coder/s1", "--from-archive")
+	if code != exitOK || !strings.Contains(out, a.Snapshot) {
+		t.Fatalf("restore --from-archive on a fresh volume: exit %d, %q %q", code, out, errOut)
+	}
+	for path, want := range map[string]string{"src/f0.txt": "file 0\n", "src/f1.txt": "changed\n", "src/f4.txt": "file 4\n"} {
+		b, err := os.ReadFile(filepath.Join(fresh, store.Scope{Space: "acme", Agent: "coder", Session: "s1"}.Dir(), path))
+		if err != nil || string(b) != want {
+			t.Errorf("%s restored: %q, %v; want %q", path, b, err, want)
+		}
+	}
+	out, _, _ = on(fresh, "audit", "query", "--scope", "acme/coder/s1")
+	if !strings.Contains(out, "snapshot_restore") {
+		t.Errorf("the restore is not audited: %s", out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentloom/loomfs/artifact"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/snapshot"
 )
@@ -33,16 +34,17 @@ hour old, or --full. Changes made to the backing store by anything other than
 loomfs are seen only by a walk: take "snapshot create --full" after them.
 
 Snapshots are NOT backups: they live on the same volume as the workspace, and
-a lost volume takes both. Copy what matters to independent storage.`
+a lost volume takes both. Copy what matters to independent storage: "snapshot
+archive" copies one to an S3 object store.`
 
 func newSnapshotCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "snapshot create|list|restore|diff",
+		Use:   "snapshot create|list|restore|diff|archive",
 		Short: "Take, list, compare and restore snapshots of a workspace",
 		Long:  snapshotHelp,
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return usagef("snapshot needs a subcommand: create, list, restore or diff")
+			return usagef("snapshot needs a subcommand: create, list, restore, diff or archive")
 		},
 	}
 	var scope, label, run string
@@ -132,24 +134,51 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	}
 	scopeFlag(list)
 
+	var fromArchive bool
 	restore := &cobra.Command{
-		Use:   "restore --scope S ID",
-		Short: "Replace the workspace with snapshot ID, atomically",
-		Long:  "Replace the whole workspace with snapshot ID, atomically.\n\n" + snapshotHelp,
-		Args:  exactArgs(1),
+		Use:   "restore --scope S ID | --from-archive [ID]",
+		Short: "Replace the workspace with snapshot ID, atomically (from the volume or the S3 archive)",
+		Long: "Replace the whole workspace with snapshot ID, atomically.\n\n" +
+			"--from-archive rebuilds it from the S3 object store alone (\"snapshot archive\";\n" +
+			"ID defaults to the scope's newest archived snapshot), on this volume or on a\n" +
+			"fresh one: the contents the volume lacks are downloaded and each checked\n" +
+			"against its sha256, the snapshot is recorded on the volume, then the tree is\n" +
+			"swapped in, byte for byte, with its files' modes and times and its emulated\n" +
+			"links. A missing, truncated or altered object is refused, naming it, and the\n" +
+			"workspace is left as it was.\n\n" + snapshotHelp + "\n\n" + s3Help,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !fromArchive && len(args) != 1 {
+				return usagef("restore needs the snapshot ID (see snapshot list), or --from-archive")
+			}
+			id := ""
+			if len(args) == 1 {
+				id = args[0]
+			}
 			ws, done, err := g.openWorkspace(cmd.Context(), scope)
 			if err != nil {
 				return err
 			}
 			defer done()
-			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
-			defer cancel()
-			m, err := snapshot.Restore(ctx, ws, args[0], snapshot.RestoreOptions{})
+			var m *snapshot.Manifest
+			detail := map[string]any{}
+			if fromArchive {
+				var got artifact.Fetched
+				m, got, err = g.restoreArchive(cmd.Context(), ws, id, wait)
+				detail["from_archive"], detail["blobs_fetched"], detail["bytes_fetched"] = true, got.Blobs, got.Bytes
+			} else {
+				ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+				defer cancel()
+				m, err = snapshot.Restore(ctx, ws, id, snapshot.RestoreOptions{})
+			}
+			if err != nil && fromArchive {
+				return refuse(cmd, g, err)
+			}
 			if err != nil {
 				return err
 			}
-			g.auditAdmin(cmd.Context(), "snapshot_restore", ws.Scope(), map[string]any{"snapshot": m.ID})
+			detail["snapshot"] = m.ID
+			g.auditAdmin(cmd.Context(), "snapshot_restore", ws.Scope(), detail)
 			if g.json {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(m)
 			}
@@ -159,6 +188,54 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	}
 	scopeFlag(restore)
 	waitFlag(restore)
+	restore.Flags().BoolVar(&fromArchive, "from-archive", false, "rebuild from the snapshot's archive in the S3 object store (AGENT_LOOM_S3_*)")
+
+	var id string
+	archive := &cobra.Command{
+		Use:   "archive --scope S [--id ID]",
+		Short: "Copy a snapshot to the S3 object store, sending only what it lacks",
+		Long: `Copy snapshot --id (default: the scope's newest) off the volume to the S3 object
+store: each content the store lacks (named by its sha256, shared with published
+runs, so archiving a slowly changing scope again sends only its changes), then
+the snapshot's entries (paths, types, sizes, modes, times, sha256) under
+snapshots/<scope-hash>/<id>.json, written last: a cut upload leaves no archive,
+and archiving again resumes it. An archive already there is left as it is.
+"snapshot restore --from-archive" rebuilds the scope from it alone.
+
+` + s3Help,
+		Example: `  loomfs snapshot create --scope acme/coder/s1 && loomfs snapshot archive --scope acme/coder/s1
+  loomfs snapshot restore --scope acme/coder/s1 --from-archive`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, vol, err := g.scopeVolume(cmd.Context(), scope)
+			if err != nil {
+				return err
+			}
+			defer vol.Close()
+			st, err := openArtifactStore(cmd.Context())
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			a, sent, err := st.ArchiveSnapshot(cmd.Context(), vol, sc, id)
+			if err != nil {
+				return refuse(cmd, g, err)
+			}
+			g.auditAdmin(cmd.Context(), "snapshot_archive", sc, map[string]any{"snapshot": a.Snapshot.ID, "blobs_sent": sent.Blobs, "bytes_sent": sent.Bytes})
+			out := archived{Snapshot: a.Snapshot.ID, Scope: a.Scope, Files: a.Snapshot.Files, Bytes: a.Snapshot.Bytes, Sent: sent}
+			if g.json {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
+			}
+			if !sent.Manifest {
+				fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s of %s was archived already\n", out.Snapshot, out.Scope)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "archived snapshot %s of %s (%d files, %s): sent %d contents (%s), %d were there\n",
+				out.Snapshot, out.Scope, out.Files, policy.Bytes(out.Bytes), sent.Blobs, policy.Bytes(sent.Bytes), sent.Present)
+			return nil
+		},
+	}
+	scopeFlag(archive)
+	archive.Flags().StringVar(&id, "id", "", "the snapshot to archive (default: the newest)")
 
 	diff := &cobra.Command{
 		Use:   "diff --scope S FROM [TO]",
@@ -201,7 +278,7 @@ func newSnapshotCmd(g *globals) *cobra.Command {
 	}
 	scopeFlag(diff)
 
-	cmd.AddCommand(create, list, restore, diff)
+	cmd.AddCommand(create, list, restore, diff, archive)
 	return cmd
 }
 
