@@ -108,4 +108,17 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err := Write(root, Record{Node: "../escape"}); err == nil {
 		t.Error("a record named outside the fence directory was written")
 	}
+	// Re-admission lifts the record; there is then nothing to lift.
+	if err := Remove(root, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(root, "node-a"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Read after Remove = %v, want not exist", err)
+	}
+	if err := Remove(root, "node-a"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a second Remove = %v, want not exist", err)
+	}
+	if err := Remove(root, "../escape"); err == nil || errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Remove of a name outside the fence directory = %v, want it refused", err)
+	}
 }

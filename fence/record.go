@@ -110,3 +110,19 @@ func Read(root, node string) (Record, error) {
 	}
 	return r, nil
 }
+
+// Remove lifts node's record under root once an administrator re-admits
+// the node (the audit keeps the fence and the re-admission), durably.
+func Remove(root, node string) error {
+	if err := CheckNode(node); err != nil {
+		return err
+	}
+	err := os.Remove(recordPath(root, node))
+	if err == nil {
+		err = syncDir(filepath.Join(root, Dir))
+	}
+	if err != nil {
+		return fmt.Errorf("lift the fence record of node %s: %w", node, err)
+	}
+	return nil
+}

@@ -139,6 +139,18 @@ func fenced(err error) *Error {
 	return &Error{Code: VolumeUnavailable, Message: FencedMessage, Err: err}
 }
 
+// Fenced is the refusal of a call on a node the volume records as fenced
+// (its fence record, until an administrator re-admits it); err says why,
+// for the operator.
+func Fenced(err error) *Error { return fenced(err) }
+
+// IsFenced reports whether err is a fenced node's refusal: the volume
+// answered ESHUTDOWN or records this node as fenced.
+func IsFenced(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.Message == FencedMessage || errors.Is(err, syscall.ESHUTDOWN)
+}
+
 // Unavailable is the refusal of a call because something loomfs keeps on
 // the volume (named by what: "the quota account", "the audit log") can't
 // be opened or written. A full volume or the backing store's own quota is

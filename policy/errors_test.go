@@ -318,10 +318,20 @@ func TestFencedNode(t *testing.T) {
 			if got := policy.Errno(tc.err); got != syscall.EIO {
 				t.Errorf("Errno = %v, want EIO", got)
 			}
+			if !policy.IsFenced(tc.err) {
+				t.Error("IsFenced = false")
+			}
 		})
 	}
 	// A volume that is merely unavailable keeps the fixed message.
-	if pe := policy.Public(policy.Unavailable(policy.VolumeUnavailable, "the journal", syscall.EIO)); pe.Message == policy.FencedMessage {
+	unavailable := policy.Unavailable(policy.VolumeUnavailable, "the journal", syscall.EIO)
+	if pe := policy.Public(unavailable); pe.Message == policy.FencedMessage || policy.IsFenced(unavailable) {
 		t.Error("an EIO reads as a fence")
+	}
+	// A fence recorded on the volume, wrapped with the operator's detail,
+	// is the same refusal to a model.
+	recorded := fmt.Errorf("node a was fenced at …: %w", policy.Fenced(nil))
+	if pe := policy.Public(recorded); !policy.IsFenced(recorded) || pe.Code != policy.VolumeUnavailable || pe.Message != policy.FencedMessage {
+		t.Errorf("a recorded fence: IsFenced %v, Public %q %q", policy.IsFenced(recorded), pe.Code, pe.Message)
 	}
 }

@@ -226,6 +226,9 @@ func (b *Sandbox) removeOrQuarantine(ctx context.Context, ref, callID, why strin
 	}
 	b.record("container_remove_unconfirmed", callID, 0, map[string]any{"session": true, "error": err.Error()})
 	reason := fmt.Sprintf("session container %s: %s; its removal was not confirmed: %v", b.name, why, err)
+	if b.svc.writesNothing() {
+		return fmt.Errorf("%s; not quarantined: this node was fenced and writes nothing", reason)
+	}
 	m := store.Marker{Container: b.name, Node: b.svc.Node(), PID: pid(), Run: b.scope.Run, Call: callID, Time: b.started.UTC()}
 	if qerr := b.ws.QuarantineSession(m, reason); qerr != nil {
 		return fmt.Errorf("%s; and quarantining failed: %w", reason, qerr)
@@ -316,7 +319,7 @@ func (b *Sandbox) Stop(ctx context.Context, reason, callID string) error {
 	for _, p := range procs {
 		p.ended(reason, oom)
 	}
-	if err == nil {
+	if err == nil && !b.svc.writesNothing() { // a fenced node's marker is the taking-over node's
 		if cerr := b.ws.ClearSessionMarker(); cerr != nil {
 			err = cerr
 		}

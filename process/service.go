@@ -58,6 +58,9 @@ type Service struct {
 	boxes map[string]*Sandbox // by scope hash
 	procs map[string]*Process // by process id
 	wg    sync.WaitGroup
+	// fenced is the volume's fence of this node once Fence saw it: every
+	// later call is refused with it.
+	fenced error
 }
 
 var _ tools.ProcessRunner = (*Service)(nil)
@@ -94,6 +97,43 @@ func (s *Service) Close() error {
 	}
 	s.wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Fence ends this node's session sandboxes after the volume shut the node
+// out (loomfs fence; cause is the refusal that showed it): each one's
+// container is removed, its processes end, and every later call is
+// refused with cause. A fenced node writes nothing, so the sandboxes'
+// markers stay for the node that takes over (quarantine clear
+// --fenced-node).
+func (s *Service) Fence(ctx context.Context, cause error) error {
+	s.mu.Lock()
+	if s.fenced == nil {
+		s.fenced = cause
+	}
+	boxes := make([]*Sandbox, 0, len(s.boxes))
+	for _, b := range s.boxes {
+		boxes = append(boxes, b)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, b := range boxes {
+		errs = append(errs, b.Stop(ctx, "fenced", ""))
+	}
+	return errors.Join(errs...)
+}
+
+// writesNothing: once fenced, nothing this node's sandboxes do is written
+// to the volume (records, markers, quarantines, audit): the node that
+// takes over owns them, and a fenced node that can still reach the
+// volume (a fresh mount, a fence an operator confirmed) must not touch
+// them.
+func (s *Service) writesNothing() bool { return s.Fenced() != nil }
+
+// Fenced returns the fence Fence saw, or nil.
+func (s *Service) Fenced() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fenced
 }
 
 // Stop stops the session sandbox of ws's scope, if this node runs one;
@@ -179,8 +219,11 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 func (s *Service) sandbox(ctx context.Context, ws *store.Workspace, callID string) (*Sandbox, error) {
 	hash := ws.Scope().Hash()
 	s.mu.Lock()
-	b := s.boxes[hash]
+	b, fenced := s.boxes[hash], s.fenced
 	s.mu.Unlock()
+	if fenced != nil {
+		return nil, fenced
+	}
 	if b != nil {
 		if b.alive() {
 			return b, nil
@@ -201,7 +244,12 @@ func (s *Service) sandbox(ctx context.Context, ws *store.Workspace, callID strin
 	}
 	s.mu.Lock()
 	s.boxes[hash] = b
+	fenced = s.fenced
 	s.mu.Unlock()
+	if fenced != nil { // fenced while it started
+		b.Stop(ctx, "fenced", callID)
+		return nil, fenced
+	}
 	return b, nil
 }
 
@@ -317,6 +365,12 @@ func (s *Service) find(ws *store.Workspace, id string) (*Process, error) {
 	case !ok:
 		return nil, policy.Errorf(policy.NotFound, "no process %s in this workspace (ended processes are kept %s); see workspace_process_list", id, s.cfg.KeepEnded)
 	case rec.Node != s.Node():
+		if lost, ok := newFencedNodes(ws).settle(rec); ok {
+			rec = lost
+		}
+		if rec.Status == tools.StatusLost {
+			return nil, policy.Errorf(policy.NotFound, "process %s is %s", id, rec.Reason)
+		}
 		return nil, otherNode(rec.Node, "process "+id)
 	case rec.Status == tools.StatusExited:
 		return nil, policy.Errorf(policy.NotFound, "process %s has exited (exit code %s); its output is no longer kept", id, exitText(rec.ExitCode))
@@ -339,10 +393,19 @@ func (s *Service) collect(ws *store.Workspace) {
 	if err != nil {
 		return
 	}
+	fenced := newFencedNodes(ws)
 	for _, id := range ids {
 		var rec Record
 		if ok, err := ws.ReadProcessRecord(id, &rec); err != nil || !ok {
 			continue
+		}
+		if rec.Node != s.Node() {
+			// A fenced node's process: this node, taking over, records
+			// it lost, to be collected KeepEnded after the fence.
+			if lost, ok := fenced.settle(rec); ok {
+				ws.WriteProcessRecord(id, lost)
+				continue
+			}
 		}
 		s.mu.Lock()
 		_, live := s.procs[id]
@@ -399,7 +462,7 @@ func newProcessID() string {
 
 // record audits a process or sandbox event in the scope's log.
 func (b *Sandbox) record(op, callID string, bytes int64, detail map[string]any) {
-	if b.log == nil {
+	if b.log == nil || b.svc.writesNothing() {
 		return
 	}
 	d := map[string]any{"container": b.name, "node": b.svc.Node()}

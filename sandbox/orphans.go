@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -131,3 +132,27 @@ func (r *Runner) ContainerExists(ctx context.Context, name string) (bool, error)
 }
 
 func isNotFound(err error) bool { return err != nil && cerrdefs.IsNotFound(err) }
+
+// RemoveNode removes, with confirmation, every container on the engine
+// labelled with this runner's node, whoever started it: what a fenced
+// node does to the commands it still runs (their writes land nowhere, and
+// they must not outlive the fence). It returns those it removed.
+func (r *Runner) RemoveNode(ctx context.Context) ([]Container, error) {
+	all, err := r.Containers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var removed []Container
+	var errs []error
+	for _, c := range all {
+		if c.Node != r.Node() {
+			continue
+		}
+		if err := r.removeConfirmed(ctx, c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox: remove container %s: %w", c.Name, err))
+			continue
+		}
+		removed = append(removed, c)
+	}
+	return removed, errors.Join(errs...)
+}

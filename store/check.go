@@ -184,7 +184,7 @@ func fenceReady(ctx context.Context, r *CheckReport, root string) {
 	default:
 		return
 	}
-	m, err := fence.FindMount(ctx, mountPoints(root))
+	m, err := fence.FindMount(ctx, MountPoints(root))
 	if err != nil {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("whether loomfs fence can shut this node's mount out was not checked: %v", err))
 		return
@@ -281,9 +281,9 @@ func mountType(root string) string {
 	return mountTypeOf(string(b), unix.Major(st.Dev), unix.Minor(st.Dev))
 }
 
-// mountPoints lists where the mount root is on is mounted (the mount
+// MountPoints lists where the mount root is on is mounted (the mount
 // and its bind mounts), as /proc/self/mountinfo says.
-func mountPoints(root string) []string {
+func MountPoints(root string) []string {
 	var st unix.Stat_t
 	if err := unix.Stat(root, &st); err != nil {
 		return nil

@@ -38,6 +38,9 @@ type Config struct {
 	Root     string // the volume root; for local, defaults to DataDir/workspaces
 	VolumeID string // shared_posix: what the root's marker must hold
 	DataDir  string // local: AGENT_LOOM_DATA, default ./data
+	// IgnoreFence opens a shared volume that records this node as fenced
+	// (refused otherwise): for re-admitting the node, nothing else.
+	IgnoreFence bool
 }
 
 // RootPath returns the volume root the configuration names.
@@ -102,6 +105,11 @@ func openVolume(cfg Config) (*Volume, error) {
 	case BackendSharedPOSIX:
 		if err := CheckMarker(path, cfg.VolumeID); err != nil {
 			return nil, err
+		}
+		if !cfg.IgnoreFence {
+			if err := refuseFenced(path); err != nil {
+				return nil, err
+			}
 		}
 	default:
 		return nil, policy.Errorf(policy.InvalidInput, "backend %q: want %s or %s", cfg.Backend, BackendLocal, BackendSharedPOSIX)

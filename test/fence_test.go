@@ -7,6 +7,7 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,8 +29,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/fence"
+	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
 )
 
 // cephStateEnv is scripts/cephfs's state directory (its ceph.conf): the
@@ -369,6 +372,27 @@ func TestNodeFenceTakeover(t *testing.T) {
 		t.Errorf("late.txt as B sees it: %q %v", got, err)
 	}
 
+	// A's remount is refused by its own loomfs: the fresh client instance
+	// is not on the blocklist, but the fence is recorded on the volume.
+	// Re-admission refuses through the fenced mount and, run on A through
+	// a fresh one, lifts the fence.
+	remount := mountCephClient(t, conf, nameA)
+	a2 := mk(nameA, remount.dir)
+	m, code, err = a2.tool(scope, "workspace_write", `{"path":"owned.txt","content":"A's write through its remount"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errm, _ := m["error"].(map[string]any); code != 1 || errm["message"] != policy.FencedMessage {
+		t.Errorf("A's tool call through a fresh mount before re-admission: exit %d, %v; want this node was fenced", code, m)
+	}
+	if r := a.run("fence", "--readmit", "--node", nameA); r.code != 1 {
+		t.Errorf("re-admission through the fenced mount: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := a2.run("fence", "--readmit", "--node", nameA); r.code != 0 || !strings.Contains(string(r.stdout), "fresh client instance") {
+		t.Fatalf("re-admission on A through a fresh mount: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	a2.mustTool(scope, "workspace_write", `{"path":"readmitted.txt","content":"A again, re-admitted"}`)
+
 	// The control entry lapses at the monitor's next tick or so; A's
 	// entry, pinned by the fence, stays.
 	deadline := time.Now().Add(30 * time.Second)
@@ -394,10 +418,10 @@ func TestNodeFenceTakeover(t *testing.T) {
 	}
 }
 
-// TestFenceReadyCheck: on CephFS, loomfs check --probe says whether loomfs
+// TestNodeFenceReadyCheck: on CephFS, loomfs check --probe says whether loomfs
 // fence could shut this node's mount out, and what is missing when not,
 // as the mount's own ceph-fuse says over its admin socket.
-func TestFenceReadyCheck(t *testing.T) {
+func TestNodeFenceReadyCheck(t *testing.T) {
 	conf := cephConf(t)
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
@@ -454,6 +478,215 @@ func TestFenceReadyCheck(t *testing.T) {
 				t.Errorf("check --probe: exit %d, fenceable %v, fence_ready %+v; want it to fail saying %q", r.code, rep.Fenceable, *item, tc.want)
 			}
 		})
+	}
+}
+
+// TestNodeFencedRefusesUntilReadmitted: a node the volume records as
+// fenced serves nothing from it, even through a mount that works (a
+// fresh one): its tool calls answer the fenced error and its mount is
+// refused, saying how to re-admit it; only the administrator's re-admission
+// (which needs the record, and audits) lets it serve again.
+func TestNodeFencedRefusesUntilReadmitted(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	a.name = "fenced-a-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const scope = "acme/coder/readmit"
+	a.mustTool(scope, "workspace_write", `{"path":"a.txt","content":"before the fence"}`)
+	if r := b.run("fence", "--readmit", "--node", a.name); r.code != 1 || !strings.Contains(r.stderr, "no fence record") {
+		t.Errorf("readmit of a node never fenced: exit %d %s", r.code, r.stderr)
+	}
+	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "powered off"); r.code != 0 {
+		t.Fatalf("fence --confirm-fenced-externally: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+
+	m, code, err := a.tool(scope, "workspace_write", `{"path":"a.txt","content":"after the fence"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errm, _ := m["error"].(map[string]any); code != 1 || errm["code"] != string(policy.VolumeUnavailable) || errm["message"] != policy.FencedMessage {
+		t.Errorf("a fenced node's tool call: exit %d, %v; want volume_unavailable, this node was fenced", code, m)
+	}
+	mnt := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	mount := a.command("mount", "--scope", scope, mnt)
+	mount = exec.CommandContext(ctx, mount.Path, mount.Args[1:]...)
+	mount.Env, mount.Dir = a.command().Env, a.dir
+	r := runCmd(t, mount)
+	if isMounted(t, mnt) {
+		unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	if r.code != 1 || !strings.Contains(r.stderr, "node "+a.name+" was fenced") || !strings.Contains(r.stderr, "fence --readmit --node "+a.name) {
+		t.Errorf("a fenced node's mount: exit %d %s; want it refused, saying how to re-admit", r.code, r.stderr)
+	}
+	if m := b.mustTool(scope, "workspace_read", `{"path":"a.txt"}`); !strings.Contains(fmt.Sprint(m), "before the fence") {
+		t.Errorf("a.txt as node B reads it: %v", m)
+	}
+
+	// The administrator re-admits A: from then on it serves again.
+	if r := b.run("fence", "--readmit", "--node", a.name, "--reason", "replaced the disk"); r.code != 0 || !strings.Contains(string(r.stdout), "re-admitted") {
+		t.Fatalf("readmit: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if _, err := fence.Read(b.root, a.name); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the fence record after re-admission: %v", err)
+	}
+	a.mustTool(scope, "workspace_write", `{"path":"a.txt","content":"after re-admission"}`)
+	r = b.run("--json", "audit", "query", "--op", "readmit")
+	if r.code != 0 || !strings.Contains(string(r.stdout), `"fenced_by"`) || !strings.Contains(string(r.stdout), "replaced the disk") {
+		t.Errorf("the re-admission in the audit: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// nodeService is a node's loomfs serve on a shared volume, in
+// directories of the test's own; it is stopped at cleanup.
+type nodeService struct {
+	n   *node
+	env []string // the node's name and the service's socket
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+func startNodeService(t *testing.T, n *node) *nodeService {
+	t.Helper()
+	dir := t.TempDir()
+	socket, mountDir := filepath.Join(dir, "sock", "serve.sock"), filepath.Join(dir, "mnt")
+	t.Cleanup(func() { detachUnder(mountDir) })
+	s := &nodeService{n: n, env: append(cliEnv(), nodeid.Env+"="+n.name, "AGENT_LOOM_SERVE_SOCKET="+socket), out: &syncBuffer{}}
+	s.cmd = n.command("serve", "--socket", socket, "--mount-dir", mountDir)
+	s.cmd.Env = s.env
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		s.cmd.Wait()
+	})
+	waitFor(t, "loomfs serve to listen", func() bool { return strings.Contains(s.out.String(), "serving processes") })
+	return s
+}
+
+// run runs loomfs on the service's node, its calls going to the service.
+func (s *nodeService) run(args ...string) result {
+	s.n.t.Helper()
+	cmd := s.n.command(args...)
+	cmd.Env = s.env
+	return runCmd(s.n.t, cmd)
+}
+
+func (s *nodeService) tool(scope, name, input string) (map[string]any, int) {
+	s.n.t.Helper()
+	r := s.run("tool", name, "--scope", scope, "--input", input)
+	var m map[string]any
+	json.Unmarshal(r.stdout, &m)
+	return m, r.code
+}
+
+// TestNodeFencedStopsItsWork: once the volume records node A as fenced,
+// A's loomfs serve fences itself within seconds: its session sandbox and
+// the container of a one-shot command A's tool call is still running are
+// removed, the service stays up and says so, and A's calls are refused
+// with the fenced error. Node B, taking over, sees A's process as lost,
+// through its own service and without one.
+func TestNodeFencedStopsItsWork(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	// A fenced node removes every container the engine runs for it: its
+	// name is the test's own, never one another test's containers carry.
+	a.name = "fenced-a-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const scope = "acme/coder/fenced-work"
+	sa, sb := startNodeService(t, a), startNodeService(t, b)
+	nodeContainers := func() []string {
+		t.Helper()
+		b, err := exec.Command("docker", "ps", "-aq", "--filter", "label=io.loomfs.node="+a.name).Output()
+		if err != nil {
+			t.Fatalf("docker ps: %v", err)
+		}
+		return strings.Fields(string(b))
+	}
+	t.Cleanup(func() {
+		if ids := nodeContainers(); len(ids) > 0 {
+			exec.Command("docker", append([]string{"rm", "-f"}, ids...)...).Run()
+		}
+	})
+
+	m, code := sa.tool(scope, tools.ProcessStart, `{"command":"sleep 600","yield_ms":100}`)
+	if code != 0 {
+		t.Fatalf("process start on A: exit %d %v", code, m)
+	}
+	pid, _ := m["process_id"].(string)
+	// A one-shot command, still running when the fence comes.
+	ended := make(chan map[string]any, 1)
+	go func() {
+		cmd := a.command("tool", tools.Command, "--scope", scope+"-cmd", "--input", `{"command":"sleep 110","timeout_s":120}`)
+		cmd.Env = sa.env
+		var o bytes.Buffer
+		cmd.Stdout = &o
+		cmd.Run()
+		var m map[string]any
+		json.Unmarshal(o.Bytes(), &m)
+		ended <- m
+	}()
+	slowly := func(cond func() bool) func() bool {
+		return func() bool { time.Sleep(100 * time.Millisecond); return cond() }
+	}
+	waitFor(t, "A's session sandbox and command container", slowly(func() bool { return len(nodeContainers()) == 2 }))
+
+	fenced := time.Now()
+	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "test"); r.code != 0 {
+		t.Fatalf("fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	waitFor(t, "A's containers to be removed after its fence", slowly(func() bool { return len(nodeContainers()) == 0 }))
+	gone := time.Since(fenced)
+	waitFor(t, "A's serve to say it was fenced", func() bool { return strings.Contains(sa.out.String(), "FENCED") })
+	if err := sa.cmd.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("A's serve ended after the fence: %v: %s", err, sa.out)
+	}
+	m, code = sa.tool(scope, tools.ProcessList, `{}`)
+	if errm, _ := m["error"].(map[string]any); code != 1 || errm["message"] != policy.FencedMessage {
+		t.Errorf("A's call after its fence: exit %d %v; want this node was fenced", code, m)
+	}
+	select {
+	case m := <-ended:
+		t.Logf("A's one-shot command answered exit code %v, error %v", m["exit_code"], m["error"])
+	case <-time.After(30 * time.Second):
+		t.Error("A's one-shot command still runs 30 s after its container was removed")
+	}
+	t.Logf("A's containers gone %s after the fence was recorded", gone.Round(time.Millisecond))
+
+	// B takes over: A's process is lost, without a service and through
+	// B's, which records it so; a call for it says why.
+	lost := func(how string, procs []tools.ProcessInfo) {
+		t.Helper()
+		for _, p := range procs {
+			if p.ProcessID == pid {
+				if p.Status != tools.StatusLost || p.Ended == nil || !strings.Contains(p.Reason, "fenced") {
+					t.Errorf("A's process %s: %+v; want lost, ended at the fence", how, p)
+				}
+				return
+			}
+		}
+		t.Errorf("A's process %s is not listed: %+v", how, procs)
+	}
+	noService := b.command("--json", "processes", "list", "--scope", scope)
+	noService.Env = append(noService.Env, "AGENT_LOOM_SERVE_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
+	r := runCmd(t, noService)
+	var procs []tools.ProcessInfo
+	if r.code != 0 || json.Unmarshal(r.stdout, &procs) != nil {
+		t.Fatalf("processes list on B without a service: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	lost("listed on B without a service", procs)
+	var res tools.ProcessListResult
+	m, code = sb.tool(scope, tools.ProcessList, `{}`)
+	if b, _ := json.Marshal(m); code != 0 || json.Unmarshal(b, &res) != nil {
+		t.Fatalf("workspace_process_list on B: exit %d %v", code, m)
+	}
+	lost("listed through B's service", res.Processes)
+	var rec map[string]any
+	if r := sb.run("processes", "show", "--scope", scope, pid); r.code != 0 || json.Unmarshal(r.stdout, &rec) != nil || rec["status"] != tools.StatusLost {
+		t.Errorf("A's process record after B's listing: exit %d %s; want it recorded lost", r.code, r.stdout)
+	}
+	m, code = sb.tool(scope, tools.ProcessRead, `{"process_id":"`+pid+`"}`)
+	if errm, _ := m["error"].(map[string]any); code != 1 || errm["code"] != string(policy.NotFound) || !strings.Contains(fmt.Sprint(errm["message"]), "fenced") {
+		t.Errorf("B reading A's lost process: exit %d %v; want not_found saying A was fenced", code, m)
 	}
 }
 

@@ -101,7 +101,7 @@ type ProcessSignalRequest struct {
 // OOMKilled says the memory limit killed it.
 type ProcessOutput struct {
 	ProcessID    string `json:"process_id"`
-	Status       string `json:"status"` // running or exited
+	Status       string `json:"status"` // running, exited, or lost (its node was fenced)
 	ExitCode     *int   `json:"exit_code"`
 	TTY          bool   `json:"tty"`
 	Output       string `json:"output"`
@@ -121,6 +121,9 @@ type ProcessOutput struct {
 const (
 	StatusRunning = "running"
 	StatusExited  = "exited"
+	// StatusLost: the node that ran it was fenced (loomfs fence); it
+	// ended there, at a time nobody recorded, and its output is gone.
+	StatusLost = "lost"
 )
 
 // ProcessInfo describes one process of a scope.

@@ -31,7 +31,16 @@ Each node's mount must carry that metadata and client_reconnect_stale off
 
 On any other filesystem loomfs can't fence a node: it refuses and says what
 to do instead. Once the operator has made sure N can't write,
---confirm-fenced-externally records the fence without touching the storage.`
+--confirm-fenced-externally records the fence without touching the storage.
+
+A node the volume records as fenced serves nothing from it: "loomfs mount",
+"serve", "tool", "run" and every command that opens the volume refuse on it,
+even through a fresh mount. "loomfs fence --readmit --node N" re-admits it,
+once its loomfs processes and containers are stopped and its volume is
+mounted afresh: it reads N's fence record (refusing if there is none) and,
+run on N itself over ceph-fuse, refuses while N's mount is still one of the
+fenced client instances; then it audits the re-admission and lifts the
+record.`
 
 // nfsInstead is what an operator must do where loomfs can't fence.
 const nfsInstead = `make sure it can no longer write: power it off (or fence it through its power
@@ -43,10 +52,10 @@ server's grace period while it stays cut off; then run again with
 func newFenceCmd(g *globals) *cobra.Command {
 	var node, reason string
 	var expire time.Duration
-	var confirmed bool
+	var confirmed, readmit bool
 	var ceph fence.Ceph
 	cmd := &cobra.Command{
-		Use:   "fence --node N [--reason TEXT]",
+		Use:   "fence --node N [--reason TEXT] | fence --readmit --node N",
 		Short: "Shut a node presumed dead out of the volume before its work moves (administrators)",
 		Long:  fenceHelp,
 		Args:  exactArgs(0),
@@ -54,6 +63,12 @@ func newFenceCmd(g *globals) *cobra.Command {
 			ctx := cmd.Context()
 			if err := fence.CheckNode(node); err != nil {
 				return usagef("--node: %v", err)
+			}
+			if readmit {
+				if confirmed {
+					return usagef("--readmit re-admits a fenced node; --confirm-fenced-externally fences one")
+				}
+				return g.readmit(cmd, node, reason)
 			}
 			if self, err := nodeid.Name(); err == nil && self == node {
 				return usagef("--node %s is this node: a node is fenced from another one", node)
@@ -104,6 +119,7 @@ func newFenceCmd(g *globals) *cobra.Command {
 	f.StringVar(&reason, "reason", "", "why, for the record and the audit")
 	f.DurationVar(&expire, "expire", fence.DefaultExpire, "how long the blocklist entries last (a fence is lifted by a fresh mount, not by this)")
 	f.BoolVar(&confirmed, "confirm-fenced-externally", false, "record a fence the operator made outside loomfs (power-off, export removal)")
+	f.BoolVar(&readmit, "readmit", false, "re-admit fenced node N once it is stopped and mounted afresh: checks and lifts its fence record")
 	f.StringVar(&ceph.Conf, "ceph-conf", os.Getenv("CEPH_CONF"), "ceph.conf of the volume's cluster ($CEPH_CONF)")
 	f.StringVar(&ceph.ID, "ceph-id", "", "cephx user that may evict clients and blocklist (default: ceph's own)")
 	f.StringVar(&ceph.FS, "ceph-fs", "", "the CephFS file system's name, if the cluster has several")
@@ -203,5 +219,60 @@ func (g *globals) clearFenced(cmd *cobra.Command, node string) error {
 		n++
 	}
 	fmt.Fprintf(out, "%d quarantine(s) of node %s cleared (fenced %s, %s); no other marker, lock or file was touched\n", n, node, rec.Time.Format(time.RFC3339), rec.Method)
+	return nil
+}
+
+// readmit lifts node's fence record after checking it, so that the node
+// may serve the volume again through a fresh mount. Run on the node
+// itself over ceph-fuse, it refuses while the node's mount is one of the
+// fenced instances: that mount can never serve again.
+func (g *globals) readmit(cmd *cobra.Command, node, reason string) error {
+	ctx := cmd.Context()
+	cfg := g.storeConfig()
+	cfg.IgnoreFence = true
+	vol, err := store.OpenVolume(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer vol.Close()
+	rec, err := fence.Read(vol.Path(), node)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("node %s has no fence record on this volume: nothing to re-admit", node)
+	}
+	if err != nil {
+		return err
+	}
+	checked := "its mount was not checked (run on node " + node + " itself to have it checked)"
+	if self, _ := nodeid.Name(); self == node && store.Filesystem(vol.Path()) == "fuse.ceph-fuse" {
+		m, err := fence.FindMount(ctx, store.MountPoints(vol.Path()))
+		if err != nil {
+			return fmt.Errorf("node %s not re-admitted: can't tell whether its mount is a fresh one: %w", node, err)
+		}
+		fenced := m.Blocklisted
+		for _, in := range rec.Instances {
+			fenced = fenced || m.Addr == in.Addr
+		}
+		if fenced {
+			return fmt.Errorf("node %s not re-admitted: its mount is still a fenced client instance (client.%d %s), which can never serve again: stop this node's loomfs processes and containers, unmount it and mount afresh, then re-admit", node, m.ID, m.Addr)
+		}
+		checked = fmt.Sprintf("its mount is a fresh client instance (client.%d)", m.ID)
+	}
+	log, err := audit.Open(vol.Path(), audit.Options{})
+	if err != nil {
+		return fmt.Errorf("node %s not re-admitted: the audit log can't be written: %w", node, err)
+	}
+	defer log.Close()
+	by, _ := nodeid.Name()
+	detail := map[string]any{"node": node, "by": by, "reason": reason, "fenced_at": rec.Time, "fenced_by": rec.By, "method": rec.Method}
+	if err := log.Record(ctx, audit.Event{Source: audit.SourceAdmin, Op: "readmit", Result: "ok", Detail: detail}); err != nil {
+		return fmt.Errorf("node %s not re-admitted: the audit log can't be written: %w", node, err)
+	}
+	if err := fence.Remove(vol.Path(), node); err != nil {
+		return err
+	}
+	if g.json {
+		return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]any{"node": node, "readmitted": true, "fenced_at": rec.Time, "checked": checked})
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "node %s re-admitted (fenced %s by %s, %s); %s\n", node, rec.Time.Format(time.RFC3339), rec.By, rec.Method, checked)
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/process"
-	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
 
@@ -32,7 +31,13 @@ cursor. show prints one record as JSON. stop asks this node's service
 ("loomfs serve") to stop the scope's session sandbox: its container is
 removed with confirmation, its processes end, and the session marker goes.
 A scope whose sandbox runs on another node is stopped there (the error
-names the node).`,
+names the node).
+
+A process recorded running on a node the volume records as fenced ("loomfs
+fence --help") is listed as lost, ended at the fence: its node writes
+nothing any more and stops its own sandboxes once it sees the fence. A
+listing through this node's service records it so, and the record is
+collected an hour (the keep-ended time) after the fence.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return usagef("processes needs a subcommand: list, show or stop")
@@ -54,7 +59,7 @@ names the node).`,
 			defer c.Close()
 			procs, err := c.ListProcesses(ctx, ws)
 			if policy.CodeOf(err) == policy.ProcessServiceUnavailable {
-				procs, err = records(ws)
+				procs, err = process.Records(ws)
 			}
 			if err != nil {
 				return printToolError(cmd, err)
@@ -142,20 +147,4 @@ names the node).`,
 		cmd.AddCommand(c)
 	}
 	return cmd
-}
-
-// records reads the scope's process records, for when no service answers.
-func records(ws *store.Workspace) ([]tools.ProcessInfo, error) {
-	ids, err := ws.ProcessRecordIDs()
-	if err != nil {
-		return nil, err
-	}
-	var out []tools.ProcessInfo
-	for _, id := range ids {
-		var rec process.Record
-		if ok, err := ws.ReadProcessRecord(id, &rec); err == nil && ok {
-			out = append(out, rec.Info())
-		}
-	}
-	return out, nil
 }

@@ -46,6 +46,14 @@ confirmation before its marker goes. If this service dies with sandboxes
 running, their scopes are quarantined at the next write or command, as for
 a one-shot command ("loomfs quarantine --help").
 
+Every ` + loom.FenceCheckEvery.String() + ` it asks the volume whether this node was fenced ("loomfs
+fence --help"): once its storage client answers ESHUTDOWN or the volume
+records its fence, it stops every session sandbox, removes every container
+the engine runs for this node (one-shot commands included), says so on
+stderr and in /readyz (condition "fence"), and refuses every call with
+volume_unavailable "this node was fenced" until it is stopped; it serves
+again only after the node is re-admitted and the service started afresh.
+
 --node names this worker in markers, records and labels (default
 $AGENT_LOOM_NODE or the hostname): calls on another node for a process of
 this one answer process_on_other_node naming it.
@@ -68,11 +76,18 @@ this one answer process_on_other_node naming it.
 				return err
 			}
 			defer stopMetrics()
-			svc, closeSvc, err := g.newProcessService(ctx, node, mountDir)
+			n, svc, closeSvc, err := g.newProcessService(ctx, node, mountDir)
 			if err != nil {
 				return printToolError(cmd, err)
 			}
 			g.obs.watchService(svc)
+			go func() {
+				// A fenced node stops its work and keeps answering, with
+				// the fence, until it is stopped.
+				if err := n.WatchFence(ctx, loom.FenceCheckEvery); err != nil {
+					fmt.Fprintf(os.Stderr, "loomfs serve: FENCED: %v; every call is refused until an administrator re-admits this node and this service is started afresh\n", err)
+				}
+			}()
 			defer func() {
 				if err := closeSvc(); err != nil {
 					fmt.Fprintf(os.Stderr, "loomfs serve: stopping the session sandboxes: %v\n", err)
@@ -98,17 +113,17 @@ this one answer process_on_other_node naming it.
 
 // newProcessService is the node's own process service (loom.Node.Processes)
 // with this worker's name and mount directory; close stops its sandboxes.
-func (g *globals) newProcessService(ctx context.Context, node, mountDir string) (svc *process.Service, close func() error, err error) {
+func (g *globals) newProcessService(ctx context.Context, node, mountDir string) (n *loom.Node, svc *process.Service, close func() error, err error) {
 	cfg := loom.Config{MountDir: mountDir}
 	cfg.Sandbox.Node = node
-	n, err := g.node(cfg)
+	n, err = g.node(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	n.SweepStaleMounts()
 	svc, err = n.Processes(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return svc, n.Close, nil
+	return n, svc, n.Close, nil
 }
