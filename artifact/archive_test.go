@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -232,6 +233,74 @@ func TestArchiveDamageRefused(t *testing.T) {
 			_, _, err = st.RestoreArchive(ctx, ws2, "", snapshot.RestoreOptions{})
 			if !errors.Is(err, artifact.ErrDamaged) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "a.txt") {
 				t.Fatalf("restore of a damaged archive: %v; want ErrDamaged naming a.txt and %s", err, key)
+			}
+			if d := dump(t, fresh); !maps.Equal(d, want) {
+				t.Fatalf("the scope changed after a refused restore: %v, want %v", d, want)
+			}
+		})
+	}
+}
+
+// TestTamperedArchiveRefused: an archive whose entries were edited to name
+// a path a snapshot can't hold, or a content the store lacks, is refused
+// naming the archive, and the scope is unchanged.
+func TestTamperedArchiveRefused(t *testing.T) {
+	content := []byte("content of a.txt\n")
+	sum := sha256.Sum256(content)
+	sha := hex.EncodeToString(sum[:])
+	other := strings.Repeat("0", 64)
+	cases := []struct {
+		name, from, to string
+		names          string // "archive" or the content named by the refusal
+	}{
+		{"a path leaving the scope", `"path":"a.txt"`, `"path":"../a.txt"`, "archive"},
+		{"a size its content doesn't have", `"size":17`, `"size":18`, sha},
+		{"a content never uploaded", sha, other, other},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st, raw := openStore(t)
+			ctx := context.Background()
+			ws := openScope(t, t.TempDir())
+			if _, err := ws.WriteFile(ctx, "a.txt", content, nil); err != nil {
+				t.Fatal(err)
+			}
+			m, err := snapshot.Create(ctx, ws, snapshot.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := st.ArchiveSnapshot(ctx, ws.Volume(), archivedScope, ""); err != nil {
+				t.Fatal(err)
+			}
+			bucket := st.Config().Bucket
+			key := st.Config().Prefix + "snapshots/" + archivedScope.Hash() + "/" + m.ID + ".json"
+			out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: &key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			if _, err := io.Copy(&b, out.Body); err != nil {
+				t.Fatal(err)
+			}
+			out.Body.Close()
+			doc := b.String()
+			if !strings.Contains(doc, c.from) {
+				t.Fatalf("the archive holds no %s: %s", c.from, doc)
+			}
+			doc = strings.Replace(doc, c.from, c.to, 1)
+			if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: strings.NewReader(doc)}); err != nil {
+				t.Fatal(err)
+			}
+			fresh := t.TempDir()
+			ws2 := openScope(t, fresh)
+			want := dump(t, fresh)
+			_, _, err = st.RestoreArchive(ctx, ws2, "", snapshot.RestoreOptions{})
+			named := key
+			if c.names != "archive" {
+				named = st.Config().Prefix + "blobs/" + c.names[:2] + "/" + c.names
+			}
+			if !errors.Is(err, artifact.ErrDamaged) || !strings.Contains(err.Error(), named) {
+				t.Fatalf("restore of a tampered archive: %v; want ErrDamaged naming %s", err, named)
 			}
 			if d := dump(t, fresh); !maps.Equal(d, want) {
 				t.Fatalf("the scope changed after a refused restore: %v, want %v", d, want)

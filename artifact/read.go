@@ -18,10 +18,11 @@ import (
 	"github.com/agentloom/loomfs/store"
 )
 
-// ErrDamaged is wrapped by every error that finds the store's copy not
-// matching its manifest (a missing, truncated or altered object); the
+// ErrDamaged is wrapped by every error that finds the store's copy (a
+// published run, an archived snapshot) not matching its manifest: a
+// missing, truncated or altered object, or a manifest that was edited; the
 // message names the object.
-var ErrDamaged = errors.New("the published copy does not match its manifest")
+var ErrDamaged = errors.New("the store's copy does not match its manifest")
 
 // maxManifestBytes bounds a manifest read (store.MaxArtifacts files with
 // long names fit many times over).
