@@ -32,6 +32,9 @@ import (
 //	    max_bytes: 512 MiB  # cap on what the subtree holds
 //	    max_files: 10000
 //	    clear_at_run_end: true
+//	  - path: dist/
+//	    publish: true       # a run's output: "runs finish --publish" copies it to the object store
+//	                        # (no rule says so: output/)
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
 //	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
 //	commands: fresh         # or session: each workspace_command is an exec in the scope's session sandbox
@@ -478,7 +481,7 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 		item = deref(item)
 		e := entry{line: item.Line}
 		var pathNode *yaml.Node
-		known := []string{"path", "mode", "max_bytes", "max_files", "confirm", "clear_at_run_end", "create"}
+		known := []string{"path", "mode", "max_bytes", "max_files", "confirm", "clear_at_run_end", "publish", "create"}
 		err := p.mapping(item, "a rule", known, func(key string, k, v *yaml.Node) error {
 			var err error
 			switch key {
@@ -503,6 +506,8 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 				e.subtree.Confirm, err = p.confirm(v)
 			case "clear_at_run_end":
 				e.subtree.Temporary, err = p.boolean(v, "clear_at_run_end")
+			case "publish":
+				e.subtree.Publish, err = p.boolean(v, "publish")
 			case "create":
 				var mk bool
 				mk, err = p.boolean(v, "create")
@@ -520,7 +525,7 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 		if err != nil {
 			return nil, p.errf(pathNode, "path %q: %s", e.subtree.Prefix, AsError(err).Message)
 		}
-		if prefix == "." && (e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary) {
+		if prefix == "." && (e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary || e.subtree.Publish) {
 			return nil, p.errf(pathNode, "the workspace root takes only a mode; its size is set by limits.scope_bytes and limits.scope_files")
 		}
 		if first, dup := seen[prefix]; dup {
@@ -528,8 +533,8 @@ func (p *parser) rules(n *yaml.Node) ([]entry, error) {
 		}
 		seen[prefix] = item.Line
 		e.subtree.Prefix = prefix
-		if e.mode == "" && !e.subtree.Capped() && len(e.subtree.Confirm) == 0 && !e.subtree.Temporary {
-			return nil, p.errf(item, "the rule for %q says nothing: give a mode, a cap, confirm or clear_at_run_end", prefix)
+		if e.mode == "" && !e.subtree.Capped() && len(e.subtree.Confirm) == 0 && !e.subtree.Temporary && !e.subtree.Publish {
+			return nil, p.errf(item, "the rule for %q says nothing: give a mode, a cap, confirm, clear_at_run_end or publish", prefix)
 		}
 		out = append(out, e)
 	}
@@ -599,7 +604,7 @@ func (p *parser) merge(pol *Policy, entries []entry) error {
 		if e.mode != "" {
 			rules[prefix] = Rule{Prefix: prefix, Mode: e.mode}
 		}
-		if e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary {
+		if e.subtree.Capped() || len(e.subtree.Confirm) > 0 || e.subtree.Temporary || e.subtree.Publish {
 			subs[prefix] = e.subtree
 		}
 	}

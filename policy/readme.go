@@ -83,6 +83,9 @@ func (a area) describe() string {
 		if s.Temporary {
 			parts = append(parts, "emptied at the end of each run")
 		}
+		if s.Publish {
+			parts = append(parts, "kept as the run's output when the run is published")
+		}
 	}
 	return name + " " + strings.Join(parts, "; ")
 }

@@ -19,6 +19,9 @@ type Subtree struct {
 	MaxFiles  int64  // files and directories it may hold, itself included; 0: no cap
 	Confirm   []Op   // OpDelete and OpWrite (overwrite) need confirmation here
 	Temporary bool   // cleared at the end of each run
+	// Publish says the subtree is a run's output, copied to the object
+	// store when the run is published ("runs finish --publish").
+	Publish bool
 }
 
 // ConfirmTTL is how long a confirmation token stays valid.
@@ -153,6 +156,18 @@ func verbOf(op Op) string {
 		return "deleting"
 	}
 	return "overwriting"
+}
+
+// PublishedDirs returns the subtrees a finished run publishes (the policy
+// file's "publish: true"); none named, the caller's default applies.
+func (p *Policy) PublishedDirs() []string {
+	var out []string
+	for _, s := range p.Subtrees {
+		if s.Publish {
+			out = append(out, s.Prefix)
+		}
+	}
+	return out
 }
 
 // TemporaryDirs returns the subtrees cleared at the end of each run.

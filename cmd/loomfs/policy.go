@@ -172,8 +172,13 @@ func printPolicy(w io.Writer, pol *policy.Policy, src string) {
 			}
 			row[2] = strings.Join(c, ", ")
 		}
-		if s.Temporary {
+		switch {
+		case s.Temporary && s.Publish:
+			row[3] = "emptied, published"
+		case s.Temporary:
 			row[3] = "emptied"
+		case s.Publish:
+			row[3] = "published"
 		}
 		rows[s.Prefix] = row
 	}
@@ -209,6 +214,7 @@ func policyJSON(pol *policy.Policy, src string) any {
 		MaxFiles      int64    `json:"max_files,omitempty"`
 		Confirm       []string `json:"confirm,omitempty"`
 		ClearAtRunEnd bool     `json:"clear_at_run_end,omitempty"`
+		Publish       bool     `json:"publish,omitempty"`
 	}
 	type rule struct {
 		Path string      `json:"path"`
@@ -237,7 +243,7 @@ func policyJSON(pol *policy.Policy, src string) any {
 		out.Rules = append(out.Rules, rule{r.Prefix, r.Mode})
 	}
 	for _, s := range pol.Subtrees {
-		st := subtree{Path: s.Prefix, MaxBytes: s.MaxBytes, MaxFiles: s.MaxFiles, ClearAtRunEnd: s.Temporary}
+		st := subtree{Path: s.Prefix, MaxBytes: s.MaxBytes, MaxFiles: s.MaxFiles, ClearAtRunEnd: s.Temporary, Publish: s.Publish}
 		for _, op := range s.Confirm {
 			st.Confirm = append(st.Confirm, policy.ConfirmName(op))
 		}

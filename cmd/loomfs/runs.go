@@ -153,7 +153,8 @@ Prints the snapshots as JSON.
 --publish then copies the run's outputs from those snapshots to the S3
 object store, so they outlive the volume and stay as they were when the run
 finished ("loomfs artifacts list --published"): the files under each
---publish-path (output/ by default) of the main workspace and of each
+--publish-path (default: the subtrees the policy marks "publish: true",
+else output/) of the main workspace and of each
 --instance (as subagents/<instance>/...), as content-addressed objects (what
 the store already holds is not sent again), then a manifest with each
 file's path, size, sha256 and mode, the snapshots and the audit heads. The
@@ -203,7 +204,11 @@ replaced. With --publish the answer is {"snapshots": [...], "published":
 			if !publish {
 				return printJSON(cmd, out)
 			}
-			pub, err := g.publishRun(ctx, r, out, publishPaths)
+			paths := publishPaths
+			if len(paths) == 0 {
+				paths = pol.PublishedDirs()
+			}
+			pub, err := g.publishRun(ctx, r, out, paths)
 			if err != nil {
 				return refuse(cmd, g, err)
 			}
@@ -213,7 +218,7 @@ replaced. With --publish the answer is {"snapshots": [...], "published":
 	finish.Flags().StringVar(&runID, "run", "", "run id (required)")
 	finish.Flags().StringArrayVar(&instances, "instance", nil, "a child instance of the run to finish too (repeatable)")
 	finish.Flags().BoolVar(&publish, "publish", false, "publish the run's outputs to the S3 object store (AGENT_LOOM_S3_*)")
-	finish.Flags().StringArrayVar(&publishPaths, "publish-path", nil, "a subtree of each finished scope to publish (repeatable; default output, \".\" for all)")
+	finish.Flags().StringArrayVar(&publishPaths, "publish-path", nil, "a subtree of each finished scope to publish (repeatable; default: the policy's publish subtrees, else output; \".\" for all)")
 	cmd.AddCommand(create, show, finish)
 	return cmd
 }

@@ -282,3 +282,47 @@ func TestSnapshotArchiveCommands(t *testing.T) {
 		t.Errorf("the restore is not audited: %s", out)
 	}
 }
+
+// TestPublishPathsFromPolicy: with no --publish-path, runs finish
+// --publish publishes the subtrees the policy marks "publish: true"
+// instead of output/; --publish-path overrides it.
+func TestPublishPathsFromPolicy(t *testing.T) {
+	s3Test(t)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte("rules:\n  - path: dist/\n    publish: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "root")
+	cases := []struct {
+		run   string
+		extra []string
+		want  string
+	}{
+		{"r1", nil, "dist/app.tar"},
+		{"r2", []string{"--publish-path", "output"}, "output/log.txt"},
+	}
+	for _, c := range cases {
+		loomfs := func(args ...string) (string, string, int) {
+			t.Helper()
+			return runLoomfs(t, append([]string{"--root", root, "--policy", pol}, args...)...)
+		}
+		if out, errOut, code := loomfs("runs", "create", "--scope", "acme/coder/s-"+c.run, "--run", c.run, "--user", "alice"); code != exitOK {
+			t.Fatalf("runs create: exit %d: %s %s", code, out, errOut)
+		}
+		for _, p := range []string{"dist/app.tar", "output/log.txt"} {
+			in, _ := json.Marshal(map[string]string{"path": p, "content": p})
+			if out, errOut, code := loomfs("tool", "workspace_write", "--scope", "run:"+c.run, "--input", string(in)); code != exitOK {
+				t.Fatalf("write %s: exit %d: %s %s", p, code, out, errOut)
+			}
+		}
+		if out, errOut, code := loomfs(append([]string{"runs", "finish", "--run", c.run, "--publish"}, c.extra...)...); code != exitOK || !strings.Contains(out, `"files": 1`) {
+			t.Fatalf("%s: runs finish --publish %v: exit %d, %s %s; want one file", c.run, c.extra, code, out, errOut)
+		}
+		out, errOut, code := loomfs("--json", "artifacts", "list", "--published", "--run", c.run, "--user", "alice")
+		var m artifact.Manifest
+		if err := json.Unmarshal([]byte(out), &m); err != nil || code != exitOK || len(m.Files) != 1 || m.Files[0].Path != c.want {
+			t.Fatalf("%s: published %s %s (%v); want only %s", c.run, out, errOut, err, c.want)
+		}
+	}
+}
