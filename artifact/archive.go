@@ -45,9 +45,9 @@ func (s *Store) archivePrefix(sc store.Scope) string {
 }
 
 // ArchiveSnapshot copies snapshot id of scope sc ("" for its newest) to
-// the store: the contents the store lacks, then the archive object. An
-// archive already there is answered as it is (a retry after a cut upload
-// sends the rest and writes it).
+// the store: the contents the store lacks, then the archive object. A
+// retry after a cut upload sends the rest and writes it; an archive
+// already there is kept, and the contents it lost are sent again.
 func (s *Store) ArchiveSnapshot(ctx context.Context, vol *store.Volume, sc store.Scope, id string) (*Archive, Sent, error) {
 	var sent Sent
 	bucket, err := s.bucket()
@@ -73,9 +73,8 @@ func (s *Store) ArchiveSnapshot(ctx context.Context, vol *store.Volume, sc store
 	if err != nil {
 		return nil, sent, err
 	}
-	if old, err := s.archive(ctx, sc, id); err == nil {
-		return old, sent, nil
-	} else if policy.CodeOf(err) != policy.NotFound {
+	old, err := s.archive(ctx, sc, id)
+	if err != nil && policy.CodeOf(err) != policy.NotFound {
 		return nil, sent, err
 	}
 	entries, err := repo.Entries(id)
@@ -88,8 +87,13 @@ func (s *Store) ArchiveSnapshot(ctx context.Context, vol *store.Volume, sc store
 			todo = append(todo, blobSource{what: e.Path, sha: e.SHA256, size: e.Size, repo: repo})
 		}
 	}
+	// Every content is looked up even when the archive is there, so
+	// archiving again puts back what the store lost.
 	if sent, err = s.upload(ctx, bucket, todo); err != nil {
 		return nil, sent, err
+	}
+	if old != nil {
+		return old, sent, nil
 	}
 	a := &Archive{Version: archiveVersion, Scope: sc.String(), Archived: time.Now().UTC(), Snapshot: *m, Entries: entries}
 	body, err := json.Marshal(a)
@@ -261,4 +265,41 @@ func (s *Store) fetchBlob(ctx context.Context, repo *snapshot.Repo, e snapshot.E
 		return storeErr("read "+e.Path, err)
 	}
 	return nil
+}
+
+// VerifyArchive checks that snapshot id of sc is archived and that every
+// content it names is in the store with its size (retention.Archives:
+// gc reclaims nothing archive_before_reclaim protects unless this
+// passes). A snapshot never archived is not_found; a missing or short
+// content is ErrDamaged, naming it.
+func (s *Store) VerifyArchive(ctx context.Context, sc store.Scope, id string) error {
+	a, err := s.archive(ctx, sc, id)
+	if err != nil {
+		return err
+	}
+	bucket, _ := s.bucket()
+	var (
+		todo []snapshot.Entry
+		seen = map[string]bool{}
+	)
+	for _, e := range a.Entries {
+		if e.SHA256 != "" && !seen[e.SHA256] {
+			seen[e.SHA256] = true
+			todo = append(todo, e)
+		}
+	}
+	return each(ctx, todo, func(ctx context.Context, e snapshot.Entry) error {
+		key := s.blobKey(e.SHA256)
+		head, err := s.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &bucket, Key: &key})
+		if isNotFound(err) {
+			return fmt.Errorf("%w: %s: its content %s is missing", ErrDamaged, e.Path, key)
+		}
+		if err != nil {
+			return storeErr("look up "+e.Path, err)
+		}
+		if n := aws.ToInt64(head.ContentLength); n != e.Size {
+			return fmt.Errorf("%w: %s: its content %s has %d bytes, not %d", ErrDamaged, e.Path, key, n, e.Size)
+		}
+		return nil
+	})
 }

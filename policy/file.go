@@ -39,6 +39,7 @@ import (
 //	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
 //	commands: fresh         # or session: each workspace_command is an exec in the scope's session sandbox
 //	agent_merge: false      # true: an agent in a fork may merge it back itself (workspace_merge)
+//	archive_before_reclaim: false  # true: gc keeps what the object store has no verified archive of
 //	limits:
 //	  text_bytes: 2 MiB     # largest file the read and write tools handle
 //	  file_bytes: 1 GiB     # largest file through the filesystem
@@ -236,9 +237,10 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 		reserve    = map[string]Watermark{}
 		hooks      Hooks
 		agentMerge *bool
+		archive    *bool
 	)
 	known := []string{"version", "preset", "rules", "limits", "readme", "symlinks", "cache", "commands",
-		"priority", "limits_by_priority", "volume_reserve_low", "volume_reserve_normal", "hooks", "agent_merge"}
+		"priority", "limits_by_priority", "volume_reserve_low", "volume_reserve_normal", "hooks", "agent_merge", "archive_before_reclaim"}
 	err := p.mapping(root, "the policy file", known, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "version":
@@ -271,6 +273,12 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 				return p.errf(v, "agent_merge must be true or false")
 			}
 			agentMerge = &b
+		case "archive_before_reclaim":
+			var b bool
+			if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+				return p.errf(v, "archive_before_reclaim must be true or false")
+			}
+			archive = &b
 		case "symlinks":
 			s, err := p.str(v, "symlinks")
 			if err != nil {
@@ -362,6 +370,9 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 	}
 	if agentMerge != nil {
 		pol.AgentMerge = *agentMerge
+	}
+	if archive != nil {
+		pol.ArchiveBeforeReclaim = *archive
 	}
 	if cache != "" {
 		pol.Cache = cache

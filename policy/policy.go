@@ -87,6 +87,10 @@ type Policy struct {
 	// was forked from itself (the policy file's agent_merge). Off by
 	// default: the platform decides when a fork's work comes back.
 	AgentMerge bool
+	// ArchiveBeforeReclaim (the policy file's archive_before_reclaim)
+	// makes gc keep every old session and snapshot until a verified copy
+	// of it is in the object store ("loomfs snapshot archive").
+	ArchiveBeforeReclaim bool
 }
 
 // CheckAgentMerge refuses an agent's own merge of its fork unless the

@@ -47,3 +47,30 @@ func TestPublishedDirs(t *testing.T) {
 		})
 	}
 }
+
+// TestArchiveBeforeReclaim: the policy file's archive_before_reclaim,
+// off unless it says true.
+func TestArchiveBeforeReclaim(t *testing.T) {
+	cases := []struct {
+		file    string
+		want    bool
+		refused string
+	}{
+		{"preset: standard\n", false, ""},
+		{"archive_before_reclaim: true\n", true, ""},
+		{"archive_before_reclaim: false\n", false, ""},
+		{"archive_before_reclaim: always\n", false, "archive_before_reclaim must be true or false"},
+	}
+	for _, c := range cases {
+		pol, err := policy.Parse("p.yaml", []byte(c.file))
+		if c.refused != "" {
+			if err == nil || !strings.Contains(err.Error(), c.refused) {
+				t.Fatalf("%q: %v, want a refusal saying %q", c.file, err, c.refused)
+			}
+			continue
+		}
+		if err != nil || pol.ArchiveBeforeReclaim != c.want {
+			t.Fatalf("%q: archive_before_reclaim %v, %v; want %v", c.file, pol != nil && pol.ArchiveBeforeReclaim, err, c.want)
+		}
+	}
+}

@@ -43,6 +43,11 @@ type Options struct {
 	// (policy.Policy.Class); "" is normal. Sessions are reclaimed low
 	// first, then by age.
 	Priority policy.Priority
+	// ArchiveFirst (the policy's archive_before_reclaim) keeps every old
+	// session and snapshot whose archive in Archives is missing or
+	// unverified, saying so; with no Archives it keeps them all.
+	ArchiveFirst bool
+	Archives     Archives
 }
 
 // Item is one session or snapshot Collect removed, would remove, or kept
@@ -81,7 +86,8 @@ const (
 
 // Collect reclaims the sessions with no change for opt.MaxAge (their whole
 // directory, every run's children included) and the snapshots older than
-// that, except pinned ones and those of a scope that is busy. A failure on
+// that, except pinned ones, those of a scope that is busy and, with
+// opt.ArchiveFirst, those with no verified archive. A failure on
 // one item is recorded and the run goes on.
 func Collect(ctx context.Context, vol *store.Volume, opt Options) (*Report, error) {
 	if opt.MaxAge <= 0 {
@@ -228,6 +234,11 @@ func (g *collector) session(ctx context.Context, c candidate) error {
 		return nil
 	}
 	item.LastUsed = last.UTC()
+	if why := g.sessionArchiveReason(ctx, s, last); why != "" {
+		item.Reason = why
+		g.rep.Kept = append(g.rep.Kept, item)
+		return nil
+	}
 	if g.opt.DryRun {
 		g.rep.Removed = append(g.rep.Removed, item)
 		return nil
@@ -355,6 +366,11 @@ func (g *collector) scopeSnapshots(ctx context.Context, area *os.File, hash stri
 		it := Item{Kind: KindSnapshot, Scope: sc.String(), Snapshot: m.ID, LastUsed: m.Created, Bytes: m.NewBytes}
 		if p, err := isPinned(g.vol, sc, m.ID); err != nil || p {
 			it.Reason = "pinned"
+			g.rep.Kept = append(g.rep.Kept, it)
+			continue
+		}
+		if why := g.archiveReason(ctx, sc, m.ID); why != "" {
+			it.Reason = why
 			g.rep.Kept = append(g.rep.Kept, it)
 			continue
 		}

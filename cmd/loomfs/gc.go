@@ -30,6 +30,13 @@ has the policy's default class), and within a class the oldest first;
 With --clear-tmp --scope S, instead empty the subtrees the policy marks
 clear_at_run_end (tmp/ in the standard policy), as at the end of a run.
 
+With archive_before_reclaim: true in the policy, an old snapshot is reclaimed
+only once the S3 object store holds a verified archive of it ("loomfs snapshot
+archive": the archive and every content it names, with their sizes), and an
+old session only once each of its scopes has a snapshot taken since its last
+change, archived and verified; the others are kept and the report says why
+(no store configured, archive missing, or unverified and what is wrong).
+
 Progress goes to stderr; the report to stdout (JSON with --json).`
 
 func newGCCmd(g *globals) *cobra.Command {
@@ -61,12 +68,19 @@ func newGCCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer vol.Close()
-			rep, err := retention.Collect(ctx, vol, retention.Options{
-				MaxAge:   time.Duration(days) * 24 * time.Hour,
-				DryRun:   dryRun,
-				Progress: os.Stderr,
-				Priority: pol.Class(),
-			})
+			opt := retention.Options{
+				MaxAge:       time.Duration(days) * 24 * time.Hour,
+				DryRun:       dryRun,
+				Progress:     os.Stderr,
+				Priority:     pol.Class(),
+				ArchiveFirst: pol.ArchiveBeforeReclaim,
+			}
+			if opt.ArchiveFirst {
+				if opt.Archives, err = archivesFromEnv(ctx); err != nil {
+					return err
+				}
+			}
+			rep, err := retention.Collect(ctx, vol, opt)
 			if rep != nil && !dryRun {
 				for _, it := range rep.Removed {
 					if sc, perr := store.ParseScope(it.Scope); perr == nil {

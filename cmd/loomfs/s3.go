@@ -19,6 +19,7 @@ import (
 	"github.com/agentloom/loomfs/artifact"
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/retention"
 	"github.com/agentloom/loomfs/snapshot"
 	"github.com/agentloom/loomfs/store"
 )
@@ -283,4 +284,17 @@ func (g *globals) restoreArchive(ctx context.Context, ws *store.Workspace, id st
 	}
 	defer unlock()
 	return st.RestoreArchive(ctx, ws, id, snapshot.RestoreOptions{Locked: true})
+}
+
+// archivesFromEnv is the object store gc checks archives in, or nil when
+// AGENT_LOOM_S3_BUCKET names none (gc then keeps all it protects).
+func archivesFromEnv(ctx context.Context) (retention.Archives, error) {
+	cfg, err := artifact.ConfigFromEnv()
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if cfg.Bucket == "" {
+		return nil, nil
+	}
+	return artifact.Open(ctx, cfg)
 }
