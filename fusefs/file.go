@@ -267,9 +267,6 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	if !write {
-		f.traceUnrecorded(ctx, ev) // the audit keeps no record of a read's open
-	}
 	h, fuseFlags := newHandle(n, fd, rel, flags, false, !current)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
@@ -494,10 +491,13 @@ func (h *handle) release(ctx context.Context, why string) {
 	h.node.fsys.ws.NoteClose(h.change)
 	h.recordThrottle(ctx)
 	read, written := h.read.Load(), h.written.Load()
+	f := h.node.fsys
 	if !h.writable && read == 0 && !h.passthrough && !h.keptPages {
+		// An open that read nothing keeps no record; a traced call
+		// still gets its span, from the open to now.
+		f.traceUnrecorded(ctx, "open", h.path(), time.Since(h.opened))
 		return
 	}
-	f := h.node.fsys
 	ev := f.event(ctx, "release", h.path())
 	ev.Bytes = read + written
 	ev.Duration = time.Since(h.opened)

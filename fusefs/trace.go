@@ -15,8 +15,9 @@ import (
 // tracedSink makes a span of each record the mount keeps while it serves a
 // call sampled for it (tracing.SampleFUSE), as a child of the call's span:
 // one for each operation the audit records (an open, a create, a rename, a
-// refusal), never one per read(2) or write(2). Other calls cost a pointer
-// load per record.
+// refusal, the release of an open with what was read and written through
+// it), never one per read(2) or write(2). Other calls cost a pointer load
+// per record.
 type tracedSink struct {
 	audit.Sink
 	f *fsys
@@ -30,12 +31,13 @@ func (s tracedSink) Record(ctx context.Context, e audit.Event) error {
 	return err
 }
 
-// traceUnrecorded makes the span of an operation the audit keeps no record
-// of (an open for reading), for a call sampled as tracedSink's are.
-func (f *fsys) traceUnrecorded(ctx context.Context, e audit.Event) {
+// traceUnrecorded makes the span of an operation at rel that took took
+// and that the audit keeps no record of (an open that read nothing), for
+// a call sampled as tracedSink's are. An open for reading gets one span,
+// from the open to its release: its release record's, or this one.
+func (f *fsys) traceUnrecorded(ctx context.Context, op, rel string, took time.Duration) {
 	if c := f.servedCall(); c.traced {
-		e.Result = "ok"
-		traceRecord(ctx, c.Trace, e)
+		traceRecord(ctx, c.Trace, audit.Event{Op: op, Path: rel, Result: "ok", Duration: took})
 	}
 }
 

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // Result is the last self-check of one target.
@@ -162,9 +164,9 @@ func (c *Checker) Failing() error {
 	return nil
 }
 
-// ProbeFile is the prefix of a probe file's name: loomfs's own, as the
-// projection's readiness probe names its file.
-const ProbeFile = ".loomfs-probe-"
+// ProbeFile is the prefix of a probe file's name: loomfs's own reserved
+// name, the one the projection's readiness probe gives its file.
+const ProbeFile = policy.ProbePrefix
 
 // ProbeDir writes a small file in dir (a directory of loomfs's own on the
 // volume, never a scope's), syncs it, reads it back without following a
