@@ -153,15 +153,14 @@ Prints the snapshots as JSON.
 --publish then copies the run's outputs from those snapshots to the S3
 object store, so they outlive the volume and stay as they were when the run
 finished ("loomfs artifacts list --published"): the files under each
---publish-path (default: the subtrees the policy marks "publish: true",
-else output/) of the main workspace and of each
---instance (as subagents/<instance>/...), as content-addressed objects (what
-the store already holds is not sent again), then a manifest with each
-file's path, size, sha256 and mode, the snapshots and the audit heads. The
-manifest is written last, so a cut upload leaves none and the next
-"runs finish --publish" resumes it; a run is published once and never
-replaced. With --publish the answer is {"snapshots": [...], "published":
-{...}}.
+--publish-path (default: the subtrees the policy marks "publish: true", else
+output/) of the main workspace and of each --instance (as
+subagents/<instance>/...), as content-addressed objects (what the store
+already holds is not sent again), then a manifest with each file's path,
+size, sha256 and mode, the snapshots and the audit heads. The manifest is
+written last, so a cut upload leaves none and the next "runs finish
+--publish" resumes it; a run is published once and never replaced. With
+--publish the answer is {"snapshots": [...], "published": {...}}.
 
 ` + s3Help,
 		Args: exactArgs(0),

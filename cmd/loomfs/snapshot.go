@@ -199,8 +199,9 @@ store: each content the store lacks (named by its sha256, shared with published
 runs, so archiving a slowly changing scope again sends only its changes), then
 the snapshot's entries (paths, types, sizes, modes, times, sha256) under
 snapshots/<scope-hash>/<id>.json, written last: a cut upload leaves no archive,
-and archiving again resumes it. An archive already there is left as it is.
-"snapshot restore --from-archive" rebuilds the scope from it alone.
+and archiving again resumes it. An archive already there is kept, and
+archiving again sends any content the store has lost since. "snapshot restore
+--from-archive" rebuilds the scope from it alone.
 
 ` + s3Help,
 		Example: `  loomfs snapshot create --scope acme/coder/s1 && loomfs snapshot archive --scope acme/coder/s1
