@@ -122,11 +122,7 @@ func (s *Store) Publish(ctx context.Context, r *store.Run, snaps []*snapshot.Man
 	}
 	m := &Manifest{Version: manifestVersion, Run: r.ID(), User: b.User, Scope: b.MainScope().String(), VolumeID: b.VolumeID,
 		Published: now.UTC(), Paths: paths, Audit: opt.Audit, Files: []File{}}
-	type source struct {
-		repo *snapshot.Repo
-		file File
-	}
-	var todo []source
+	var todo []blobSource
 	for _, sm := range snaps {
 		sc, err := store.ParseScope(sm.Scope)
 		if err != nil {
@@ -161,7 +157,7 @@ func (s *Store) Publish(ctx context.Context, r *store.Run, snaps []*snapshot.Man
 			f := File{Path: prefix + e.Path, Size: e.Size, SHA256: e.SHA256, Mode: e.Perm, Snapshot: sm.ID}
 			m.Files = append(m.Files, f)
 			m.Bytes += f.Size
-			todo = append(todo, source{repo, f})
+			todo = append(todo, blobSource{what: f.Path, sha: f.SHA256, size: f.Size, repo: repo})
 		}
 	}
 	slices.SortFunc(m.Files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
@@ -177,11 +173,10 @@ func (s *Store) Publish(ctx context.Context, r *store.Run, snaps []*snapshot.Man
 
 	// Every content first; the first failure stops the rest, and no
 	// manifest is written.
-	blobs := make([]blobSource, len(todo))
-	for i, t := range todo {
-		blobs[i] = blobSource{what: t.file.Path, sha: t.file.SHA256, size: t.file.Size, repo: t.repo}
-	}
-	if sent, err = s.upload(ctx, bucket, blobs); err != nil {
+	if sent, err = s.upload(ctx, bucket, todo); err != nil {
+		if policy.CodeOf(err) == policy.Cancelled {
+			err = policy.Errorf(policy.Cancelled, "publishing run %s cancelled; publishing it again resumes", r.ID())
+		}
 		return nil, sent, err
 	}
 	body, err := json.MarshalIndent(m, "", "  ")
