@@ -49,7 +49,9 @@ type Process struct {
 	reason   string // why it ended, when its sandbox stopped under it
 	left     *int   // processes of its tree killed when it ended
 	oom      bool   // the memory limit killed it
-	hostPid  int    // the exec's pid as this host sees it, for the FUSE records
+	// tmp: the session's /tmp was full as it started, or as it ended.
+	tmp     *tools.SessionTmp
+	hostPid int // the exec's pid as this host sees it, for the FUSE records
 }
 
 // Record is a process's record under the scope's state directory: enough
@@ -205,6 +207,7 @@ func (p *Process) pump() {
 	code := p.inspectExit()
 	detail := map[string]any{"process_id": p.ID, "exec_id": p.execID, "exit_code": exitText(code)}
 	var left *int
+	var tmp *tools.SessionTmp
 	oom, reason := false, ""
 	if code == nil {
 		// The exec's end is unknown: the container may have ended
@@ -233,6 +236,10 @@ func (p *Process) pump() {
 		if oom {
 			detail["oom_killed"] = true
 		}
+		tmp = p.box.tmpUse(ctx)
+		if tmp != nil {
+			detail["session_tmp_full"] = true
+		}
 	}
 	p.hj.Close()
 	<-copied
@@ -240,6 +247,7 @@ func (p *Process) pump() {
 	already := p.isExited
 	if !already {
 		p.isExited, p.code, p.endedAt, p.left, p.oom, p.reason = true, code, time.Now().UTC(), left, oom, reason
+		p.tmp = tmp
 	}
 	p.mu.Unlock()
 	p.out.close()
@@ -448,6 +456,7 @@ func (p *Process) output(since int64, max int) tools.ProcessOutput {
 	if p.isExited {
 		o.Status, o.ExitCode, o.LeftRunningKilled, o.OOMKilled = tools.StatusExited, p.code, p.left, p.oom
 	}
+	o.SessionTmp = p.tmp
 	return o
 }
 

@@ -159,3 +159,41 @@ func TestOOMKilledReported(t *testing.T) {
 		t.Errorf("after KILL: %+v, want exited without oom_killed", r)
 	}
 }
+
+// TestTmpFullSaidSo: a process that fills the session's /tmp is answered,
+// as it ends, with how full /tmp is and what holds it; a start while it is
+// full starts (it may be the one that frees it) and says so too; once the
+// agent deletes the file, answers no longer do.
+func TestTmpFullSaidSo(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/tmpfull", "")
+	full := e.start(map[string]any{"command": "dd if=/dev/zero of=/tmp/fill bs=1M 2>/dev/null; echo filled", "yield_ms": 30000})
+	if full.Status != tools.StatusExited || full.SessionTmp == nil {
+		t.Fatalf("the process that filled /tmp: %+v, want exited with session_tmp_full", full)
+	}
+	st := full.SessionTmp
+	if st.Code != string(policy.SessionExhausted) || st.LimitBytes == 0 || st.UsedBytes < st.LimitBytes*9/10 {
+		t.Errorf("session_tmp_full %+v, want session_exhausted with the limit and use", st)
+	}
+	if len(st.Largest) == 0 || st.Largest[0].Path != "/tmp/fill" || !strings.Contains(st.Message, "/tmp/fill") || !strings.Contains(st.Message, "rm") {
+		t.Errorf("session_tmp_full %+v, want /tmp/fill named first as what holds it, and the step that frees it", st)
+	}
+	// A start while it is full: it starts, and its first answer says so.
+	freed := e.start(map[string]any{"command": "sleep 2; rm /tmp/fill && echo freed", "yield_ms": 200})
+	if freed.Status != tools.StatusRunning || freed.SessionTmp == nil {
+		t.Fatalf("a start while /tmp is full: %+v, want running with session_tmp_full", freed)
+	}
+	var r tools.ProcessOutput
+	waitFor(t, "the process that frees /tmp to exit", 30*time.Second, func() bool {
+		r = tools.ProcessOutput{} // an answer without session_tmp_full leaves the field as it was
+		e.must(tools.ProcessRead, map[string]any{"process_id": freed.ProcessID, "yield_ms": 1000}, &r)
+		return r.Status == tools.StatusExited
+	})
+	if r.ExitCode == nil || *r.ExitCode != 0 || r.SessionTmp != nil {
+		// Its answer as it ended: /tmp was free by then.
+		t.Errorf("the process that freed /tmp, as it ended: %+v %+v", r, r.SessionTmp)
+	}
+	after := e.start(map[string]any{"command": "echo ok > /tmp/x && cat /tmp/x", "yield_ms": 30000})
+	if after.SessionTmp != nil || !strings.Contains(after.Output, "ok") {
+		t.Errorf("a process after /tmp was freed: %+v", after)
+	}
+}

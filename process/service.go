@@ -204,10 +204,16 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 	if err := b.checkRoom(ctx); err != nil {
 		return nil, err
 	}
+	// A full /tmp does not stop a start (the process may be the one that
+	// frees it), but its answer says so.
+	tmp := b.tmpUse(ctx)
 	p, err := b.exec(ctx, newProcessID(), req)
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
+	p.tmp = tmp
+	p.mu.Unlock()
 	s.mu.Lock()
 	s.procs[p.ID] = p
 	s.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"github.com/docker/docker/pkg/stdcopy"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/tools"
 )
 
 // A process is its whole tree. Each process of a session runs under a
@@ -55,6 +56,9 @@ const firstGID = 200000
 //	census GID...   live processes per GID, and the processes of the whole
 //	                sandbox: "ok TOTAL GID:N..."
 //	oom             the memory cgroup's OOM kills so far: "ok N", "ok -"
+//	tmp             /tmp's kilobytes used and in all, and when it is full
+//	                its three largest entries: "ok USED TOTAL KB:NAME...",
+//	                "ok - -"
 const controllerScript = `members() {
 	local d s g f v r
 	m= n=0
@@ -110,6 +114,22 @@ oom() {
 	done
 	echo "ok -"
 }
+tmp() {
+	local h f t u r s p out
+	{ read -r h; read -r f t u r; } 2>/dev/null <<EOF
+$(df -Pk /tmp 2>/dev/null)
+EOF
+	case $u$t in *[!0-9]*|'') echo "ok - -"; return ;; esac
+	out="ok $u $t"
+	# The largest entries only when it is full (98%, tmpFull).
+	[ $((u*100)) -ge $((t*98)) ] || { echo "$out"; return; }
+	while read -r s p; do
+		[ -n "$p" ] && out="$out $s:$(printf %s "${p#/tmp/}" | tr ' \t:' '???')"
+	done <<EOF
+$(du -sk /tmp/* /tmp/.[!.]* 2>/dev/null | sort -rn | head -n 3)
+EOF
+	echo "$out"
+}
 echo ready
 while read -r c a b; do
 	case $c in
@@ -121,6 +141,7 @@ while read -r c a b; do
 		echo "$r" ;;
 	census) census $a $b ;;
 	oom) oom ;;
+	tmp) tmp ;;
 	*) echo "err $c" ;;
 	esac
 done`
@@ -343,6 +364,43 @@ func (b *Sandbox) oomKills(ctx context.Context) int {
 	}
 	return n
 }
+
+// tmpFull is how full the session's /tmp must be for an answer to say so:
+// a program that writes there then fails for want of room.
+const tmpFull = 0.98
+
+// tmpUse asks the controller how full the session's /tmp is; nil when it
+// is not full (or can't be told: a tmpfs of another shape, no df).
+func (b *Sandbox) tmpUse(ctx context.Context) *tools.SessionTmp {
+	f, err := b.ask(ctx, "tmp")
+	if err != nil || len(f) < 2 {
+		return nil
+	}
+	used, err1 := strconv.ParseInt(f[0], 10, 64)
+	total, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || total <= 0 || float64(used) < tmpFull*float64(total) {
+		return nil
+	}
+	t := &tools.SessionTmp{Code: string(policy.SessionExhausted), UsedBytes: used << 10, LimitBytes: total << 10}
+	var largest []string
+	for _, e := range f[2:] {
+		kb, name, ok := strings.Cut(e, ":")
+		n, err := strconv.ParseInt(kb, 10, 64)
+		if !ok || err != nil || name == ".loomfs" {
+			continue
+		}
+		t.Largest = append(t.Largest, tools.TmpEntry{Path: "/tmp/" + name, Bytes: n << 10})
+		largest = append(largest, fmt.Sprintf("/tmp/%s (%s)", name, mib(n<<10)))
+	}
+	t.Message = fmt.Sprintf("the session's /tmp is full (%s of %s): a program that writes there fails with \"No space left on device\"", mib(t.UsedBytes), mib(t.LimitBytes))
+	if len(largest) > 0 {
+		t.Message += "; the largest there: " + strings.Join(largest, ", ")
+	}
+	t.Message += ". Delete what you no longer need there (rm) with workspace_process_start, which still starts, or write into the workspace instead"
+	return t
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // pidsReserve is what a process start needs of the pids limit: the exec
 // itself, the shell that runs the command and the command's first child.

@@ -115,6 +115,25 @@ type ProcessOutput struct {
 	// LeftRunningKilled is set once the process exited.
 	LeftRunningKilled *int `json:"left_running_killed,omitempty"`
 	OOMKilled         bool `json:"oom_killed,omitempty"`
+	// SessionTmp is set when the session's /tmp was full as the process
+	// ended or started.
+	SessionTmp *SessionTmp `json:"session_tmp_full,omitempty"`
+}
+
+// SessionTmp says the session sandbox's /tmp is full: its limit, what it
+// holds, and what to do.
+type SessionTmp struct {
+	Code       string     `json:"code"` // session_exhausted
+	UsedBytes  int64      `json:"used_bytes"`
+	LimitBytes int64      `json:"limit_bytes"`
+	Largest    []TmpEntry `json:"largest,omitempty"`
+	Message    string     `json:"message"`
+}
+
+// TmpEntry is one of the largest entries at the top of /tmp.
+type TmpEntry struct {
+	Path  string `json:"path"`
+	Bytes int64  `json:"bytes"`
 }
 
 // Process states.
