@@ -236,7 +236,7 @@ func (p *Process) pump() {
 		if oom {
 			detail["oom_killed"] = true
 		}
-		tmp = p.box.tmpUse(ctx)
+		tmp = p.box.tmpUse(ctx, false)
 		if tmp != nil {
 			detail["session_tmp_full"] = true
 		}

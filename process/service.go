@@ -205,8 +205,9 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 		return nil, err
 	}
 	// A full /tmp does not stop a start (the process may be the one that
-	// frees it), but its answer says so.
-	tmp := b.tmpUse(ctx)
+	// frees it), but its answer says so, if the controller can tell at
+	// once.
+	tmp := b.tmpUse(ctx, true)
 	p, err := b.exec(ctx, newProcessID(), req)
 	if err != nil {
 		return nil, err

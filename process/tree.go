@@ -216,6 +216,11 @@ func (c *controller) readLine(ctx context.Context) (string, error) {
 func (c *controller) ask(ctx context.Context, req string) ([]string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.askLocked(ctx, req)
+}
+
+// askLocked is ask for a caller that holds c.mu.
+func (c *controller) askLocked(ctx context.Context, req string) ([]string, error) {
 	if c.dead {
 		return nil, errControllerGone
 	}
@@ -291,6 +296,26 @@ func (b *Sandbox) ask(ctx context.Context, req string) ([]string, error) {
 		}
 		return f, err
 	}
+}
+
+// askIdle sends req to the controller only if one is up and free now, and
+// reports whether it answered: for what an answer can go without, which
+// must never wait behind a kill of a fork bomb's tree (a start right after
+// one is what heals the session).
+func (b *Sandbox) askIdle(ctx context.Context, req string) ([]string, bool) {
+	if !b.ctlMu.TryLock() {
+		return nil, false
+	}
+	c := b.control
+	b.ctlMu.Unlock()
+	if c == nil || !c.mu.TryLock() {
+		return nil, false
+	}
+	defer c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	f, err := c.askLocked(ctx, req)
+	return f, err == nil
 }
 
 // killTree kills every process of gid and returns how many there were.
@@ -370,10 +395,23 @@ func (b *Sandbox) oomKills(ctx context.Context) int {
 const tmpFull = 0.98
 
 // tmpUse asks the controller how full the session's /tmp is; nil when it
-// is not full (or can't be told: a tmpfs of another shape, no df).
-func (b *Sandbox) tmpUse(ctx context.Context) *tools.SessionTmp {
-	f, err := b.ask(ctx, "tmp")
-	if err != nil || len(f) < 2 {
+// is not full (or can't be told: a tmpfs of another shape, no df). With
+// idle it asks only a controller free now (askIdle), and tells nothing
+// otherwise.
+func (b *Sandbox) tmpUse(ctx context.Context, idle bool) *tools.SessionTmp {
+	var f []string
+	if idle {
+		var ok bool
+		if f, ok = b.askIdle(ctx, "tmp"); !ok {
+			return nil
+		}
+	} else {
+		var err error
+		if f, err = b.ask(ctx, "tmp"); err != nil {
+			return nil
+		}
+	}
+	if len(f) < 2 {
 		return nil
 	}
 	used, err1 := strconv.ParseInt(f[0], 10, 64)
