@@ -7,45 +7,22 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
+	"github.com/agentloom/loomfs/tools"
 )
 
-// FenceCheckEvery is how often WatchFence asks the volume whether this
-// node was fenced.
-const FenceCheckEvery = 2 * time.Second
-
 // WatchFence asks the volume every interval whether this node was fenced
-// (its storage client answers ESHUTDOWN, or the volume records its fence)
-// until ctx ends. Once it was, the node fences itself: its session
-// sandboxes are stopped and their calls refused (process.Service.Fence),
-// and every container the engine runs for this node, one-shot commands
-// included, is removed; it then returns the fence. A fenced node serves
-// again only after an administrator re-admits it (loomfs fence --readmit)
-// and it is started afresh.
+// (store.WatchFence) until ctx ends. Once it was, the node fences itself:
+// its session sandboxes are stopped and their calls refused
+// (process.Service.Fence), and every container the engine runs for this
+// node, one-shot commands included, is removed; it then returns the
+// fence. A fenced node serves again only after an administrator
+// re-admits it (loomfs fence --readmit) and it is started afresh.
 func (n *Node) WatchFence(ctx context.Context, interval time.Duration) error {
-	if n.cfg.Store.Backend != store.BackendSharedPOSIX {
-		<-ctx.Done() // only a shared volume is fenced
-		return nil
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		vol, err := store.OpenVolume(ctx, n.cfg.Store)
-		if err == nil {
-			vol.Close()
-			continue
-		}
-		if !policy.IsFenced(err) {
-			continue // the volume's other troubles are the self-check's
-		}
+	if err := store.WatchFence(ctx, n.cfg.Store, interval); err != nil {
 		return n.fenced(ctx, err)
 	}
+	return nil
 }
 
 // fenced stops everything this node runs on the volume after its fence.
@@ -67,4 +44,22 @@ func (n *Node) fenced(ctx context.Context, cause error) error {
 	}
 	n.cfg.Log.Error("fenced: this node's work is stopped", zap.Int("containers_removed", removed), zap.Duration("took", time.Since(start)), zap.NamedError("sandbox_stop", stopErr))
 	return fmt.Errorf("%w (session sandboxes stopped, %d container(s) removed in %s)", cause, removed, time.Since(start).Round(time.Millisecond))
+}
+
+// exitKilled is the exit code of a command whose container was killed
+// (128 + SIGKILL).
+const exitKilled = 128 + 9
+
+// fencedAfter answers a command that was killed, or failed, on a node the
+// volume now records as fenced with the fence: its container was removed
+// by the node's own service (WatchFence), not by the command or its
+// timeout, and the caller must hear why.
+func (n *Node) fencedAfter(ctx context.Context, res tools.CommandResult, err error) (tools.CommandResult, error) {
+	if err == nil && (res.TimedOut || res.ExitCode != exitKilled) {
+		return res, err
+	}
+	if fence := store.FencedNow(context.WithoutCancel(ctx), n.cfg.Store); fence != nil {
+		return tools.CommandResult{}, fence
+	}
+	return res, err
 }

@@ -346,13 +346,15 @@ func (l *lazyCommands) RunCommand(ctx context.Context, ws *store.Workspace, req 
 		if err != nil {
 			return tools.CommandResult{}, err
 		}
-		return r.RunCommand(ctx, ws, req)
+		res, err := r.RunCommand(ctx, ws, req)
+		return l.n.fencedAfter(ctx, res, err)
 	}
 	l.once.Do(func() { l.cmds, l.err = l.n.newCommands(ctx, ws, l.log) })
 	if l.err != nil {
 		return tools.CommandResult{}, l.err
 	}
-	return l.cmds.RunCommand(ctx, ws, req)
+	res, err := l.cmds.RunCommand(ctx, ws, req)
+	return l.n.fencedAfter(ctx, res, err)
 }
 
 func (l *lazyCommands) close() {

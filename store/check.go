@@ -146,6 +146,9 @@ func Check(ctx context.Context, opts CheckOptions) *CheckReport {
 		}
 		r.Shared = true
 		r.add("marker", true, "%s holds %q", VolumeMarker, opts.VolumeID)
+		if err := refuseFenced(root); err != nil {
+			r.add("fenced", false, "%v", err)
+		}
 	} else if _, err := os.Lstat(filepath.Join(root, VolumeMarker)); err == nil {
 		r.Warnings = append(r.Warnings, "the root has a shared volume marker, but the local backend checks it as a local directory only")
 	}

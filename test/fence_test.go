@@ -584,8 +584,8 @@ func (s *nodeService) tool(scope, name, input string) (map[string]any, int) {
 // TestNodeFencedStopsItsWork: once the volume records node A as fenced,
 // A's loomfs serve fences itself within seconds: its session sandbox and
 // the container of a one-shot command A's tool call is still running are
-// removed, the service stays up and says so, and A's calls are refused
-// with the fenced error. Node B, taking over, sees A's process as lost,
+// removed, the service stays up and says so, A's calls are refused with
+// the fenced error, and A's loomfs mount unmounts and exits. Node B, taking over, sees A's process as lost,
 // through its own service and without one.
 func TestNodeFencedStopsItsWork(t *testing.T) {
 	_, a, b := sharedVolume(t)
@@ -629,6 +629,28 @@ func TestNodeFencedStopsItsWork(t *testing.T) {
 		return func() bool { time.Sleep(100 * time.Millisecond); return cond() }
 	}
 	waitFor(t, "A's session sandbox and command container", slowly(func() bool { return len(nodeContainers()) == 2 }))
+	// And a loomfs mount of A's, serving the scope.
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mount := a.command("mount", "--scope", scope, mnt)
+	mount.Env = sa.env
+	mountOut := &syncBuffer{}
+	mount.Stdout, mount.Stderr = mountOut, mountOut
+	if err := mount.Start(); err != nil {
+		t.Fatal(err)
+	}
+	mountEnded := make(chan error, 1)
+	go func() { mountEnded <- mount.Wait() }()
+	t.Cleanup(func() {
+		mount.Process.Signal(syscall.SIGTERM)
+		<-mountEnded
+		if isMounted(t, mnt) {
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	waitFor(t, "A's loomfs mount", func() bool { return strings.Contains(mountOut.String(), "mounted ") })
 
 	fenced := time.Now()
 	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "test"); r.code != 0 {
@@ -640,13 +662,25 @@ func TestNodeFencedStopsItsWork(t *testing.T) {
 	if err := sa.cmd.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("A's serve ended after the fence: %v: %s", err, sa.out)
 	}
+	select {
+	case err := <-mountEnded:
+		mountEnded <- err // for the cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(mountOut.String(), "FENCED") || isMounted(t, mnt) {
+			t.Errorf("A's mount after the fence: %v, mounted %v: %s", err, isMounted(t, mnt), mountOut)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("A's mount still serves 20 s after the fence: %s", mountOut)
+	}
 	m, code = sa.tool(scope, tools.ProcessList, `{}`)
 	if errm, _ := m["error"].(map[string]any); code != 1 || errm["message"] != policy.FencedMessage {
 		t.Errorf("A's call after its fence: exit %d %v; want this node was fenced", code, m)
 	}
 	select {
 	case m := <-ended:
-		t.Logf("A's one-shot command answered exit code %v, error %v", m["exit_code"], m["error"])
+		if errm, _ := m["error"].(map[string]any); errm["message"] != policy.FencedMessage {
+			t.Errorf("A's one-shot command, its container removed by the fence, answered %v; want this node was fenced", m)
+		}
 	case <-time.After(30 * time.Second):
 		t.Error("A's one-shot command still runs 30 s after its container was removed")
 	}

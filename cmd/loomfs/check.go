@@ -29,7 +29,9 @@ explicit flags and their AGENT_LOOM_* variables are read (--backend, --root,
 By default the check only looks: the root exists and is a directory; on the
 shared_posix backend its .agentloom-volume marker holds exactly the volume id;
 and whether this user may write there (asked of the kernel; nothing is
-written). It never creates a missing root or marker.
+written). It never creates a missing root or marker. A shared volume that
+records this node as fenced ("loomfs fence --help") fails the check until
+the node is re-admitted.
 
 With --policy it also says what the policy holds every scope's I/O to
 (io_bytes_per_s, io_ops_per_s) and how the projection caches (cache).

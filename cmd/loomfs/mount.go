@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/fusefs"
+	"github.com/agentloom/loomfs/store"
 )
 
 func init() { addCommand(newMountCmd) }
@@ -52,6 +53,11 @@ After SIGINT or SIGTERM it exits within --stop-timeout: a mount still busy
 then, or a workspace still closing (on a shared volume the quota share is
 folded into a ledger every node uses), is detached or left as a crash
 leaves it, for the next user of the scope; a second signal cuts it short.
+
+On a shared volume the mount asks every ` + store.FenceCheckEvery.String() + ` whether this node was fenced
+("loomfs fence --help"); once it was, it unmounts (detached if busy),
+leaves the workspace unclosed for the node that takes over, and exits 1. A
+node the volume records as fenced can't mount until it is re-admitted.
 
 The kernel keeps entries, attributes, failed lookups, listings and the
 pages of unchanged files for 5 minutes: the mount follows the scope's change
@@ -314,6 +320,14 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		}()
 	}
 
+	// A node fenced from the volume serves nothing more from it.
+	fenced := make(chan error, 1)
+	go func() {
+		if err := store.WatchFence(cctx, g.storeConfig(), store.FenceCheckEvery); err != nil {
+			fenced <- err
+		}
+	}()
+
 	ended := make(chan struct{})
 	go func() { m.Wait(); close(ended) }()
 	outside := false
@@ -323,6 +337,10 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		outside = true
 	case sig := <-sigs:
 		g.log.Info("unmounting", zap.String("signal", sig.String()), zap.String("mountpoint", m.Dir()))
+	case err := <-fenced:
+		endChecks()
+		served = true // and never closed: a fenced node writes nothing more
+		return stopFenced(m, err)
 	}
 	endChecks()
 	served = true
@@ -334,6 +352,25 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 		}
 		closeWS()
 	})
+}
+
+// stopFenced takes down the mount of a node the volume fenced: detached if
+// busy, its users cut off, and the workspace left as after a crash (the
+// node that takes over settles it), for closing it would write to the
+// volume.
+func stopFenced(m *fusefs.Mounted, fence error) error {
+	fmt.Fprintf(os.Stderr, "loomfs mount: FENCED: %v; unmounting %s and leaving the workspace to the node that takes over\n", fence, m.Dir())
+	done := make(chan error, 1)
+	go func() { done <- m.Unmount() }()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, fusefs.ErrDetached) {
+			fmt.Fprintf(os.Stderr, "loomfs mount: %v\n", err)
+		}
+	case <-time.After(defaultStopTimeout):
+		fmt.Fprintf(os.Stderr, "loomfs mount: unmounting %s took more than %v; exiting\n", m.Dir(), defaultStopTimeout)
+	}
+	return exitError{exitRefused}
 }
 
 // stopMount unmounts m and then runs closeAll, and returns once both are

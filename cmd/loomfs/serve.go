@@ -15,6 +15,7 @@ import (
 	"github.com/agentloom/loomfs/nodeservice"
 	"github.com/agentloom/loomfs/process"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
 )
 
 func init() { addCommand(newServeCmd) }
@@ -46,7 +47,7 @@ confirmation before its marker goes. If this service dies with sandboxes
 running, their scopes are quarantined at the next write or command, as for
 a one-shot command ("loomfs quarantine --help").
 
-Every ` + loom.FenceCheckEvery.String() + ` it asks the volume whether this node was fenced ("loomfs
+Every ` + store.FenceCheckEvery.String() + ` it asks the volume whether this node was fenced ("loomfs
 fence --help"): once its storage client answers ESHUTDOWN or the volume
 records its fence, it stops every session sandbox, removes every container
 the engine runs for this node (one-shot commands included), says so on
@@ -84,7 +85,7 @@ this one answer process_on_other_node naming it.
 			go func() {
 				// A fenced node stops its work and keeps answering, with
 				// the fence, until it is stopped.
-				if err := n.WatchFence(ctx, loom.FenceCheckEvery); err != nil {
+				if err := n.WatchFence(ctx, store.FenceCheckEvery); err != nil {
 					fmt.Fprintf(os.Stderr, "loomfs serve: FENCED: %v; every call is refused until an administrator re-admits this node and this service is started afresh\n", err)
 				}
 			}()
