@@ -246,6 +246,7 @@ func setUp(root string, v variant, round int) *benchEnv {
 	if e.m, err = fusefs.Mount(ctx, e.mounted.Workspace, e.mnt, opts); err != nil {
 		fail(err)
 	}
+	mounted[e.m] = true
 	// The tree the warm reads go over, read once so the kernel has it.
 	src := make([]byte, 4096)
 	for i := range treeFiles {
@@ -266,6 +267,7 @@ const treeFiles = 500
 
 func (e *benchEnv) close() {
 	e.m.Unmount()
+	delete(mounted, e.m)
 	os.Remove(e.mnt)
 	if e.span != nil {
 		e.span.End()
@@ -401,7 +403,14 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// mounted is every mount up now, for fail to take down: a mount left
+// behind breaks the next program that sweeps stale projections.
+var mounted = map[*fusefs.Mounted]bool{}
+
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "metricscost:", err)
+	for m := range mounted {
+		m.Unmount()
+	}
 	os.Exit(1)
 }
