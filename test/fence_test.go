@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/fence"
@@ -585,7 +586,8 @@ func (s *nodeService) tool(scope, name, input string) (map[string]any, int) {
 // A's loomfs serve fences itself within seconds: its session sandbox and
 // the container of a one-shot command A's tool call is still running are
 // removed, the service stays up and says so, A's calls are refused with
-// the fenced error, and A's loomfs mount unmounts and exits. Node B, taking over, sees A's process as lost,
+// the fenced error (its MCP session's too), and A's loomfs mount
+// unmounts and exits. Node B, taking over, sees A's process as lost,
 // through its own service and without one.
 func TestNodeFencedStopsItsWork(t *testing.T) {
 	_, a, b := sharedVolume(t)
@@ -651,6 +653,33 @@ func TestNodeFencedStopsItsWork(t *testing.T) {
 		}
 	})
 	waitFor(t, "A's loomfs mount", func() bool { return strings.Contains(mountOut.String(), "mounted ") })
+	// And an MCP session of A's.
+	mcpCmd := a.command("mcp", "--scope", scope)
+	mcpCmd.Env = sa.env
+	mcpErr := &syncBuffer{}
+	mcpCmd.Stderr = mcpErr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "loomfs-test", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: mcpCmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	mcpWrite := func(content string) (isError bool, text string) {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tools.Write, Arguments: map[string]any{"path": "mcp.txt", "content": content}})
+		if err != nil {
+			t.Fatalf("workspace_write over A's MCP: %v", err)
+		}
+		var txt strings.Builder
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				txt.WriteString(tc.Text)
+			}
+		}
+		return res.IsError, txt.String()
+	}
+	if isErr, txt := mcpWrite("before the fence"); isErr {
+		t.Fatalf("workspace_write over A's MCP before the fence: %s", txt)
+	}
 
 	fenced := time.Now()
 	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "test"); r.code != 0 {
@@ -675,6 +704,13 @@ func TestNodeFencedStopsItsWork(t *testing.T) {
 	m, code = sa.tool(scope, tools.ProcessList, `{}`)
 	if errm, _ := m["error"].(map[string]any); code != 1 || errm["message"] != policy.FencedMessage {
 		t.Errorf("A's call after its fence: exit %d %v; want this node was fenced", code, m)
+	}
+	waitFor(t, "A's MCP session to say it was fenced", func() bool { return strings.Contains(mcpErr.String(), "FENCED") })
+	if isErr, mcpSaw := mcpWrite("after the fence"); !isErr || !strings.Contains(mcpSaw, string(policy.VolumeUnavailable)) || !strings.Contains(mcpSaw, policy.FencedMessage) {
+		t.Errorf("A's MCP call after the fence: %q; want volume_unavailable, this node was fenced", mcpSaw)
+	}
+	if m := b.mustTool(scope, "workspace_read", `{"path":"mcp.txt"}`); !strings.Contains(fmt.Sprint(m), "before the fence") {
+		t.Errorf("mcp.txt as node B reads it: %v", m)
 	}
 	select {
 	case m := <-ended:

@@ -119,6 +119,10 @@ type Toolbox struct {
 	// Hooks are the platform's tool.before and tool.after hooks (package
 	// hooks); nil runs none.
 	Hooks *hooks.Chain
+	// Fenced, if set, is asked before every call: once it answers an
+	// error (the volume shut this node out, store.WatchFence), every call
+	// is refused with it, unaudited, for a fenced node writes nothing.
+	Fenced func() error
 
 	inflight sync.WaitGroup
 }
@@ -131,7 +135,14 @@ func (t *Toolbox) Call(ctx context.Context, name, callID string, input json.RawM
 	ctx, span := tracing.Start(ctx, "tool "+name, attribute.String("loomfs.tool", name),
 		attribute.String("loomfs.call_id", callID), attribute.String("loomfs.scope", t.WS.Scope().Hash()))
 	defer span.End()
-	res, err := t.audited(ctx, name, callID, input)
+	var res json.RawMessage
+	var err error
+	if t.Fenced != nil {
+		err = t.Fenced()
+	}
+	if err == nil {
+		res, err = t.audited(ctx, name, callID, input)
+	}
 	if err != nil {
 		orig, pe := policy.AsError(err), policy.Public(err)
 		span.SetAttributes(attribute.String("loomfs.code", string(pe.Code)))

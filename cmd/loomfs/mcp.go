@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/agentloom/loomfs/mcpserver"
+	"github.com/agentloom/loomfs/store"
 )
 
 func init() { addCommand(newMCPCmd) }
@@ -45,6 +47,10 @@ binds 127.0.0.1, never every interface. Any address beyond loopback needs
 --token-file: a file holding the bearer token every request must carry as
 "Authorization: Bearer <token>"; others get 401. "serving SCOPE at URL" is
 printed on stderr once the listener is up. SIGINT or SIGTERM stop the server.
+
+On a shared volume it asks every ` + store.FenceCheckEvery.String() + ` whether this node was fenced
+("loomfs fence --help"); once it was, every call is refused with
+volume_unavailable "this node was fenced", unaudited, until it is stopped.
 
 ` + metricsHelp,
 		Example: `  loomfs mcp --scope acme/coder/s1
@@ -86,6 +92,23 @@ func runMCP(ctx context.Context, g *globals, scope, httpAddr, tokenFile string) 
 	}
 	defer s.close()
 	s.node.SweepStaleMounts()
+	// A node fenced from the volume serves nothing more from it: every
+	// call is refused with the fence from then on.
+	var fence atomic.Pointer[error]
+	s.tools.Fenced = func() error {
+		if p := fence.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}
+	wctx, endWatch := context.WithCancel(ctx)
+	defer endWatch()
+	go func() {
+		if err := store.WatchFence(wctx, g.storeConfig(), store.FenceCheckEvery); err != nil {
+			fmt.Fprintf(os.Stderr, "loomfs mcp: FENCED: %v; every call is refused from now on\n", err)
+			fence.Store(&err)
+		}
+	}()
 	srv, err := mcpserver.New(s.tools, mcpserver.Options{Logger: g.slogger()})
 	if err != nil {
 		return err
