@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -39,9 +40,12 @@ type Sandbox struct {
 	id      string
 	callID  string // the call that started it: its projection's records name it between commands
 	started time.Time
-	idle    time.Duration
-	life    time.Duration
-	output  int
+	// tmpWasFull: /tmp was full when a process last ended, so a start asks
+	// again (tmpUse); other starts don't ask.
+	tmpWasFull atomic.Bool
+	idle       time.Duration
+	life       time.Duration
+	output     int
 
 	// The container's limits, for the answer that says one is spent.
 	pidsLimit, memLimit int64

@@ -206,8 +206,11 @@ func (s *Service) start(ctx context.Context, ws *store.Workspace, req tools.Proc
 	}
 	// A full /tmp does not stop a start (the process may be the one that
 	// frees it), but its answer says so, if the controller can tell at
-	// once.
-	tmp := b.tmpUse(ctx, true)
+	// once; only after a process ended with it full.
+	var tmp *tools.SessionTmp
+	if b.tmpWasFull.Load() {
+		tmp = b.tmpUse(ctx, true)
+	}
 	p, err := b.exec(ctx, newProcessID(), req)
 	if err != nil {
 		return nil, err

@@ -399,6 +399,12 @@ const tmpFull = 0.98
 // idle it asks only a controller free now (askIdle), and tells nothing
 // otherwise.
 func (b *Sandbox) tmpUse(ctx context.Context, idle bool) *tools.SessionTmp {
+	t := b.readTmp(ctx, idle)
+	b.tmpWasFull.Store(t != nil)
+	return t
+}
+
+func (b *Sandbox) readTmp(ctx context.Context, idle bool) *tools.SessionTmp {
 	var f []string
 	if idle {
 		var ok bool
