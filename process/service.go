@@ -85,7 +85,18 @@ func (s *Service) Node() string { return s.cfg.Runner.Node() }
 // Close stops every session sandbox and waits until their containers are
 // confirmed gone.
 func (s *Service) Close() error {
+	err := s.stopAll(context.Background(), "service_stop", nil)
+	s.wg.Wait()
+	return err
+}
+
+// stopAll stops every session sandbox for reason; a non-nil fenced is
+// recorded first, under the same lock, so no sandbox starts after it.
+func (s *Service) stopAll(ctx context.Context, reason string, fenced error) error {
 	s.mu.Lock()
+	if fenced != nil && s.fenced == nil {
+		s.fenced = fenced
+	}
 	boxes := make([]*Sandbox, 0, len(s.boxes))
 	for _, b := range s.boxes {
 		boxes = append(boxes, b)
@@ -93,9 +104,8 @@ func (s *Service) Close() error {
 	s.mu.Unlock()
 	var errs []error
 	for _, b := range boxes {
-		errs = append(errs, b.Stop(context.Background(), "service_stop", ""))
+		errs = append(errs, b.Stop(ctx, reason, ""))
 	}
-	s.wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -106,20 +116,7 @@ func (s *Service) Close() error {
 // markers stay for the node that takes over (quarantine clear
 // --fenced-node).
 func (s *Service) Fence(ctx context.Context, cause error) error {
-	s.mu.Lock()
-	if s.fenced == nil {
-		s.fenced = cause
-	}
-	boxes := make([]*Sandbox, 0, len(s.boxes))
-	for _, b := range s.boxes {
-		boxes = append(boxes, b)
-	}
-	s.mu.Unlock()
-	var errs []error
-	for _, b := range boxes {
-		errs = append(errs, b.Stop(ctx, "fenced", ""))
-	}
-	return errors.Join(errs...)
+	return s.stopAll(ctx, "fenced", cause)
 }
 
 // writesNothing: once fenced, nothing this node's sandboxes do is written
