@@ -68,6 +68,7 @@ type Registry struct {
 
 	mu         sync.Mutex
 	stateFuncs stateFuncs
+	fence      fenceState
 	logs       []statuser
 	// What closed logs wrote, so the totals never go down.
 	closedRecords, closedFailed float64

@@ -291,6 +291,7 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	r.WatchJournalFollow(func() (time.Time, bool) { return time.Now().Add(-time.Second), true })
 	r.WatchVolume(func() (Volume, error) { return Volume{Size: 100, Available: 5, Files: 10, FilesFree: 1}, nil })
 	r.WatchAuditSeal(func() (time.Time, bool, error) { return time.Now(), true, nil })
+	r.Fenced(time.Now())
 	stop := r.WatchQuota("acme/coder/s1", func() (int64, int64, bool) { return 10, 100, true })
 	defer stop()
 
@@ -302,7 +303,7 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range []string{"loomfs_self_check_ok", "loomfs_quarantine{", "loomfs_scope_quota_limit_bytes", "loomfs_audit_last_seal_timestamp_seconds", "loomfs_session_processes_running", "loomfs_build_info", "loomfs_volume_available_bytes", "loomfs_journal_follow_lag_seconds"} {
+	for _, name := range []string{"loomfs_self_check_ok", "loomfs_quarantine{", "loomfs_scope_quota_limit_bytes", "loomfs_audit_last_seal_timestamp_seconds", "loomfs_session_processes_running", "loomfs_build_info", "loomfs_volume_available_bytes", "loomfs_journal_follow_lag_seconds", "loomfs_node_fenced 1", "loomfs_node_fenced_timestamp_seconds"} {
 		if !bytes.Contains(body, []byte(name)) {
 			t.Errorf("exposition lacks %s", name)
 		}
@@ -311,6 +312,46 @@ func TestExpositionPassesPromtool(t *testing.T) {
 	cmd.Stdin = bytes.NewReader(body)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+}
+
+// TestNodeFenced: loomfs_node_fenced is absent until the process watches
+// a shared volume for its fence, 0 while it watches and its node is not
+// fenced, and 1 with the time it saw the fence once it is; the first time
+// stays.
+func TestNodeFenced(t *testing.T) {
+	r := New(Options{})
+	srv := httptest.NewServer(r.Handler())
+	defer srv.Close()
+	scrape := func() string {
+		t.Helper()
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		var lines []string
+		for _, l := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(l, "loomfs_node_fenced") {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	if got := scrape(); got != "" {
+		t.Errorf("before the process watches: %q, want no series", got)
+	}
+	r.WatchingFence()
+	if got := scrape(); got != "loomfs_node_fenced 0" {
+		t.Errorf("while watching: %q, want loomfs_node_fenced 0", got)
+	}
+	at := time.Unix(1700000000, 500e6)
+	r.Fenced(at)
+	r.Fenced(at.Add(time.Minute))
+	want := "loomfs_node_fenced 1\nloomfs_node_fenced_timestamp_seconds 1.7000000005e+09"
+	if got := scrape(); got != want {
+		t.Errorf("once fenced: %q, want %q", got, want)
 	}
 }
 

@@ -60,6 +60,10 @@ var (
 		"Inodes of the volume's filesystem still free.", nil, nil)
 	followLag = prometheus.NewDesc("loomfs_journal_follow_lag_seconds",
 		"Time since the mount last read its scope's change journals to drop what other doors and nodes changed from the kernel's caches (read every few hundred milliseconds; more means its follower is stuck).", nil, nil)
+	nodeFenced = prometheus.NewDesc("loomfs_node_fenced",
+		"1 once the shared volume shut this node out (loomfs fence: its storage client answers ESHUTDOWN, or the volume records its fence), 0 while the process watches and it was not; absent where the volume is not shared.", nil, nil)
+	nodeFencedAt = prometheus.NewDesc("loomfs_node_fenced_timestamp_seconds",
+		"When this process saw the fence of its node, in Unix seconds; absent until then.", nil, nil)
 	stateErr = prometheus.NewDesc("loomfs_state_read_errors_total",
 		"Scrapes that could not read a piece of state (quarantines, audit heads), by what.", []string{"what"}, nil)
 )
@@ -70,7 +74,7 @@ type stateCollector struct{ r *Registry }
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{auditQueued, auditRecords, auditFailed, auditUp, auditSeal,
 		quarantined, quarantine, sandboxes, processes, checkOK, checkTime, checkTook,
-		volSize, volAvail, volFiles, volFilesFree, followLag, stateErr} {
+		volSize, volAvail, volFiles, volFilesFree, followLag, nodeFenced, nodeFencedAt, stateErr} {
 		ch <- d
 	}
 }
@@ -90,6 +94,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	state := r.stateFuncs
+	fence := r.fence
 	r.mu.Unlock()
 
 	ch <- prometheus.MustNewConstMetric(auditQueued, prometheus.GaugeValue, queued)
@@ -137,6 +142,14 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if t, ok := state.follow(); ok {
 			ch <- prometheus.MustNewConstMetric(followLag, prometheus.GaugeValue, time.Since(t).Seconds())
 		}
+	}
+	if fence.watched {
+		v := 0.0
+		if !fence.at.IsZero() {
+			v = 1
+			ch <- prometheus.MustNewConstMetric(nodeFencedAt, prometheus.GaugeValue, float64(fence.at.UnixNano())/1e9)
+		}
+		ch <- prometheus.MustNewConstMetric(nodeFenced, prometheus.GaugeValue, v)
 	}
 	if state.checks != nil {
 		for _, ck := range state.checks() {
@@ -186,6 +199,34 @@ type stateFuncs struct {
 	checks      func() []Check
 	volume      func() (Volume, error)
 	follow      func() (time.Time, bool)
+}
+
+// fenceState is what the process's fence watcher said.
+type fenceState struct {
+	watched bool      // WatchingFence was called: the volume is shared
+	at      time.Time // when Fenced was called; zero while not fenced
+}
+
+// WatchingFence says the process watches whether its node is fenced from
+// a shared volume (store.WatchFence): loomfs_node_fenced is 0 from then
+// on, until Fenced.
+func (r *Registry) WatchingFence() {
+	r.mu.Lock()
+	r.fence.watched = true
+	r.mu.Unlock()
+}
+
+// Fenced says the process's fence watcher found this node fenced:
+// loomfs_node_fenced is 1 from then on (a fence is lifted only by
+// re-admitting the node and starting its loomfs afresh). The first call
+// sets the time.
+func (r *Registry) Fenced(at time.Time) {
+	r.mu.Lock()
+	r.fence.watched = true
+	if r.fence.at.IsZero() {
+		r.fence.at = at
+	}
+	r.mu.Unlock()
 }
 
 // WatchJournalFollow reports how long ago a mount last read its scope's

@@ -17,6 +17,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -546,13 +547,13 @@ type nodeService struct {
 	out *syncBuffer
 }
 
-func startNodeService(t *testing.T, n *node) *nodeService {
+func startNodeService(t *testing.T, n *node, args ...string) *nodeService {
 	t.Helper()
 	dir := t.TempDir()
 	socket, mountDir := filepath.Join(dir, "sock", "serve.sock"), filepath.Join(dir, "mnt")
 	t.Cleanup(func() { detachUnder(mountDir) })
 	s := &nodeService{n: n, env: append(cliEnv(), nodeid.Env+"="+n.name, "AGENT_LOOM_SERVE_SOCKET="+socket), out: &syncBuffer{}}
-	s.cmd = n.command("serve", "--socket", socket, "--mount-dir", mountDir)
+	s.cmd = n.command(append([]string{"serve", "--socket", socket, "--mount-dir", mountDir}, args...)...)
 	s.cmd.Env = s.env
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	if err := s.cmd.Start(); err != nil {
@@ -587,15 +588,25 @@ func (s *nodeService) tool(scope, name, input string) (map[string]any, int) {
 // the container of a one-shot command A's tool call is still running are
 // removed, the service stays up and says so, A's calls are refused with
 // the fenced error (its MCP session's too), and A's loomfs mount
-// unmounts and exits. Node B, taking over, sees A's process as lost,
-// through its own service and without one.
+// unmounts and exits. A's serve says so in /readyz and as
+// loomfs_node_fenced, 0 before and 1 after, on a real scrape. Node B,
+// taking over, sees A's process as lost, through its own service and
+// without one.
 func TestNodeFencedStopsItsWork(t *testing.T) {
 	_, a, b := sharedVolume(t)
 	// A fenced node removes every container the engine runs for it: its
 	// name is the test's own, never one another test's containers carry.
 	a.name = "fenced-a-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	const scope = "acme/coder/fenced-work"
-	sa, sb := startNodeService(t, a), startNodeService(t, b)
+	metricsA := freeAddr(t)
+	sa, sb := startNodeService(t, a, "--metrics", metricsA), startNodeService(t, b)
+	fencedSeries := func() string {
+		t.Helper()
+		return grepLines(promtoolCheck(t, metricsA), "loomfs_node_fenced")
+	}
+	if got := fencedSeries(); got != "loomfs_node_fenced 0" {
+		t.Errorf("A's metrics before the fence: %q, want loomfs_node_fenced 0", got)
+	}
 	nodeContainers := func() []string {
 		t.Helper()
 		b, err := exec.Command("docker", "ps", "-aq", "--filter", "label=io.loomfs.node="+a.name).Output()
@@ -688,6 +699,18 @@ func TestNodeFencedStopsItsWork(t *testing.T) {
 	waitFor(t, "A's containers to be removed after its fence", slowly(func() bool { return len(nodeContainers()) == 0 }))
 	gone := time.Since(fenced)
 	waitFor(t, "A's serve to say it was fenced", func() bool { return strings.Contains(sa.out.String(), "FENCED") })
+	if got := fencedSeries(); !strings.HasPrefix(got, "loomfs_node_fenced 1\nloomfs_node_fenced_timestamp_seconds ") {
+		t.Errorf("A's metrics after the fence: %q, want loomfs_node_fenced 1 and its time", got)
+	}
+	if resp, err := http.Get("http://" + metricsA + "/readyz"); err != nil {
+		t.Error(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "fence") {
+			t.Errorf("A's /readyz after the fence: %d %s, want 503 naming the fence", resp.StatusCode, body)
+		}
+	}
 	if err := sa.cmd.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("A's serve ended after the fence: %v: %s", err, sa.out)
 	}

@@ -103,8 +103,11 @@ func runMCP(ctx context.Context, g *globals, scope, httpAddr, tokenFile string) 
 	}
 	wctx, endWatch := context.WithCancel(ctx)
 	defer endWatch()
+	obs := g.obs
 	go func() {
-		if err := store.WatchFence(wctx, g.storeConfig(), store.FenceCheckEvery); err != nil {
+		cfg := g.storeConfig()
+		watch := func(ctx context.Context) error { return store.WatchFence(ctx, cfg, store.FenceCheckEvery) }
+		if err := obs.watchFence(wctx, cfg, watch); err != nil {
 			fmt.Fprintf(os.Stderr, "loomfs mcp: FENCED: %v; every call is refused from now on\n", err)
 			fence.Store(&err)
 		}

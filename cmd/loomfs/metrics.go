@@ -268,6 +268,21 @@ func (o *observability) watchService(svc *process.Service) {
 	})
 }
 
+// watchFence runs watch (store.WatchFence, or loom.Node.WatchFence, which
+// also stops the node's work) and reports what it finds as
+// loomfs_node_fenced: 0 while this node is not fenced from the shared
+// volume, 1 once it is. It returns the fence, or nil when ctx ends first.
+func (o *observability) watchFence(ctx context.Context, cfg store.Config, watch func(context.Context) error) error {
+	if o != nil && cfg.Backend == store.BackendSharedPOSIX {
+		o.reg.WatchingFence()
+	}
+	err := watch(ctx)
+	if err != nil && o != nil {
+		o.reg.Fenced(time.Now())
+	}
+	return err
+}
+
 // mounted self-checks a projection the node mounted for a command or a
 // session sandbox, under its scope's name, until it is unmounted.
 func (o *observability) mounted(sc store.Scope, m *fusefs.Mounted) func() {

@@ -322,8 +322,11 @@ func runMount(ctx context.Context, g *globals, scope, mountpoint string, opts fu
 
 	// A node fenced from the volume serves nothing more from it.
 	fenced := make(chan error, 1)
+	obs := g.obs
 	go func() {
-		if err := store.WatchFence(cctx, g.storeConfig(), store.FenceCheckEvery); err != nil {
+		cfg := g.storeConfig()
+		watch := func(ctx context.Context) error { return store.WatchFence(ctx, cfg, store.FenceCheckEvery) }
+		if err := obs.watchFence(cctx, cfg, watch); err != nil {
 			fenced <- err
 		}
 	}()

@@ -82,10 +82,12 @@ this one answer process_on_other_node naming it.
 				return printToolError(cmd, err)
 			}
 			g.obs.watchService(svc)
+			obs := g.obs
 			go func() {
 				// A fenced node stops its work and keeps answering, with
 				// the fence, until it is stopped.
-				if err := n.WatchFence(ctx, store.FenceCheckEvery); err != nil {
+				watch := func(ctx context.Context) error { return n.WatchFence(ctx, store.FenceCheckEvery) }
+				if err := obs.watchFence(ctx, g.storeConfig(), watch); err != nil {
 					fmt.Fprintf(os.Stderr, "loomfs serve: FENCED: %v; every call is refused until an administrator re-admits this node and this service is started afresh\n", err)
 				}
 			}()
