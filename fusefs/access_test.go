@@ -78,12 +78,18 @@ rm f && rmdir d && echo removed`)
 	}
 }
 
-// TestSandboxUserModes: the daemon, not the kernel, checks permissions
-// (the mount has no default_permissions), with the kernel's rules: the
-// sandbox user gets its owner bits, other users nothing, whatever path
-// they take.
+// TestSandboxUserModes: the sandbox user gets its owner bits, other users
+// nothing, whatever path they take: checked by the kernel from the owner
+// bits the mount shows (default_permissions) by default, and by the daemon
+// with the kernel's rules under "cache: journal".
 func TestSandboxUserModes(t *testing.T) {
-	e := newEnv(t, withOptions(func(o *Options) { o.AllowOther = true }))
+	for _, cache := range []policy.Cache{"", policy.CacheJournal} {
+		t.Run("cache="+string(cache), func(t *testing.T) { sandboxUserModes(t, cache) })
+	}
+}
+
+func sandboxUserModes(t *testing.T, cache policy.Cache) {
+	e := newEnv(t, withCache(cache), withOptions(func(o *Options) { o.AllowOther = true }))
 	mustWrite(t, e.host("f"), "kept")
 	if err := e.m.Probe(t.Context()); err != nil {
 		t.Fatal(err)

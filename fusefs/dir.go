@@ -276,7 +276,7 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 }
 
 // openlessDirs serves directories without OPENDIR under "cache:
-// journal-dirs" (policy.CacheKernelDirs). It answers the first OPENDIR
+// journal-dirs" (policy.CacheKernelDirs, the default). It answers the first OPENDIR
 // ENOSYS, after which the kernel (Linux 5.1, FUSE 7.29, and later) opens
 // directories itself, keeps
 // each listing (FOPEN_CACHE_DIR and FOPEN_KEEP_CACHE, its default then)
@@ -290,14 +290,15 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 // the entries carry (dirHandle) let the next read go on where this one
 // stopped.
 //
-// The price, and why it is not the default: no opendir is refused, since
-// none comes here. A directory its owner can't read opens, and the read
-// of its entries fails (EACCES), which a program that checks only the
-// open (Python's os.fwalk, 20 cases of Python's own test suite) does not
-// survive. And a listing the kernel keeps is given to every process that
-// opens the directory without a check here, as an entry it keeps is to
-// every process that walks through it; a chmod through the mount drops the
-// listing (node.Setattr), so the owner's next read is checked.
+// No opendir is refused here, since none comes here: the mount has
+// default_permissions, so the kernel checks the owner bits at the open,
+// and a directory its owner can't read fails there (EACCES), as a program
+// that checks only the open (Python's os.fwalk) expects. Policy refusals
+// (hidden names, path rules) are made at lookup, before any open. A
+// listing the kernel keeps is given to every process that opens the
+// directory without a check here, as an entry it keeps is to every process
+// that walks through it; a chmod through the mount drops the listing
+// (node.Setattr), so the next read is checked here too.
 type openlessDirs struct {
 	fuse.RawFileSystem
 	f *fsys

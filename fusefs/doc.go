@@ -152,15 +152,14 @@
 // kernel), directory listings (FOPEN_CACHE_DIR), and a file's pages from
 // one open to the next (FOPEN_KEEP_CACHE) when the file is as it was at
 // its last open (size, mtime and ctime). The kernel still sends OPENDIR
-// and RELEASEDIR for a listing it keeps; once the mount has served the
-// listing (and until the follower drops it) OPENDIR is answered from the
+// and RELEASEDIR for a listing it keeps, unless it opens directories
+// itself, which it does by default ("cache: journal-dirs", dir.go
+// openlessDirs): a warm walk then costs the daemon nothing per directory.
+// Under "cache: journal" OPENDIR comes here, and once the mount has served
+// the listing (and until the follower drops it) it is answered from the
 // policy and the directory's last seen permission bits, without opening
 // the backing directory (dir.go), so a warm find or git status costs the
-// daemon two round trips per directory and no system call. Under "cache:
-// journal-dirs" the kernel opens directories itself (dir.go openlessDirs)
-// and a warm walk costs the daemon nothing per directory, at the price
-// openlessDirs states: an unreadable directory opens, and only its read
-// fails. Bounded staleness: on one node, a
+// daemon two round trips per directory and no system call. Bounded staleness: on one node, a
 // change is seen once the follower has read its line, a millisecond or so
 // after it (the follower makes at most one pass per 25 ms during a burst of
 // lines, so up to that); across nodes, within the poll interval plus the
@@ -183,9 +182,15 @@
 // all every syscall re-resolves every path component.
 //
 // Permissions are checked by the daemon, per request, with the caller's
-// uid (policy.CheckAccess), not by the kernel: default_permissions would
-// make the kernel fetch a directory's attributes again after every create
-// or unlink in it, two extra round trips per create/stat/delete cycle.
+// uid (policy.CheckAccess), and by default by the kernel too, from the
+// attributes the mount showed it (default_permissions, which the kernel
+// opening directories itself needs: no OPENDIR comes to be refused). The
+// kernel then asks for a directory's attributes again after every create
+// or unlink in it, before the next; for a directory the mount made, the
+// answer is an fstat of the descriptor it keeps (newdir.go), not a walk of
+// the path. An owner-bit refusal the kernel makes is not recorded: it is
+// the agent's own mode, refused as on any disk. Under "cache: journal" the
+// daemon alone checks, and the rest of this paragraph is about that case.
 // Every object is shown as the sandbox user's (Options.UID/GID), with the
 // owner bits of the backing object and no group or other bits; chown to
 // that owner succeeds and changes nothing (cp -p, install, rsync -a), any

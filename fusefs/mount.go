@@ -62,10 +62,9 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	mo := fuse.MountOptions{
 		FsName: "loomfs",
 		Name:   "loomfs",
-		// No default_permissions: with it the kernel asks for a
-		// directory's attributes again after every create or unlink in
-		// it (two extra round trips per create/stat/delete cycle).
-		// Permissions are checked here instead (fsys.access).
+		// default_permissions is added below when the kernel opens
+		// directories itself; otherwise permissions are checked here
+		// alone (fsys.access).
 		Options:     []string{"nosuid", "nodev"},
 		AllowOther:  opts.AllowOther,
 		DirectMount: true,
@@ -89,6 +88,13 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	if !opts.Passthrough {
 		mo.DisabledCapabilities = fuse.CAP_PASSTHROUGH
 	}
+	kernelDirs := f.dirCache() != 0 && ws.Policy().KernelOpensDirs()
+	if kernelDirs {
+		// The kernel opens directories without asking (openlessDirs),
+		// so it must check the owner bits the mount shows, as on any
+		// disk: an unreadable directory then fails at opendir.
+		mo.Options = append(mo.Options, "default_permissions")
+	}
 	var negative *time.Duration
 	if f.coherent {
 		// A failed lookup is kept as long as an entry: a create
@@ -105,7 +111,7 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	})
 	var served fuse.RawFileSystem = flushOwners{RawFileSystem: raw, f: f}
 	var dirs *openlessDirs
-	if f.dirCache() != 0 && ws.Policy().KernelOpensDirs() {
+	if kernelDirs {
 		dirs = &openlessDirs{RawFileSystem: served, f: f}
 		served = dirs
 	}

@@ -178,6 +178,25 @@ func (n *node) madeNow() *madeNames {
 	return m
 }
 
+// statKept describes the directory n from the descriptor the mount keeps
+// of it, if it keeps one: under default_permissions the kernel asks for a
+// directory's attributes again after every create or unlink in it, and
+// for a directory the mount made that is an fstat, not a walk of its path
+// (a round trip per component on a client that caches no entry).
+func (n *node) statKept() (unix.Statx_t, bool) {
+	m := n.madeNow()
+	if m == nil {
+		return unix.Statx_t{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fd < 0 {
+		return unix.Statx_t{}, false
+	}
+	sx, err := statAt(m.fd, "")
+	return sx, err == nil
+}
+
 // madeEntry notes that the entry name of directory n is there: made
 // through the mount, moved in, or looked up. The kernel holds the
 // directory's lock over a create or rename in it, so no lookup of the name

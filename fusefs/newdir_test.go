@@ -221,8 +221,9 @@ func keptDirMovedElsewhere(t *testing.T, e *env, mnt2 string, host func(string) 
 		t.Fatalf("e/late through the second mount before it is made: %v", err)
 	}
 	before := f.kept.opens.Load()
-	// No stat of d first: after the create of d/first the kernel asks for
-	// its attributes again, and the mount, resolving the path, finds no d.
+	// After the create of d/first the kernel asks for d's attributes
+	// again before this create (default_permissions): they come from the
+	// kept descriptor too, not from d's path, which holds nothing now.
 	if err := os.WriteFile(e.path("d/late"), []byte("2"), 0o600); err != nil {
 		t.Fatal(err)
 	}

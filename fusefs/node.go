@@ -169,6 +169,9 @@ func (n *node) stat() (unix.Statx_t, syscall.Errno) {
 		}
 		return sx, 0
 	}
+	if sx, ok := n.statKept(); ok {
+		return sx, 0
+	}
 	parent, name, err := f.ws.Parent(rel)
 	if err != nil {
 		if policy.CodeOf(err) == policy.NotFound {

@@ -36,7 +36,7 @@ import (
 //	    publish: true       # a run's output: "runs finish --publish" copies it to the object store
 //	                        # (no rule says so: output/)
 //	symlinks: emulate       # or refuse: programs in the projection can't make symbolic links
-//	cache: journal          # or strict: one-second kernel caching, for stores changed behind loomfs's back
+//	cache: journal-dirs     # or journal: every opendir and owner-bit check in the daemon; strict: one-second kernel caching, for stores changed behind loomfs's back
 //	commands: fresh         # or session: each workspace_command is an exec in the scope's session sandbox
 //	agent_merge: false      # true: an agent in a fork may merge it back itself (workspace_merge)
 //	archive_before_reclaim: false  # true: gc keeps what the object store has no verified archive of
@@ -295,7 +295,7 @@ func (p *parser) file(doc *yaml.Node) (*Policy, error) {
 			}
 			cache = Cache(s)
 			if cache != CacheJournal && cache != CacheStrict && cache != CacheKernelDirs {
-				return p.errf(v, "cache %q is not one of journal, strict, journal-dirs", s)
+				return p.errf(v, "cache %q is not one of journal-dirs, journal, strict", s)
 			}
 		case "commands":
 			s, err := p.str(v, "commands")

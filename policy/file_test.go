@@ -384,11 +384,11 @@ func TestCacheKey(t *testing.T) {
 		dirs   bool
 		err    string
 	}{
-		{"preset: open\n", false, false, ""},
+		{"preset: open\n", false, true, ""},
 		{"cache: journal\n", false, false, ""},
 		{"cache: strict\n", true, false, ""},
 		{"cache: journal-dirs\n", false, true, ""},
-		{"cache: forever\n", false, false, `p.yaml:1: cache "forever" is not one of journal, strict, journal-dirs`},
+		{"cache: forever\n", false, false, `p.yaml:1: cache "forever" is not one of journal-dirs, journal, strict`},
 	} {
 		pol, err := policy.Parse("p.yaml", []byte(c.file))
 		if c.err != "" {

@@ -61,8 +61,9 @@ type Policy struct {
 	// Symlinks says whether programs in the projection may make symbolic
 	// links (SymlinksEmulate, the default when empty) or not.
 	Symlinks Symlinks
-	// Cache says how the projection lets the kernel cache (CacheJournal,
-	// the default when empty, or CacheStrict).
+	// Cache says how the projection lets the kernel cache
+	// (CacheKernelDirs, the default when empty, CacheJournal or
+	// CacheStrict).
 	Cache Cache
 	// Commands says where workspace_command runs (CommandsFresh, the
 	// default when empty, or CommandsSession).

@@ -39,7 +39,7 @@ reads is what is enforced. Example:
     scope_files: 100000
     io_bytes_per_s: 50 MiB  # per scope, tools and commands together: slowed, never refused
     io_ops_per_s: 5000
-  cache: journal            # or strict: one-second kernel caching in the projection
+  cache: journal-dirs       # or journal: opendir and owner bits checked in the daemon; strict: one-second kernel caching
   commands: fresh           # or session: each workspace_command an exec in the session sandbox
   priority: normal          # class of a scope no run gives one: low, normal or high
   limits_by_priority:       # a class's limits, laid over limits
