@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/agentloom/loomfs/fence"
 )
 
 // Filter selects event records. Zero fields match everything.
@@ -222,6 +224,7 @@ func Tail(ctx context.Context, dir string, f Filter, n int, follow bool, fn func
 				old = c
 			} else {
 				old.setFiles(c.files)
+				old.marks = c.marks
 			}
 			for !old.done {
 				r, ok, err := old.next(dir)
@@ -260,6 +263,9 @@ type chainReader struct {
 	head     Record // next record, while merging
 	stats    *scanStats
 	since    time.Time // skip records written before, without decoding them
+	// marks are the fence marks of the chain's node, if it was fenced:
+	// records it wrote after a fence are skipped.
+	marks *fence.Marks
 }
 
 type chainFile struct {
@@ -310,6 +316,15 @@ func scanDir(dir string) ([]*chainReader, error) {
 		return nil, fmt.Errorf("read audit directory: %w", err)
 	}
 	chains := groupChains(ents, nil)
+	marks, err := fencedMarks(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range chains {
+		if c.w.kind == nodeChainFile {
+			c.marks = marks[c.w.node]
+		}
+	}
 	sortChains(chains)
 	return chains, nil
 }
@@ -357,6 +372,9 @@ func (c *chainReader) next(dir string) (Record, bool, error) {
 			if c.stats != nil {
 				c.stats.p.Bytes += int64(len(line))
 			}
+			if c.marks.Late(c.files[c.fi].name, c.off-int64(len(line)), c.off) {
+				continue
+			}
 			if !c.since.IsZero() && writtenBefore(line, c.since) {
 				continue
 			}
@@ -380,6 +398,9 @@ func (c *chainReader) next(dir string) (Record, bool, error) {
 			if rerr == nil {
 				full := append(append([]byte(nil), line...), rest...)
 				c.off += int64(len(full))
+				if c.marks.Late(c.files[c.fi].name, c.off-int64(len(full)), c.off) {
+					continue
+				}
 				if r, perr := parseRecord(full); perr == nil {
 					c.lastKind = r.Kind
 					if r.Kind == KindEvent {

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/agentloom/loomfs/fence"
 )
 
 // Report is what Verify found in an audit directory.
@@ -34,6 +36,9 @@ type Report struct {
 	// Crashed lists writers that ended without closing: a crash, or their
 	// last records and close were cut. Not counted as problems; see Clean.
 	Crashed []Problem `json:"ended_without_closing,omitempty"`
+	// Fenced lists the nodes fenced from the volume (loomfs fence) and
+	// what they wrote after a fence.
+	Fenced []FencedNode `json:"fenced_nodes,omitempty"`
 }
 
 // Chain summarises one chain: a node's, or a legacy writer's.
@@ -107,6 +112,11 @@ func (r Report) String() string {
 	}
 	if len(r.Crashed) > 0 {
 		parts = append(parts, fmt.Sprintf("%d ended without closing", len(r.Crashed)))
+	}
+	for _, f := range r.Fenced {
+		if f.LateRecords > 0 {
+			parts = append(parts, fmt.Sprintf("%d lines node %s wrote after its fence, ignored by readers", f.LateRecords, f.Node))
+		}
 	}
 	open := 0
 	for _, c := range r.Chains {
@@ -218,6 +228,10 @@ func VerifyWith(dir string, opts VerifyOptions) (Report, error) {
 		}
 	}
 	rep.Signed = opts.Keys != nil
+	marks, err := fencedMarks(dir)
+	if err != nil {
+		return rep, err
+	}
 	for _, n := range slices.Sorted(func(yield func(string) bool) {
 		for n := range names {
 			if !yield(n) {
@@ -225,7 +239,7 @@ func VerifyWith(dir string, opts VerifyOptions) (Report, error) {
 			}
 		}
 	}) {
-		v := &nodeCheck{rep: &rep, dir: dir, node: n, chain: nodes[n], keys: opts.Keys, anchors: anchored[n]}
+		v := &nodeCheck{rep: &rep, dir: dir, node: n, chain: nodes[n], keys: opts.Keys, anchors: anchored[n], marks: marks[n]}
 		if err := v.run(ledgers[n]); err != nil {
 			return rep, err
 		}
@@ -283,6 +297,10 @@ type nodeCheck struct {
 	ledgerLen  int
 	sealsSeen  []*LedgerEntry
 	late       []lateRecord // records of writers the ledger did not hold yet
+	// marks are the node's fence marks, if it was ever fenced, and
+	// afterFence what lies past them.
+	marks      *fence.Marks
+	afterFence lateCount
 }
 
 // lateRecord is a record of a writer that registered while Verify was
@@ -342,6 +360,7 @@ func (v *nodeCheck) run(hasLedger bool) error {
 	if v.keys != nil {
 		v.signatures()
 	}
+	v.fenced()
 	v.rep.Nodes = append(v.rep.Nodes, v.sum)
 	return nil
 }
@@ -361,8 +380,13 @@ func (v *nodeCheck) ledger() ([]string, error) {
 	var seals []*LedgerEntry
 	prev := ""
 	br := bufio.NewReaderSize(f, 64<<10)
+	var off int64
 	for lineNo := 1; ; lineNo++ {
 		line, err := br.ReadBytes('\n')
+		if err == nil && v.marks.Late(v.ledgerName, off, off+int64(len(line))) {
+			v.afterFence.add(v.ledgerName, len(line))
+		}
+		off += int64(len(line))
 		if errors.Is(err, io.EOF) {
 			if len(line) > 0 {
 				v.rep.warn(Problem{File: v.ledgerName, Line: lineNo, Message: "incomplete last entry (a writer crashed mid-entry?); ignored", Text: cut(line)})
@@ -713,6 +737,7 @@ func (k *chainCheck) file(dir, name string, lastFile bool) (int64, error) {
 	k.fileRecs = 0
 	br := bufio.NewReaderSize(f, 256<<10)
 	var long []byte
+	var off int64
 	for lineNo := 1; ; lineNo++ {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -735,6 +760,10 @@ func (k *chainCheck) file(dir, name string, lastFile bool) (int64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("read audit log %s: %w", name, err)
 		}
+		if k.node != nil && k.node.marks.Late(name, off, off+int64(len(line))) {
+			k.node.afterFence.add(name, len(line))
+		}
+		off += int64(len(line))
 		k.line(name, lineNo, line)
 	}
 }

@@ -29,6 +29,9 @@ type Record struct {
 	Warnings  []string   `json:"warnings,omitempty"`
 	// Took is how long the fence took, from its start to the barrier.
 	Took time.Duration `json:"took_ns"`
+	// AuditMarked counts the node's audit files whose lengths the fence
+	// kept as high-water marks (Marks).
+	AuditMarked int `json:"audit_files_marked"`
 }
 
 // nodeName is what a node's name may be to name its record: a hostname or

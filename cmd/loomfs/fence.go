@@ -105,6 +105,17 @@ func newFenceCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("the volume is on %s, where loomfs can't fence a node (no API shuts one client out); before another node takes over node %s's work, %s", fs, node, nfsInstead)
 			}
+			// The takeover's high-water marks: what the node's audit files
+			// held once the fence held (fence.Marks), so readers can tell
+			// anything it still wrote after from what it wrote before.
+			lengths, err := audit.FenceLengths(audit.Dir(vol.Path()), node)
+			if err == nil {
+				_, err = fence.AddMarks(vol.Path(), node, rec.Time, lengths)
+			}
+			if err != nil {
+				return fmt.Errorf("node %s is fenced but %w; run it again before any takeover", node, err)
+			}
+			rec.AuditMarked = len(lengths)
 			if err := fence.Write(vol.Path(), rec); err != nil {
 				return fmt.Errorf("node %s is fenced but %w; run it again before any takeover", node, err)
 			}
@@ -256,6 +267,17 @@ func (g *globals) readmit(cmd *cobra.Command, node, reason string) error {
 			return fmt.Errorf("node %s not re-admitted: its mount is still a fenced client instance (client.%d %s), which can never serve again: stop this node's loomfs processes and containers, unmount it and mount afresh, then re-admit", node, m.ID, m.Addr)
 		}
 		checked = fmt.Sprintf("its mount is a fresh client instance (client.%d)", m.ID)
+	}
+	// The window of bytes written after the fence closes here, before
+	// anything of the re-admission is written (run on the node, its
+	// audit record goes to the node's own chain): the node's old
+	// processes are stopped, so what follows is the re-admitted node's.
+	lengths, err := audit.FenceLengths(audit.Dir(vol.Path()), node)
+	if err == nil {
+		_, err = fence.Readmitted(vol.Path(), node, lengths)
+	}
+	if err != nil {
+		return fmt.Errorf("node %s not re-admitted: %w", node, err)
 	}
 	log, err := audit.Open(vol.Path(), audit.Options{})
 	if err != nil {
