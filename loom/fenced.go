@@ -16,8 +16,10 @@ import (
 // its session sandboxes are stopped and their calls refused
 // (process.Service.Fence), and every container the engine runs for this
 // node, one-shot commands included, is removed; it then returns the
-// fence. A fenced node serves again only after an administrator
-// re-admits it (loomfs fence --readmit) and it is started afresh.
+// fence. The containers prepared for the sessions' next commands are
+// removed, and no more are made. A fenced node serves again only after
+// an administrator re-admits it (loomfs fence --readmit) and it is
+// started afresh.
 func (n *Node) WatchFence(ctx context.Context, interval time.Duration) error {
 	if err := store.WatchFence(ctx, n.cfg.Store, interval); err != nil {
 		return n.fenced(ctx, err)
@@ -33,6 +35,11 @@ func (n *Node) fenced(ctx context.Context, cause error) error {
 	var stopErr error
 	if n.svc != nil {
 		stopErr = n.svc.Fence(ctx, cause)
+	}
+	// The sessions' containers prepared for their next commands, and
+	// their idle projections, go first: the pools take no command after.
+	if err := n.closePools(); err != nil {
+		n.cfg.Log.Error("fenced: close the command pools", zap.Error(err))
 	}
 	removed := 0
 	if n.runner != nil {

@@ -2,6 +2,7 @@ package loom
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +71,9 @@ type Node struct {
 	err       error
 	sweepOnce sync.Once
 	swept     <-chan struct{} // closed when SweepStaleMounts's sweep is done
+
+	poolsMu sync.Mutex
+	pools   map[*sandbox.Pool]bool // the sessions' command pools, closed at a fence
 }
 
 // New returns a Node over cfg. It connects to nothing until it must.
@@ -362,6 +366,9 @@ func (l *lazyCommands) close() {
 		if err := l.cmds.Pool.Close(); err != nil {
 			l.n.cfg.Log.Warn("unmount the session's projection", zap.Error(err))
 		}
+		l.n.poolsMu.Lock()
+		delete(l.n.pools, l.cmds.Pool)
+		l.n.poolsMu.Unlock()
 		l.cmds.Runner.Close()
 	}
 }
@@ -426,11 +433,35 @@ func (n *Node) newCommands(ctx context.Context, ws *store.Workspace, log audit.S
 		}
 		return servingMount{Mounted: m, log: plog, warn: n.cfg.Log, gone: n.mounted(ws.Scope(), m)}, nil
 	}
+	pool := &sandbox.Pool{Mount: mount, Dir: n.cfg.MountDir}
+	n.poolsMu.Lock()
+	if n.pools == nil {
+		n.pools = map[*sandbox.Pool]bool{}
+	}
+	n.pools[pool] = true
+	n.poolsMu.Unlock()
 	return &sandbox.Commands{
 		Runner: r,
 		Run:    ws.Scope().Run,
-		Pool:   &sandbox.Pool{Mount: mount, Dir: n.cfg.MountDir},
+		Pool:   pool,
 	}, nil
+}
+
+// closePools closes the command pools of the Node's sessions: the
+// containers prepared for their next commands are removed, their idle
+// projections unmounted, and they take no more commands.
+func (n *Node) closePools() error {
+	n.poolsMu.Lock()
+	pools := make([]*sandbox.Pool, 0, len(n.pools))
+	for p := range n.pools {
+		pools = append(pools, p)
+	}
+	n.poolsMu.Unlock()
+	var errs []error
+	for _, p := range pools {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // servingMount is a mount the pool keeps for one command after another,
@@ -491,8 +522,17 @@ func policyEvent(refused func(tools.PolicyEvent)) func(fusefs.Refusal) {
 // it: each command removes its container before it returns, so one whose
 // owner is gone was left by a worker that died (its scope is then
 // quarantined). Other calls' containers, starting or running, are not
-// reported.
+// reported. Containers prepared for a command that never started
+// (sandbox.Runner.SweepPrepared) are removed first: nothing ran in them.
 func (n *Node) ReportOrphans(ctx context.Context, r *sandbox.Runner) {
+	swept, err := r.SweepPrepared(ctx)
+	for _, c := range swept {
+		n.cfg.Log.Info("removed a container prepared for a command that never started, left by a loomfs process that is gone",
+			zap.String("container", c.Name), zap.String("scope", c.Scope), zap.String("owner", c.Owner), zap.Time("created", c.Created))
+	}
+	if err != nil {
+		n.cfg.Log.Warn("remove prepared containers left over", zap.Error(err))
+	}
 	list, err := r.Orphans(ctx)
 	if err != nil {
 		n.cfg.Log.Warn("list loomfs containers", zap.Error(err))

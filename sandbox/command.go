@@ -50,6 +50,21 @@ type CallInfo struct {
 // persists the execution marker, runs one container over it, and removes
 // the marker only once the engine confirmed the container is gone. If that
 // can't be confirmed, the scope is quarantined.
+//
+// With a Pool, a command's container is made before it is asked for:
+// once a command is answered, the projection's holder scan runs, and then
+// a container is created, not started, over the kept projection for the
+// scope's next command (Runner.Prepare), which pays only its start, its
+// wait and its removal. The marker protocol is the same: the next
+// command's marker is set before its container starts. The holder scan
+// after the answer means a command whose container's leftovers still hold
+// the projection is answered with what it did, and the scope is
+// quarantined right after (projection_held in the audit log), so the
+// next write or command is refused; it was answered quarantined instead
+// before. The container it ran in is gone either way (confirmed before
+// the answer); what is not covered is the time between the answer and
+// the scan's end, about a millisecond, two seconds at most when it finds
+// a holder, during which the scope's next call may still be served.
 type Commands struct {
 	Runner   *Runner
 	Mount    MountFunc
@@ -68,7 +83,8 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err := ws.CheckQuarantine(); err != nil {
 		return tools.CommandResult{}, err
 	}
-	if err := c.Runner.CheckImage(ctx); err != nil {
+	image, err := c.Runner.imageID(ctx)
+	if err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "%v", err)
 	}
 	name := NewContainerName(ws.Scope().Hash())
@@ -78,12 +94,42 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	if err != nil {
 		return tools.CommandResult{}, err
 	}
+	var prep *Prepared
+	if lease != nil && lease.taken != nil {
+		prep, lease.taken = lease.taken, nil
+		name = prep.Name // the name the projection serves (Pool.Acquire)
+	}
 	hooks := &markerHooks{ws: ws}
 	held := c.release(proj, dev, ws.Scope(), hooks, lease)
-	defer func() { held() }()
+	settled := false
+	defer func() {
+		if settled {
+			return
+		}
+		held()
+		if prep != nil && !lease.offer(prep) {
+			prep.Remove(ctx)
+		}
+	}()
+	// The last command's holder scan may have quarantined the scope while
+	// this one waited for it (Pool.Acquire).
+	if err := ws.CheckQuarantine(); err != nil {
+		return tools.CommandResult{}, err
+	}
+	if prep != nil && !prep.current(image) {
+		// The image's tag names another image now (rebuilt): this
+		// command runs in a container of the new one, by the same name.
+		p := prep
+		prep = nil
+		if err := p.Remove(ctx); err != nil {
+			return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "%v", err)
+		}
+	}
 	if err := proj.Probe(ctx); err != nil {
 		return tools.CommandResult{}, policy.Errorf(policy.SandboxUnavailable, "the workspace projection failed its health probe, so no container was started: %v", err)
 	}
+	p := prep
+	prep = nil // Run removes it
 	res, err := c.Runner.Run(ctx, Request{
 		Command:   req.Command,
 		Timeout:   req.Timeout,
@@ -95,10 +141,17 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		Call:      req.CallID,
 		Marker:    hooks,
 		Name:      name,
+		Prepared:  p,
 	})
 	hooks.mu.Lock()
 	hooks.id = res.ContainerID
 	hooks.mu.Unlock()
+	if lease != nil && !errors.Is(err, ErrQuarantined) {
+		// Answered now: the scan and the next container come after.
+		settled = true
+		lease.after(func() { c.afterAnswer(ws, held, hooks, lease, res.ContainerName, err) })
+		return c.answer(res, err, &refused)
+	}
 	if holders := held(); len(holders) > 0 {
 		reason := fmt.Sprintf("after container %s was removed, its projection was still held by %s", res.ContainerName, holderNames(holders))
 		if err != nil {
@@ -115,6 +168,11 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		}
 		return tools.CommandResult{}, policy.Errorf(policy.Quarantined, "the container's removal could not be confirmed, so the workspace is quarantined until an administrator clears it: %v", err)
 	}
+	return c.answer(res, err, &refused)
+}
+
+// answer is the tool result of a command whose container is confirmed gone.
+func (c *Commands) answer(res Result, err error, refused *Refusals) (tools.CommandResult, error) {
 	out := tools.CommandResult{
 		ExitCode:        res.ExitCode,
 		Stdout:          res.Stdout,
@@ -140,6 +198,37 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 		return out, err
 	}
 	return out, nil
+}
+
+// afterAnswer is what is left of a pooled command once it was answered:
+// the scan for processes that still hold its projection, which
+// quarantines the scope if it finds any, as it did before the answer; and,
+// when the projection goes back to the pool, the container of the
+// scope's next command (Runner.Prepare).
+func (c *Commands) afterAnswer(ws *store.Workspace, held func() []store.Holder, hooks *markerHooks, lease *Lease, container string, cmdErr error) {
+	if holders := held(); len(holders) > 0 {
+		reason := fmt.Sprintf("after container %s was removed, its projection was still held by %s (found after the command was answered)", container, holderNames(holders))
+		if cmdErr != nil {
+			reason += "; the command had failed: " + policy.MaskHostPaths(cmdErr.Error())
+		}
+		if qerr := hooks.quarantineHeld(reason, holders); qerr != nil {
+			c.audit("quarantine_failed", ws.Scope(), hooks, map[string]any{"reason": reason, "error": qerr.Error()})
+		}
+		return
+	}
+	if !lease.wantsSpare() {
+		return
+	}
+	sc := ws.Scope()
+	sp, err := c.Runner.Prepare(context.Background(), Request{Workspace: lease.Dir(), Skills: c.Skills,
+		Scope: sc.String(), ScopeHash: sc.Hash(), Run: c.Run})
+	if err != nil {
+		c.audit("container_prepare_failed", sc, hooks, map[string]any{"error": policy.MaskHostPaths(err.Error())})
+		return
+	}
+	if !lease.offer(sp) {
+		sp.Remove(context.Background())
+	}
 }
 
 // projection returns a projection of ws to run the command call over: the

@@ -28,7 +28,7 @@ func (r *Runner) CleanupTimeout() time.Duration { return r.cfg.CleanupTimeout }
 // req (mounts, limits, user, labels), as Run would create it. req is not
 // validated here; Check does that.
 func (r *Runner) ContainerConfig(req Request) (*container.Config, *container.HostConfig) {
-	return r.containerConfig(req)
+	return r.containerConfig(req, false)
 }
 
 // Check validates req as Run would, apart from its timeout.

@@ -144,18 +144,6 @@ func BuildImage(ctx context.Context, opts BuildOptions) (ImageInfo, error) {
 	return ImageInfo{Tag: tag, ID: info.ID, Size: info.Size, Packages: r.packages, Built: true}, nil
 }
 
-// imageExists reports whether tag is on the engine.
-func imageExists(ctx context.Context, cli *client.Client, tag string) (bool, error) {
-	_, err := cli.ImageInspect(ctx, tag)
-	switch {
-	case err == nil:
-		return true, nil
-	case cerrdefs.IsNotFound(err):
-		return false, nil
-	}
-	return false, fmt.Errorf("sandbox: inspect image %s: %w", tag, err)
-}
-
 // normalizeTag validates a local image reference and adds ":latest" when no
 // tag is given. Digests are refused: an import can only be tagged.
 func normalizeTag(tag string, minimal bool) (string, error) {

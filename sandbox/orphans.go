@@ -27,7 +27,8 @@ type Container struct {
 	Run       string    `json:"run"`
 	Call      string    `json:"call"`
 	Node      string    `json:"node"`
-	Owner     string    `json:"owner"` // LabelOwner; "" from a loomfs that did not label it
+	Owner     string    `json:"owner"`    // LabelOwner; "" from a loomfs that did not label it
+	Prepared  bool      `json:"prepared"` // LabelPrepared: created before its command was asked for
 }
 
 // Owner names a process on this node for good: its pid and its start time.
@@ -83,7 +84,7 @@ func (r *Runner) Containers(ctx context.Context) ([]Container, error) {
 			ID: c.ID, Name: name, State: c.State, Created: time.Unix(c.Created, 0).UTC(),
 			Scope: c.Labels[LabelScope], ScopeHash: c.Labels[LabelScopeHash],
 			Run: c.Labels[LabelRun], Call: c.Labels[LabelCall], Node: c.Labels[LabelNode],
-			Owner: c.Labels[LabelOwner],
+			Owner: c.Labels[LabelOwner], Prepared: c.Labels[LabelPrepared] == "1",
 		})
 	}
 	return out, nil

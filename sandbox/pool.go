@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -32,6 +33,13 @@ const DefaultPoolIdle = 2 * time.Minute
 // Idle, when a command left it held by some process (it is not trusted
 // again), and at Close (the end of the run). It is safe for concurrent
 // use; one workspace's commands take turns (they hold the scope lock).
+//
+// With a projection, the pool keeps the container Commands prepared for
+// the workspace's next command (Prepared), and removes it, confirmed,
+// before the projection is unmounted: at Idle, at Close, and when the
+// projection is discarded. What Commands does after a command's answer
+// (Lease.after: the holder scan, the next container's creation) is waited
+// for by the workspace's next Acquire and by Close.
 type Pool struct {
 	Mount MountFunc     // mounts a projection; what it returns must be a ReusableProjection
 	Dir   string        // root-only 0700 directory for mountpoints
@@ -40,6 +48,8 @@ type Pool struct {
 	mu     sync.Mutex
 	live   map[*store.Workspace]*Lease
 	closed bool
+	bg     int        // work after answers and expiries under way
+	bgDone *sync.Cond // on mu, broadcast when bg falls
 }
 
 // Lease is a pooled projection lent to one command.
@@ -52,6 +62,10 @@ type Lease struct {
 	busy  bool
 	idle  *time.Timer
 	reuse int // commands served before this one
+
+	spare    *Prepared     // the container prepared for the next command
+	taken    *Prepared     // the one the command lent the lease took
+	settling chan struct{} // closed when the work after the last answer is done
 }
 
 // Projection returns the leased projection; its Unmount removes the
@@ -71,16 +85,39 @@ func (l *Lease) Reused() int { return l.reuse }
 // Acquire lends the live projection of ws, mounting one if there is none,
 // to the command call. The caller probes it, and gives it back with
 // Release, or Discard if it can't be trusted any more.
+//
+// If the workspace's last command is still being settled after its
+// answer (Lease.after), Acquire waits for that first. If a container was
+// prepared for the workspace, the lease takes it for this command, and
+// call.Container is its name.
 func (p *Pool) Acquire(ctx context.Context, ws *store.Workspace, call CallInfo) (*Lease, error) {
 	p.mu.Lock()
-	if p.closed {
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("projection pool closed")
+		}
+		l := p.live[ws]
+		if l == nil || l.settling == nil {
+			break
+		}
+		ch := l.settling
 		p.mu.Unlock()
-		return nil, fmt.Errorf("projection pool closed")
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for the last command's projection scan: %w", context.Cause(ctx))
+		}
+		p.mu.Lock()
 	}
 	if l := p.live[ws]; l != nil && !l.busy {
 		l.busy = true
 		l.idle.Stop()
 		l.reuse++
+		if l.spare != nil {
+			l.taken, l.spare = l.spare, nil
+			call.Container = l.taken.Name
+		}
 		p.mu.Unlock()
 		l.proj.Serve(call)
 		return l, nil
@@ -141,21 +178,31 @@ func (p *Pool) mount(ctx context.Context, ws *store.Workspace, call CallInfo) (*
 }
 
 // Release gives the projection back after a command that left nothing
-// holding it; it is unmounted after Idle unless another command takes it.
+// holding it; it is unmounted after Idle unless another command takes it,
+// and at once if the pool was closed meanwhile.
 func (l *Lease) Release() {
 	p := l.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.live[l.ws] != l || p.closed {
-		go l.unmount()
+		if p.live[l.ws] == l {
+			delete(p.live, l.ws)
+		}
+		l.idle.Stop()
+		p.mu.Unlock()
+		l.unmount()
+		p.mu.Lock()
 		return
 	}
 	l.busy = false
-	idle := p.Idle
-	if idle <= 0 {
-		idle = DefaultPoolIdle
+	l.idle.Reset(p.idleTime())
+}
+
+func (p *Pool) idleTime() time.Duration {
+	if p.Idle <= 0 {
+		return DefaultPoolIdle
 	}
-	l.idle.Reset(idle)
+	return p.Idle
 }
 
 // Discard takes the projection out of the pool; the caller unmounts it
@@ -170,25 +217,113 @@ func (l *Lease) Discard() {
 	l.idle.Stop()
 }
 
-// Unmount unmounts the projection and removes its mountpoint.
+// Unmount removes the container prepared over the projection, if any,
+// then unmounts the projection and removes its mountpoint.
 func (l *Lease) Unmount() error { return l.unmount() }
 
 func (l *Lease) unmount() error {
+	p := l.pool
+	p.mu.Lock()
+	spare := l.spare
+	l.spare = nil
+	p.mu.Unlock()
+	var serr error
+	if spare != nil {
+		serr = spare.Remove(context.Background())
+	}
 	err := l.proj.Unmount()
 	removeMountpoint(l.dir)
-	return err
+	return errors.Join(err, serr)
 }
 
-// expire unmounts a projection that stayed idle.
+// after runs work, what is left of the lent command once it was answered,
+// in the background. The workspace's next Acquire waits until it is done,
+// and so does Close.
+func (l *Lease) after(work func()) {
+	p := l.pool
+	ch := make(chan struct{})
+	p.mu.Lock()
+	l.settling = ch
+	p.bg++
+	p.mu.Unlock()
+	go func() {
+		defer func() {
+			p.mu.Lock()
+			if l.settling == ch {
+				l.settling = nil
+			}
+			p.done()
+			p.mu.Unlock()
+			close(ch)
+		}()
+		work()
+	}()
+}
+
+// wantsSpare reports whether the lease, back in the pool, has no prepared
+// container and may keep one.
+func (l *Lease) wantsSpare() bool {
+	p := l.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.closed && p.live[l.ws] == l && !l.busy && l.spare == nil
+}
+
+// offer keeps sp as the container of the workspace's next command. It
+// reports false, and the caller removes sp, if the lease is no longer the
+// pool's or has one.
+func (l *Lease) offer(sp *Prepared) bool {
+	p := l.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.live[l.ws] != l || l.spare != nil {
+		return false
+	}
+	l.spare = sp
+	return true
+}
+
+// done counts one background task finished; p.mu is held.
+func (p *Pool) done() {
+	p.bg--
+	if p.bgDone != nil {
+		p.bgDone.Broadcast()
+	}
+}
+
+// expire unmounts a projection that stayed idle, and removes the
+// container prepared over it.
 func (p *Pool) expire(l *Lease) {
 	p.mu.Lock()
 	if p.live[l.ws] != l || l.busy {
 		p.mu.Unlock()
 		return
 	}
+	if l.settling != nil { // the last command's work is not done: later
+		l.idle.Reset(p.idleTime())
+		p.mu.Unlock()
+		return
+	}
 	delete(p.live, l.ws)
+	p.bg++
 	p.mu.Unlock()
 	l.unmount()
+	p.mu.Lock()
+	p.done()
+	p.mu.Unlock()
+}
+
+// Prepared returns how many prepared containers the pool keeps.
+func (p *Pool) Prepared() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.live {
+		if l.spare != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // Live returns how many projections the pool holds.
@@ -198,11 +333,21 @@ func (p *Pool) Live() int {
 	return len(p.live)
 }
 
-// Close unmounts every idle projection and refuses new leases; one lent to
-// a command still running is unmounted when it is given back.
+// Close refuses new leases, waits for the work after the last answers and
+// for idle projections being unmounted, removes every prepared container
+// and unmounts every idle projection; one lent to a command still running
+// is unmounted when it is given back (and no container is prepared for
+// it). No prepared container of the pool is left when it returns, unless
+// its removal was not confirmed, which it reports.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true
+	if p.bgDone == nil {
+		p.bgDone = sync.NewCond(&p.mu)
+	}
+	for p.bg > 0 {
+		p.bgDone.Wait()
+	}
 	var idle []*Lease
 	for ws, l := range p.live {
 		if !l.busy {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/agentloom/loomfs/nodeid"
 
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/client"
@@ -44,6 +47,11 @@ const (
 	// "PID:START" (START in clock ticks since boot), so that a container
 	// found later is told from an orphan by whether its owner still runs.
 	LabelOwner = "io.loomfs.owner"
+	// LabelPrepared, "1", marks a container created before its command
+	// was asked for (Runner.Prepare): its LabelCall is empty, since the
+	// call is not known when labels are set; the call's marker and audit
+	// records name it. One found in state "created" never ran.
+	LabelPrepared = "io.loomfs.prepared"
 )
 
 // Defaults for a zero Config field.
@@ -91,7 +99,10 @@ type Config struct {
 
 	// Observe, when set, receives one call per container event for the audit
 	// log: container_create, container_start, container_exit, container_kill,
-	// container_removed and container_remove_unconfirmed.
+	// container_removed and container_remove_unconfirmed; for a container
+	// made ahead of its command (Prepare) container_prepare instead of
+	// container_create, and container_prepared_gone when the engine no
+	// longer knew it as its command came (one is then created).
 	Observe func(ctx context.Context, op string, detail map[string]any)
 }
 
@@ -197,9 +208,19 @@ func (r *Runner) Image() string { return r.cfg.Image }
 // CheckImage reports ErrImageMissing, with the command that builds it, when
 // the runner's image is not on the engine. Images are never pulled.
 func (r *Runner) CheckImage(ctx context.Context) error {
-	ok, err := imageExists(ctx, r.cli, r.cfg.Image)
-	if err != nil || ok {
-		return err
+	_, err := r.imageID(ctx)
+	return err
+}
+
+// imageID returns the engine's id of the runner's image, or CheckImage's
+// error.
+func (r *Runner) imageID(ctx context.Context) (string, error) {
+	info, err := r.cli.ImageInspect(ctx, r.cfg.Image)
+	switch {
+	case err == nil:
+		return info.ID, nil
+	case !cerrdefs.IsNotFound(err):
+		return "", fmt.Errorf("sandbox: inspect image %s: %w", r.cfg.Image, err)
 	}
 	build := "loomfs image build --tag " + r.cfg.Image
 	switch r.cfg.Image {
@@ -208,7 +229,7 @@ func (r *Runner) CheckImage(ctx context.Context) error {
 	case MinimalImage:
 		build = "loomfs image build --minimal"
 	}
-	return fmt.Errorf("%w: %s; build it with `%s` (images are never pulled)", ErrImageMissing, r.cfg.Image, build)
+	return "", fmt.Errorf("%w: %s; build it with `%s` (images are never pulled)", ErrImageMissing, r.cfg.Image, build)
 }
 
 // Request is one command to run in a fresh container.
@@ -225,6 +246,12 @@ type Request struct {
 	// Callers set it to label what they prepare before the container
 	// exists (the projection's audit records).
 	Name string
+	// Prepared, if set, is a container Prepare made for this request's
+	// scope and mounts, not yet started: Run starts it instead of creating
+	// one, and hands it Command on its standard input. Name must be its
+	// name or "". If the engine no longer knows it, Run creates a container
+	// by the same name as usual.
+	Prepared *Prepared
 }
 
 // Marker is the execution marker persisted while a container may exist.
@@ -269,7 +296,23 @@ type Result struct {
 // the marker once the engine confirms the removal. If removal is not
 // confirmed the error wraps ErrQuarantined and the marker stays. A cancelled
 // ctx returns the partial Result and an error wrapping ctx's error.
+// req.Prepared is removed in every case.
 func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
+	if p := req.Prepared; p != nil {
+		ran := false
+		defer func() {
+			if !ran { // refused before it could start
+				p.Remove(ctx)
+			}
+		}()
+		return r.run(ctx, req, &ran)
+	}
+	return r.run(ctx, req, new(bool))
+}
+
+// run is Run; it sets ran once req.Prepared is the command's, to start
+// and remove.
+func (r *Runner) run(ctx context.Context, req Request, ran *bool) (Result, error) {
 	timeout, err := req.check()
 	if err != nil {
 		return Result{}, err
@@ -277,11 +320,18 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("sandbox: %w", err)
 	}
-	if err := r.CheckImage(ctx); err != nil {
+	if req.Prepared == nil {
+		if err := r.CheckImage(ctx); err != nil {
+			return Result{}, err
+		}
+	} else if err := req.Prepared.fits(r, req); err != nil {
 		return Result{}, err
 	}
 	began := time.Now()
 	res := Result{ExitCode: -1, ContainerName: req.Name}
+	if req.Prepared != nil {
+		res.ContainerName = req.Prepared.Name
+	}
 	if res.ContainerName == "" {
 		res.ContainerName = NewContainerName(req.ScopeHash)
 	} else if !validName(res.ContainerName, 128) {
@@ -298,6 +348,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	ctx, span := tracing.Start(ctx, "sandbox run", attribute.String("loomfs.container", res.ContainerName),
 		attribute.String("loomfs.runtime", r.cfg.Runtime))
 	defer span.End()
+	*ran = true
 	known, runErr := r.execute(ctx, req, timeout, &res)
 	cleanErr := r.cleanup(context.WithoutCancel(ctx), req, &res, known)
 	span.SetAttributes(attribute.Int("loomfs.exit_code", res.ExitCode), attribute.Bool("loomfs.timed_out", res.TimedOut))
@@ -308,28 +359,50 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	return res, errors.Join(runErr, cleanErr)
 }
 
-// execute creates, starts and waits for the container. known reports whether
-// the engine answered the create request, so that its outcome is known.
+// execute creates, starts and waits for the container, or starts and
+// waits for req.Prepared. known reports whether the engine answered the
+// create request, so that its outcome is known.
 func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration, res *Result) (known bool, err error) {
 	octx := context.WithoutCancel(ctx)
-	cc, hc := r.containerConfig(req)
-	// The create request runs to its answer even if ctx ends meanwhile: only
-	// an answered request lets cleanup prove that no container is left.
-	cctx, cancel := context.WithTimeout(octx, engineTimeout)
-	_, span := tracing.Start(octx, "container create")
-	created, err := r.cli.ContainerCreate(cctx, cc, hc, nil, nil, res.ContainerName)
-	span.End()
-	cancel()
-	if err != nil {
-		return answered(err), fmt.Errorf("sandbox: create container %s: %w", res.ContainerName, err)
+	var hj types.HijackedResponse
+	var created container.CreateResponse
+	prepared := false
+	if p := req.Prepared; p != nil {
+		_, span := tracing.Start(octx, "container attach prepared")
+		hj, err = r.cli.ContainerAttach(octx, p.ID, container.AttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+		span.End()
+		switch {
+		case err == nil:
+			created.ID, prepared = p.ID, true
+		case isNotFound(err):
+			// Removed behind our back (docker container prune removes
+			// created containers): make one by the same name.
+			r.observe(octx, "container_prepared_gone", req, res, map[string]any{"container_id": p.ID})
+		default:
+			res.ContainerID = p.ID
+			return true, fmt.Errorf("sandbox: attach to %s: %w", res.ContainerName, err)
+		}
+	}
+	if !prepared {
+		cc, hc := r.containerConfig(req, false)
+		// The create request runs to its answer even if ctx ends meanwhile: only
+		// an answered request lets cleanup prove that no container is left.
+		cctx, cancel := context.WithTimeout(octx, engineTimeout)
+		_, span := tracing.Start(octx, "container create")
+		created, err = r.cli.ContainerCreate(cctx, cc, hc, nil, nil, res.ContainerName)
+		span.End()
+		cancel()
+		if err != nil {
+			return answered(err), fmt.Errorf("sandbox: create container %s: %w", res.ContainerName, err)
+		}
+		res.ContainerID = created.ID
+		r.observe(octx, "container_create", req, res, map[string]any{"image": r.cfg.Image})
+		hj, err = r.cli.ContainerAttach(octx, created.ID, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
+		if err != nil {
+			return true, fmt.Errorf("sandbox: attach to %s: %w", res.ContainerName, err)
+		}
 	}
 	res.ContainerID = created.ID
-	r.observe(octx, "container_create", req, res, map[string]any{"image": r.cfg.Image})
-
-	hj, err := r.cli.ContainerAttach(octx, created.ID, container.AttachOptions{Stream: true, Stdout: true, Stderr: true})
-	if err != nil {
-		return true, fmt.Errorf("sandbox: attach to %s: %w", res.ContainerName, err)
-	}
 	defer hj.Close()
 	stdout, stderr := newCapture(r.cfg.OutputLimit), newCapture(r.cfg.OutputLimit)
 	copied := make(chan struct{})
@@ -367,7 +440,7 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 	// A runtime that never answers the start request costs the command's
 	// budget, not more.
 	sctx, scancel := context.WithTimeout(ctx, timeout)
-	_, span = tracing.Start(octx, "container start")
+	_, span := tracing.Start(octx, "container start")
 	err = r.cli.ContainerStart(sctx, created.ID, container.StartOptions{})
 	span.End()
 	startExpired := sctx.Err() != nil
@@ -390,7 +463,18 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 		r.observe(octx, "container_start_failed", req, res, map[string]any{"error": msg, "runtime": r.cfg.Runtime})
 		return true, fmt.Errorf("%w: %s", ErrStartFailed, msg)
 	default:
-		r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds()})
+		r.observe(octx, "container_start", req, res, map[string]any{"timeout_ms": timeout.Milliseconds(), "prepared": prepared})
+		if prepared {
+			// The command, then the end of its input: the entrypoint
+			// reads up to the end (preparedEntrypoint). The write goes
+			// to the engine's socket, which takes it whole or fails
+			// when hj is closed.
+			go func() {
+				if _, err := io.WriteString(hj.Conn, req.Command); err == nil {
+					hj.CloseWrite()
+				}
+			}()
+		}
 	}
 
 	timer := time.NewTimer(timeout)
@@ -501,7 +585,9 @@ func (r *Runner) removeConfirmed(ctx context.Context, ref string) error {
 }
 
 // containerConfig is the whole security posture of a sandbox container.
-func (r *Runner) containerConfig(req Request) (*container.Config, *container.HostConfig) {
+// A prepared container (Prepare) has the same posture, and reads its
+// command from its standard input instead of its arguments.
+func (r *Runner) containerConfig(req Request, prepared bool) (*container.Config, *container.HostConfig) {
 	mounts := []mount.Mount{{
 		Type: mount.TypeBind, Source: req.Workspace, Target: "/workspace",
 		BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate},
@@ -527,6 +613,12 @@ func (r *Runner) containerConfig(req Request) (*container.Config, *container.Hos
 			LabelRun: req.Run, LabelCall: req.Call, LabelNode: r.cfg.Node,
 			LabelOwner: r.owner.String(),
 		},
+	}
+	if prepared {
+		cc.Entrypoint = preparedEntrypoint
+		cc.OpenStdin, cc.StdinOnce, cc.AttachStdin = true, true, true
+		cc.Labels[LabelCall] = ""
+		cc.Labels[LabelPrepared] = "1"
 	}
 	hc := &container.HostConfig{
 		NetworkMode:    "none",

@@ -685,7 +685,7 @@ func TestOrphansByOwner(t *testing.T) {
 	ids := map[string]string{}
 	for _, c := range cases {
 		req, _ := newRequest(t, "sleep 60")
-		cc, hc := r.containerConfig(req)
+		cc, hc := r.containerConfig(req, false)
 		cc.Labels[LabelOwner] = c.owner
 		if c.owner == "" {
 			delete(cc.Labels, LabelOwner)
