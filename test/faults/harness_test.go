@@ -477,25 +477,48 @@ func (c *cell) scopeHeld() []string {
 // quotaHeld compares the scope's quota account with a walk (check --scope),
 // after a reconcile if they differ: a process that ends (or is killed)
 // between its change and its account's update leaves the difference to
-// the next reconcile, which a mount runs (--reconcile).
+// the next reconcile, which a mount runs (--reconcile). The mount is given
+// reconcileStart to start and reconcileWait to correct the account (it
+// logs each correction): a reconcile corrects only once the mount's own
+// start-up probe has gone idle (twice quota.Options.Idle) and two walks
+// agree, and on a loaded node the mount alone may take longer than 10 s
+// to start. A mount stopped before it corrected anything reconciled
+// nothing, and the judge says so rather than blame the account.
 func (c *cell) quotaHeld() []string {
 	if c.quotaDiff() == "" {
 		return nil
 	}
 	mnt := filepath.Join(c.dir, "reconcile")
 	os.Mkdir(mnt, 0o755)
-	d, ready := startMount(c.plain("mount", "--scope", scope, "--reconcile", "200ms", mnt), mnt)
-	if ready {
-		time.Sleep(3 * time.Second) // idle (1 s), then two walks that agree
+	d, ready := startMountWithin(c.plain("mount", "--scope", scope, "--reconcile", "200ms", mnt), mnt, reconcileStart)
+	corrected := false
+	for end := time.Now().Add(reconcileWait); ready && !corrected && time.Now().Before(end); {
+		select {
+		case <-d.done:
+			ready = false
+		case <-time.After(50 * time.Millisecond):
+		}
+		corrected = strings.Contains(d.stderr.String(), "quota account corrected")
 	}
-	if o := d.stop(30 * time.Second); o.exit != 0 {
+	o := d.stop(30 * time.Second)
+	if o.exit != 0 {
 		return []string{"the reconciling mount: " + o.String()}
 	}
 	if d := c.quotaDiff(); d != "" {
+		if !corrected {
+			return []string{fmt.Sprintf("the quota account is not a walk of the scope, and a mount reconciling every 200ms corrected nothing in %v: %s (mount: %s)", reconcileWait, d, o)}
+		}
 		return []string{"the quota account is not a walk of the scope after a reconcile: " + d}
 	}
 	return nil
 }
+
+// How long quotaHeld's reconciling mount is given to start, and then to
+// correct the account.
+var (
+	reconcileStart = time.Minute
+	reconcileWait  = 30 * time.Second
+)
 
 // quotaDiff is what check --scope says when the account is not a walk.
 func (c *cell) quotaDiff() string {

@@ -49,6 +49,11 @@ type daemon struct {
 // startMount starts x (a loomfs mount of mnt) and waits until it says it
 // is mounted or ends; ready reports which.
 func startMount(x *exec.Cmd, mnt string) (d *daemon, ready bool) {
+	return startMountWithin(x, mnt, 10*time.Second)
+}
+
+// startMountWithin is startMount waiting up to wait.
+func startMountWithin(x *exec.Cmd, mnt string, wait time.Duration) (d *daemon, ready bool) {
 	d = &daemon{x: x, mnt: mnt, done: make(chan struct{})}
 	x.Stdout, x.Stderr = &d.stdout, &d.stderr
 	x.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -59,7 +64,7 @@ func startMount(x *exec.Cmd, mnt string) (d *daemon, ready bool) {
 		return d, false
 	}
 	go func() { x.Wait(); close(d.done) }()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(wait)
 	for {
 		if strings.Contains(d.stderr.String(), "mounted ") {
 			return d, true
