@@ -10,9 +10,10 @@
 # ROUNDS, unpinned and pinned (taskset -c 0 for the daemon and the
 # workload).
 # SECTIONS picks what runs: warm (the table above), cmd (workspace_command
-# true under commands: fresh, over the session's pooled projection, and
-# under commands: session, against docker run --rm and docker exec of the
-# same image: a Go benchmark in process/),
+# true under commands: fresh, over the session's pooled projection in the
+# container prepared for it, and right after another one, and under
+# commands: session, against docker run --rm and docker exec of the same
+# image: a Go benchmark in process/, with the load average around it),
 # limit (a writer in a scope whose policy sets io_bytes_per_s, while a
 # writer in another scope of the same volume has none; then two mounts of
 # the limited scope writing at once, which share its one limit).
@@ -193,10 +194,13 @@ done
 if section cmd; then
 	img=${AGENT_LOOM_SANDBOX_IMAGE:-loomfs-sandbox:latest}
 	echo
-	echo "## workspace_command true: commands: fresh (pooled projection) and session, vs docker run --rm and docker exec ($img), $ROUNDS rounds, medians"
+	echo "## workspace_command true: commands: fresh (pooled projection, container prepared ahead) and session, vs docker run --rm and docker exec ($img${AGENT_LOOM_SANDBOX_RUNTIME:+, runtime $AGENT_LOOM_SANDBOX_RUNTIME}), $ROUNDS rounds, medians"
 	# One of each per round (process.BenchmarkWorkspaceCommandModes): the
-	# machine's load hits all four alike.
+	# machine's load hits all five alike. fresh-next runs right after
+	# fresh, so it waits for the container prepared after fresh's answer.
+	echo "load average before: $(cat /proc/loadavg)"
 	AGENT_LOOM_SANDBOX_IMAGE=$img go test -run '^$' -bench BenchmarkWorkspaceCommandModes -benchtime "${ROUNDS}x" -count 1 ./process/ | grep -E '^Benchmark'
+	echo "load average after: $(cat /proc/loadavg)"
 fi
 
 if section limit; then

@@ -142,10 +142,12 @@ func BenchmarkDockerRunRm(b *testing.B) {
 
 // BenchmarkWorkspaceCommandModes: workspace_command true through the tool
 // door with "commands: fresh" (a container per call over the pool's live
-// projection, as loom wires it) and "commands: session" (an exec in the
+// projection, as loom wires it: its container prepared after the last
+// command's answer; fresh-next is a second one right after it, which
+// waits for that) and "commands: session" (an exec in the
 // running session sandbox), against docker run --rm and docker exec into
 // a running container of the same image, one of each per round so that
-// the machine's load hits all four alike. bench/warm.sh SECTIONS=cmd runs
+// the machine's load hits all five alike. bench/warm.sh SECTIONS=cmd runs
 // it; AGENT_LOOM_SANDBOX_IMAGE picks the image.
 func BenchmarkWorkspaceCommandModes(b *testing.B) {
 	img := testImage
@@ -190,6 +192,9 @@ func BenchmarkWorkspaceCommandModes(b *testing.B) {
 		run  func() error
 	}{
 		{"fresh", func() error { return commandTrue(fresh) }},
+		// Right after the last: it waits for the holder scan and the
+		// container prepared after that answer.
+		{"fresh-next", func() error { return commandTrue(fresh) }},
 		{"session", func() error { return commandTrue(session) }},
 		{"docker-run-rm", func() error {
 			return exec.Command("docker", docker("run", "--rm", "--network", "none", "--label", label, img, "true")...).Run()
@@ -218,8 +223,9 @@ func BenchmarkWorkspaceCommandModes(b *testing.B) {
 		med[i] = float64(l[len(l)/2].Microseconds()) / 1000
 		b.ReportMetric(med[i], m.name+"-ms")
 	}
-	b.ReportMetric(med[1]/med[2], "session/run")
-	b.ReportMetric(med[0]/med[2], "fresh/run")
+	b.ReportMetric(med[2]/med[3], "session/run")
+	b.ReportMetric(med[0]/med[3], "fresh/run")
+	b.ReportMetric(med[1]/med[3], "fresh-next/run")
 }
 
 func commandTrue(e *env) error {

@@ -51,20 +51,30 @@ type CallInfo struct {
 // the marker only once the engine confirmed the container is gone. If that
 // can't be confirmed, the scope is quarantined.
 //
-// With a Pool, a command's container is made before it is asked for:
-// once a command is answered, the projection's holder scan runs, and then
-// a container is created, not started, over the kept projection for the
-// scope's next command (Runner.Prepare), which pays only its start, its
-// wait and its removal. The marker protocol is the same: the next
-// command's marker is set before its container starts. The holder scan
-// after the answer means a command whose container's leftovers still hold
-// the projection is answered with what it did, and the scope is
-// quarantined right after (projection_held in the audit log), so the
-// next write or command is refused; it was answered quarantined instead
-// before. The container it ran in is gone either way (confirmed before
-// the answer); what is not covered is the time between the answer and
-// the scan's end, about a millisecond, two seconds at most when it finds
-// a holder, during which the scope's next call may still be served.
+// With a Pool, a command's container is made before it is asked for, in
+// a scope recently used: one whose kept projection already served a
+// command. Once such a command is answered, the projection's holder scan
+// runs, and then a container is created, not started, over the
+// projection for the scope's next command (Runner.Prepare), which pays
+// only its start, its wait and its removal. The marker protocol is the
+// same: the next command's marker is set before its container starts.
+// A scope's first command over a projection (all that loomfs run does) is
+// answered as before, after the scan, and prepares nothing: a process
+// that ends after one command would only create a container to remove it.
+// So is a command that did not end by itself (timed out, cancelled, failed
+// to start, or whose removal was not confirmed), the ones that leave
+// leftovers.
+//
+// The holder scan after the answer means a command whose container's
+// leftovers still hold the projection is answered with what it did, and
+// the scope is quarantined right after (projection_held in the audit
+// log), so the next write or command is refused; it was answered
+// quarantined instead before. SPEC §5's guarantees hold: the container it
+// ran in is confirmed gone before the answer, and the marker was set
+// before its start. What is not covered is the time between the answer
+// and the scan's end (milliseconds; two seconds at most when it finds a
+// holder, which it gives that long to go), during which the scope's next
+// call may be served; its next command waits for the scan.
 type Commands struct {
 	Runner   *Runner
 	Mount    MountFunc
@@ -146,7 +156,7 @@ func (c *Commands) RunCommand(ctx context.Context, ws *store.Workspace, req tool
 	hooks.mu.Lock()
 	hooks.id = res.ContainerID
 	hooks.mu.Unlock()
-	if lease != nil && !errors.Is(err, ErrQuarantined) {
+	if lease != nil && lease.Reused() > 0 && err == nil && !res.TimedOut {
 		// Answered now: the scan and the next container come after.
 		settled = true
 		lease.after(func() { c.afterAnswer(ws, held, hooks, lease, res.ContainerName, err) })
@@ -200,7 +210,8 @@ func (c *Commands) answer(res Result, err error, refused *Refusals) (tools.Comma
 	return out, nil
 }
 
-// afterAnswer is what is left of a pooled command once it was answered:
+// afterAnswer is what is left of a pooled command once it was answered
+// (in a recently used scope, and ended by itself):
 // the scan for processes that still hold its projection, which
 // quarantines the scope if it finds any, as it did before the answer; and,
 // when the projection goes back to the pool, the container of the

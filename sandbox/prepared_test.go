@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,8 +72,9 @@ func spareOf(p *Pool) *Prepared {
 	return nil
 }
 
-// TestPreparedContainerReused: once a command is answered, a container is
-// prepared over the kept projection, and the next command runs in it:
+// TestPreparedContainerReused: a scope's first command prepares nothing;
+// once its second is answered, a container is prepared over the kept
+// projection, and the next command runs in it:
 // nothing is created on its way, it carries the command exactly, its
 // input is what a fresh container's is, its marker is set before its
 // start, and it is removed before the answer, leaving the one prepared
@@ -81,8 +83,14 @@ func TestPreparedContainerReused(t *testing.T) {
 	ctx := context.Background()
 	log := &eventLog{}
 	cmds, ws := pooledCommands(t, log, 0)
-	if res, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c1", Command: "true"}); err != nil || res.ExitCode != 0 {
+	if res, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c0", Command: "true"}); err != nil || res.ExitCode != 0 {
 		t.Fatalf("first command: %+v, %v", res, err)
+	}
+	if n := cmds.Pool.Prepared(); n != 0 || slices.Contains(log.list(), "container_prepare") {
+		t.Fatalf("%d containers prepared after the scope's first command", n)
+	}
+	if res, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c1", Command: "true"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("second command: %+v, %v", res, err)
 	}
 	waitPrepared(t, cmds.Pool, 1)
 	spare := spareOf(cmds.Pool)
@@ -281,8 +289,10 @@ func TestPreparedGoesWithPool(t *testing.T) {
 	}{{"idle", 500 * time.Millisecond}, {"close", time.Hour}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmds, ws := pooledCommands(t, &eventLog{}, tc.idle)
-			if _, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c1", Command: "true"}); err != nil {
-				t.Fatal(err)
+			for _, id := range []string{"c0", "c1"} {
+				if _, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: id, Command: "true"}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if tc.name == "close" {
 				// Close right after the answer waits for the preparation.
@@ -316,5 +326,47 @@ func TestPreparedGoesWithPool(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeldAfterAnswerQuarantines: in a recently used scope the holder scan
+// runs after the answer. A process that holds the projection when the
+// command ends does not change the answer, but quarantines the scope
+// right after, naming it, as before: the next command is refused, and no
+// container is prepared over the projection, which is let go.
+func TestHeldAfterAnswerQuarantines(t *testing.T) {
+	ctx := context.Background()
+	log := &eventLog{}
+	cmds, ws := pooledCommands(t, log, 0)
+	if _, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c0", Command: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(cmds.Pool.Dir)
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("mountpoints %v, %v", ents, err)
+	}
+	holder := exec.Command("sleep", "600")
+	holder.Dir = filepath.Join(cmds.Pool.Dir, ents[0].Name())
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	res, err := cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c1", Command: "echo answered"})
+	if err != nil || res.Stdout != "answered\n" {
+		t.Fatalf("the command's answer: %+v, %v", res, err)
+	}
+	_, err = cmds.RunCommand(ctx, ws, tools.CommandRequest{CallID: "c2", Command: "true"})
+	if err == nil || !strings.Contains(err.Error(), "quarantined") {
+		t.Fatalf("the next command: %v", err)
+	}
+	m, err := ws.QuarantineMarker()
+	if err != nil || m == nil || m.Container != res.Container || len(m.Holders) != 1 || m.Holders[0].PID != holder.Process.Pid {
+		t.Fatalf("quarantine record %+v, %v", m, err)
+	}
+	if cmds.Pool.Prepared() != 0 || cmds.Pool.Live() != 0 || slices.Contains(log.list(), "container_prepare") {
+		t.Fatalf("prepared %d, live %d, events %v", cmds.Pool.Prepared(), cmds.Pool.Live(), log.list())
+	}
+	if !slices.Contains(log.list(), "projection_held") {
+		t.Fatalf("no projection_held event: %v", log.list())
 	}
 }
