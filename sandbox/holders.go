@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -56,9 +58,9 @@ func Holders(dir string, dev uint64, containerID string) ([]store.Holder, error)
 			}
 			continue
 		}
-		ns, err := os.Readlink(proc + "/ns/mnt")
+		ns, err := mountNS(proc)
 		if err != nil {
-			continue // gone, or a kernel thread
+			continue // gone, a kernel thread, or stuck in an exec
 		}
 		if dir == "" {
 			continue // leftovers of the container only
@@ -313,4 +315,39 @@ func abortConnection(dir string, dev uint64) {
 	unix.Unmount(dir, unix.MNT_FORCE)
 	conn := unix.Major(dev)<<20 | unix.Minor(dev) // the kernel's own dev_t encoding names the connection
 	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn), []byte("1"), 0)
+}
+
+// nsWait bounds the read of one process's mount namespace link.
+const nsWait = 200 * time.Millisecond
+
+// nsAsking holds the processes whose namespace link a read still waits
+// for, so that a stuck one costs one blocked thread, not one per scan.
+var nsAsking sync.Map
+
+// mountNS reads the mount namespace link of the process at proc. The
+// read takes the process's exec lock: a process stuck in an exec (its
+// binary on a mount that does not answer) blocks it for as long, and
+// such a process, not yet running its new program, is not counted.
+func mountNS(proc string) (string, error) {
+	if _, asking := nsAsking.LoadOrStore(proc, true); asking {
+		return "", fmt.Errorf("%s: an earlier read of its mount namespace is still blocked", proc)
+	}
+	type answer struct {
+		ns  string
+		err error
+	}
+	c := make(chan answer, 1)
+	go func() {
+		ns, err := os.Readlink(proc + "/ns/mnt")
+		nsAsking.Delete(proc)
+		c <- answer{ns, err}
+	}()
+	t := time.NewTimer(nsWait)
+	defer t.Stop()
+	select {
+	case a := <-c:
+		return a.ns, a.err
+	case <-t.C:
+		return "", fmt.Errorf("%s: its mount namespace did not answer within %v", proc, nsWait)
+	}
 }

@@ -363,8 +363,11 @@ func TestHeldAfterAnswerQuarantines(t *testing.T) {
 	if err != nil || m == nil || m.Container != res.Container || len(m.Holders) != 1 || m.Holders[0].PID != holder.Process.Pid {
 		t.Fatalf("quarantine record %+v, %v", m, err)
 	}
-	if cmds.Pool.Prepared() != 0 || cmds.Pool.Live() != 0 || slices.Contains(log.list(), "container_prepare") {
-		t.Fatalf("prepared %d, live %d, events %v", cmds.Pool.Prepared(), cmds.Pool.Live(), log.list())
+	if cmds.Pool.Prepared() != 0 || slices.Contains(log.list(), "container_prepare") {
+		t.Fatalf("prepared %d, events %v", cmds.Pool.Prepared(), log.list())
+	}
+	if info, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(info), " "+holder.Dir+" ") {
+		t.Fatal("the held projection is still mounted")
 	}
 	if !slices.Contains(log.list(), "projection_held") {
 		t.Fatalf("no projection_held event: %v", log.list())
