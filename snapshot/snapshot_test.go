@@ -608,3 +608,44 @@ func TestEmulatedLinks(t *testing.T) {
 		t.Errorf("snapshot after restore holds %d files, want %d", third.Files, second.Files)
 	}
 }
+
+// TestRestoreSweepsKilledRestores: a restore killed on the way leaves its
+// tree beside the scope directory (half built before the swap, the old
+// one after it), outside every scope and account; the scope's next
+// restore removes it, and leaves another scope's alone.
+func TestRestoreSweepsKilledRestores(t *testing.T) {
+	s := newScope(t)
+	ctx := context.Background()
+	s.write(t, "x.txt", []byte("x"))
+	m, err := snapshot.Create(ctx, s.ws, snapshot.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := store.Scope{Space: "sp", Agent: "ag", Session: "se", Run: "r1", Instance: "i1"}
+	parent := filepath.Dir(s.dir)
+	killed := filepath.Join(parent, store.RestorePrefix+s.sc.Hash()+"-0123456789abcdef")
+	theirs := filepath.Join(parent, store.RestorePrefix+other.Hash()+"-0123456789abcdef")
+	for _, d := range []string{killed, theirs} {
+		if err := os.MkdirAll(filepath.Join(d, "src"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "src", "old.txt"), []byte("the old tree"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := snapshot.Restore(ctx, s.ws, m.ID, snapshot.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(killed); !os.IsNotExist(err) {
+		t.Errorf("a killed restore's tree is still beside the scope after the next restore (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(theirs, "src", "old.txt")); err != nil {
+		t.Errorf("another scope's restore tree was touched: %v", err)
+	}
+	ents, _ := os.ReadDir(parent)
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, store.RestorePrefix) && filepath.Join(parent, n) != theirs {
+			t.Errorf("%s is beside the scope after the restore", n)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -211,8 +212,41 @@ func removeContents(ctx context.Context, dirfd int, dev uint64, rel string, u *p
 }
 
 // RestorePrefix starts the name of the directory a restored tree is built
-// in, beside the scope directory and outside every projection.
+// in, beside the scope directory and outside every projection: the prefix,
+// the scope's hash, "-" and a random part.
 const RestorePrefix = policy.InternalPrefix + "restore-"
+
+// sweepRestores removes the trees whose names in parent start with mine:
+// what restores of one scope that were killed left beside its directory
+// (a half-built tree before the swap, the old one after it). They are
+// outside every scope and account, and nothing else would remove them.
+// The caller holds that scope's lock.
+func sweepRestores(pfd int, mine string, dev uint64) {
+	d, err := unix.Openat(pfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(d), "parent")
+	names, _ := f.Readdirnames(-1)
+	f.Close()
+	for _, name := range names {
+		if !strings.HasPrefix(name, mine) {
+			continue
+		}
+		fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		var u policy.Usage
+		if unix.Fstat(fd, &st) != nil || st.Dev != dev || removeContents(context.Background(), fd, dev, name, &u) != nil {
+			unix.Close(fd)
+			continue
+		}
+		unix.Close(fd)
+		unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
+	}
+}
 
 // ReplaceTree replaces the whole content of the scope, as one atomic
 // change: fill builds the new tree in a fresh directory beside the scope
@@ -254,7 +288,11 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 	if cur.Ino != pinned.Ino || cur.Dev != pinned.Dev {
 		return policy.Errorf(policy.Conflict, "the directory of scope %s was replaced since it was opened; open it again", w.scope)
 	}
-	staging := RestorePrefix + tempName()[len(policy.InternalPrefix+"tmp-"):]
+	// Under the scope lock no other restore of this scope is under way: a
+	// tree of this scope's found beside it is a killed restore's.
+	mine := RestorePrefix + w.scope.Hash() + "-"
+	sweepRestores(pfd, mine, w.dev)
+	staging := mine + tempName()[len(policy.InternalPrefix+"tmp-"):]
 	if err := unix.Mkdirat(pfd, staging, policy.DirPerm); err != nil {
 		return fmt.Errorf("create %s: %w", staging, err)
 	}
