@@ -181,21 +181,32 @@ func (c *Ceph) Evict(ctx context.Context, id int64) error {
 	return err
 }
 
-// Epochs returns the current OSD map epoch and the MDS's OSD epoch
-// barrier: the epoch a client must have seen before it may touch objects
-// an evicted client might have been writing.
-func (c *Ceph) Epochs(ctx context.Context) (osdmap, barrier int64, err error) {
+// osdEpoch returns the current OSD map epoch. The monitor answers a
+// blocklist command once the map that carries it is committed, so asked
+// after one it is at least that map's.
+func (c *Ceph) osdEpoch(ctx context.Context) (int64, error) {
 	out, err := c.run(ctx, "osd", "dump", "--format", "json")
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	var dump struct {
 		Epoch int64 `json:"epoch"`
 	}
 	if err := json.Unmarshal(out, &dump); err != nil {
-		return 0, 0, fmt.Errorf("read the OSD map: %w", err)
+		return 0, fmt.Errorf("read the OSD map: %w", err)
 	}
-	out, err = c.run(ctx, "tell", c.mds(), "status")
+	return dump.Epoch, nil
+}
+
+// Epochs returns the current OSD map epoch and the MDS's OSD epoch
+// barrier: the epoch a client must have seen before it may touch objects
+// an evicted client might have been writing.
+func (c *Ceph) Epochs(ctx context.Context) (osdmap, barrier int64, err error) {
+	epoch, err := c.osdEpoch(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	out, err := c.run(ctx, "tell", c.mds(), "status")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -205,5 +216,5 @@ func (c *Ceph) Epochs(ctx context.Context) (osdmap, barrier int64, err error) {
 	if err := json.Unmarshal(out, &st); err != nil {
 		return 0, 0, fmt.Errorf("read the MDS's status: %w", err)
 	}
-	return dump.Epoch, st.Barrier, nil
+	return epoch, st.Barrier, nil
 }

@@ -98,6 +98,17 @@ func (c *Ceph) Fence(ctx context.Context, node string, expire time.Duration) (Re
 			fenced[in.Addr] = true
 			res.Instances = append(res.Instances, in)
 		}
+		// The OSD map now carries the entries: its epoch is the one the
+		// barrier must reach. Read here, before the evictions, and not
+		// when the barrier is first asked: another change of the map
+		// meanwhile (any blocklist entry lapsing) would raise the epoch
+		// past the barrier the evictions set, and the wait would never
+		// end.
+		epoch, err := c.osdEpoch(ctx)
+		if err != nil {
+			return res, fmt.Errorf("fence node %s: %w", node, err)
+		}
+		res.OSDEpoch = max(res.OSDEpoch, epoch)
 		for _, in := range todo {
 			if err := c.Evict(ctx, in.ID); err != nil {
 				return res, fmt.Errorf("fence node %s: evict client.%d (already blocklisted): %w", node, in.ID, err)

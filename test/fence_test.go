@@ -30,6 +30,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/audit"
 	"github.com/agentloom/loomfs/fence"
 	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/policy"
@@ -65,6 +66,67 @@ func lateWriter(path string) {
 		}
 		fmt.Printf("wrote %d\n", i)
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startLateWriter starts a writer (lateWriter) appending to path in a
+// re-executed test binary; its lines come out of the channel. It is
+// killed at cleanup, stopped or not.
+func startLateWriter(t *testing.T, path string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	w := exec.Command(os.Args[0], "-test.run=^$")
+	w.Env = append(os.Environ(), fenceWriterEnv+"="+path)
+	stdout, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Stderr = os.Stderr
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Process.Signal(syscall.SIGCONT); w.Process.Kill(); w.Wait() })
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	return w, lines
+}
+
+// awaitWrites waits for n "wrote" lines of a writer.
+func awaitWrites(t *testing.T, who string, lines <-chan string, n int) {
+	t.Helper()
+	for i := 0; i < n; {
+		select {
+		case l, ok := <-lines:
+			if !ok || !strings.HasPrefix(l, "wrote ") {
+				t.Fatalf("%s said %q", who, l)
+			}
+			i++
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s wrote nothing in 30 s", who)
+		}
+	}
+}
+
+// awaitError waits for a writer's error line and returns it.
+func awaitError(t *testing.T, who string, lines <-chan string) string {
+	t.Helper()
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("%s ended without a word", who)
+			}
+			if strings.HasPrefix(l, "error ") {
+				return l
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s went on writing for 30 s after A woke up", who)
+		}
 	}
 }
 
@@ -175,12 +237,18 @@ func treeSums(t *testing.T, root string) map[string]string {
 	return sums
 }
 
-// TestNodeFenceTakeover is issue 50's experiment: node A works, freezes
-// (its processes and its ceph-fuse are stopped, as on a node that hangs
-// or is cut off), node B fences A and takes its work over, and A wakes
-// up: not one byte A writes after the fence lands, A's callers get the
-// fenced error, and B's work is intact. The blocklist entries outlive a
-// default expiry shortened to seconds: the fence pinned them.
+// TestNodeFenceTakeover is issue 50's experiment: node A works through a
+// tool call, a program of its own, a loomfs mount (a program appending
+// through it) and a command's container (appending through its
+// projection), and freezes mid-write (the programs, the mount's daemon,
+// its loomfs serve and its ceph-fuse are stopped and the container
+// paused, as on a node that hangs or is cut off); node B fences A and
+// takes its work over, and A wakes up: not one byte A writes after the
+// fence lands (the checksum of every file of the volume, the audit and
+// the journals among them, and audit verify's account of A), A's callers
+// get the fenced error, A's mount exits, and B's work is intact. The
+// blocklist entries outlive a default expiry shortened to seconds: the
+// fence pinned them.
 func TestNodeFenceTakeover(t *testing.T) {
 	if _, _, ok := dfsRoots(t); !ok {
 		t.Skipf("needs CephFS: %s unset (make test-dfs, or scripts/cephfs up)", dfsRootsEnv)
@@ -267,13 +335,123 @@ func TestNodeFenceTakeover(t *testing.T) {
 		}
 	}
 
-	// A freezes: its program, then its storage client.
+	// And a loomfs mount of A's, a program appending through it, and a
+	// command of A's service whose container appends through its
+	// projection: each in a scope of its own.
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mount := a.command("mount", "--scope", scope+"-mnt", mnt)
+	mountOut := &syncBuffer{}
+	mount.Stdout, mount.Stderr = mountOut, mountOut
+	if err := mount.Start(); err != nil {
+		t.Fatal(err)
+	}
+	mountEnded := make(chan error, 1)
+	go func() { mountEnded <- mount.Wait() }()
+	t.Cleanup(func() {
+		mount.Process.Signal(syscall.SIGCONT)
+		mount.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-mountEnded:
+			mountEnded <- err
+		case <-time.After(20 * time.Second):
+			mount.Process.Kill()
+		}
+		if isMounted(t, mnt) {
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	waitFor(t, "A's loomfs mount", func() bool { return strings.Contains(mountOut.String(), "mounted ") })
+	_, mountLines := startLateWriter(t, filepath.Join(mnt, "mounted.txt"))
+	awaitWrites(t, "A's writer through its loomfs mount", mountLines, 5)
+
+	sa := startNodeService(t, a)
+	t.Cleanup(func() { sa.cmd.Process.Signal(syscall.SIGCONT) }) // before its stop
+	nodeContainers := func() []string {
+		t.Helper()
+		out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=io.loomfs.node="+nameA).Output()
+		if err != nil {
+			t.Fatalf("docker ps: %v", err)
+		}
+		return strings.Fields(string(out))
+	}
+	t.Cleanup(func() {
+		if ids := nodeContainers(); len(ids) > 0 {
+			exec.Command("docker", append([]string{"unpause"}, ids...)...).Run()
+			exec.Command("docker", append([]string{"rm", "-f"}, ids...)...).Run()
+		}
+	})
+	commandAnswered := make(chan map[string]any, 1)
+	go func() {
+		cmd := a.command("tool", tools.Command, "--scope", scope+"-cmd", "--input",
+			`{"command":"i=0; while true; do i=$((i+1)); echo C line $i >> container.txt; sleep 0.02; done","timeout_s":120}`)
+		cmd.Env = sa.env
+		var o bytes.Buffer
+		cmd.Stdout = &o
+		cmd.Run()
+		var m map[string]any
+		json.Unmarshal(o.Bytes(), &m)
+		commandAnswered <- m
+	}()
+	var containerFile string
+	waitFor(t, "A's container to write", func() bool {
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case m := <-commandAnswered:
+			t.Fatalf("A's command ended before the fence: %v; its service: %s", m, sa.out)
+		default:
+		}
+		if containerFile == "" {
+			filepath.WalkDir(a.root, func(path string, d fs.DirEntry, err error) error {
+				if err == nil && d.Name() == "container.txt" {
+					containerFile = path
+				}
+				return err
+			})
+		}
+		b, _ := os.ReadFile(containerFile)
+		return bytes.Count(b, []byte("\n")) >= 5
+	})
+	containers := nodeContainers()
+	if len(containers) != 1 {
+		t.Fatalf("A's containers: %v, want its command's", containers)
+	}
+
+	// A freezes mid-write: its programs, its mount's daemon, its
+	// command's container, its service, then its storage client.
 	if err := writer.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("docker", "pause", containers[0]).CombinedOutput(); err != nil {
+		t.Fatalf("docker pause: %v: %s", err, out)
+	}
+	containerState := func() string {
+		out, _ := exec.Command("docker", "inspect", "-f", "{{.State.Status}}", containers[0]).CombinedOutput()
+		return strings.TrimSpace(string(out))
+	}
+	if st := containerState(); st != "paused" {
+		t.Fatalf("A's container after docker pause: %s", st)
+	}
+	if err := sa.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	if err := ca.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// Should the test end with A frozen, A wakes up before anything else
+	// is cleaned up (removing a paused container whose projection's
+	// daemon is stopped would hang).
+	t.Cleanup(func() {
+		for _, p := range []*os.Process{ca.cmd.Process, writer.Process, mount.Process, sa.cmd.Process} {
+			p.Signal(syscall.SIGCONT)
+		}
+		exec.Command("docker", "unpause", containers[0]).Run()
+	})
 	// A control entry, added with the (shortened) default expiry: it
 	// must lapse while the fence's entries stay.
 	control := fmt.Sprintf("127.0.0.1:0/%d", rand.Uint32())
@@ -303,7 +481,17 @@ func TestNodeFenceTakeover(t *testing.T) {
 	b.mustTool(scope, "workspace_write", `{"path":"owned.txt","content":"B's work after the takeover"}`)
 	b.mustTool(scope, "workspace_write", `{"path":"late.txt","content":"B's late.txt\n"}`)
 	takeover := time.Since(start)
-	t.Logf("fence took %s (by its record %s), fence to B's two writes landed %s", fenced.Round(time.Millisecond), rec.Took.Round(time.Millisecond), takeover.Round(time.Millisecond))
+	// And takes over the mount's scope and the command's, clearing the
+	// quarantine A's command left.
+	if r := b.run("quarantine", "clear", "--fenced-node", nameA); r.code != 0 {
+		t.Errorf("quarantine clear --fenced-node: exit %d %s %s", r.code, r.stdout, r.stderr)
+	} else {
+		t.Logf("quarantine clear --fenced-node: %s", bytes.TrimSpace(r.stdout))
+	}
+	b.mustTool(scope+"-mnt", "workspace_write", `{"path":"mounted.txt","content":"B's mounted.txt\n"}`)
+	b.mustTool(scope+"-cmd", "workspace_write", `{"path":"container.txt","content":"B's container.txt\n"}`)
+	takeoverAll := time.Since(start)
+	t.Logf("fence took %s (by its record %s), fence to B's two writes landed %s, to B's work in all three scopes %s", fenced.Round(time.Millisecond), rec.Took.Round(time.Millisecond), takeover.Round(time.Millisecond), takeoverAll.Round(time.Millisecond))
 	// Every instance of B still works, and only A's was evicted.
 	clients, err := ceph.Clients(ctx)
 	if err != nil {
@@ -326,8 +514,16 @@ func TestNodeFenceTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	resumed := time.Now()
-	if err := writer.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+	for _, p := range []*os.Process{writer.Process, mount.Process, sa.cmd.Process} {
+		if err := p.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := containerState(); st != "paused" {
+		t.Errorf("A's container, paused across the fence, is %s when A wakes up", st)
+	}
+	if out, err := exec.Command("docker", "unpause", containers[0]).CombinedOutput(); err != nil {
+		t.Errorf("docker unpause: %v: %s", err, out)
 	}
 	var writerSaw string
 	for writerSaw == "" {
@@ -355,7 +551,32 @@ func TestNodeFenceTakeover(t *testing.T) {
 	if code == 0 || errm["code"] != string(policy.VolumeUnavailable) || errm["message"] != policy.FencedMessage {
 		t.Errorf("A's tool call after the fence: exit %d, %v; want volume_unavailable, this node was fenced", code, m)
 	}
-	t.Logf("A's writer got %s %s after it resumed; its tool call: %v", writerSaw, sawAfter.Round(time.Millisecond), errm["code"])
+	mountSaw, mountSawAfter := awaitError(t, "A's writer through its loomfs mount", mountLines), time.Since(resumed)
+	select {
+	case err := <-mountEnded:
+		mountEnded <- err // for the cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(mountOut.String(), "FENCED") {
+			t.Errorf("A's mount after the fence: %v: %s", err, mountOut)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("A's mount still serves 30 s after A woke up: %s", mountOut)
+	}
+	mountGone := time.Since(resumed)
+	select {
+	case m := <-commandAnswered:
+		if errm, _ := m["error"].(map[string]any); errm["code"] != string(policy.VolumeUnavailable) || errm["message"] != policy.FencedMessage {
+			t.Errorf("A's command, its container paused across the fence, answered %v; want volume_unavailable, this node was fenced", m)
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("A's command still runs 60 s after A woke up")
+	}
+	commandAnsweredAfter := time.Since(resumed)
+	if ids := nodeContainers(); len(ids) != 0 {
+		t.Errorf("A's containers after it woke up fenced: %v", ids)
+	}
+	t.Logf("after A resumed: its writer got %s in %s; its writer through its loomfs mount got %s in %s; its mount exited in %s; its command answered the fence in %s; its tool call: %v",
+		writerSaw, sawAfter.Round(time.Millisecond), mountSaw, mountSawAfter.Round(time.Millisecond), mountGone.Round(time.Millisecond), commandAnsweredAfter.Round(time.Millisecond), errm["code"])
 
 	// Nothing of A's landed: every file as B left it.
 	time.Sleep(2 * time.Second)
@@ -372,6 +593,40 @@ func TestNodeFenceTakeover(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(b.root, strings.TrimPrefix(latePath, a.root))); err != nil || string(got) != "B's late.txt\n" {
 		t.Errorf("late.txt as B sees it: %q %v", got, err)
+	}
+	for sc, file := range map[string]string{scope + "-mnt": "mounted.txt", scope + "-cmd": "container.txt"} {
+		m := b.mustTool(sc, "workspace_read", `{"path":"`+file+`"}`)
+		if !strings.Contains(fmt.Sprint(m), "B's "+file) {
+			t.Errorf("%s in %s as B reads it: %v", file, sc, m)
+		}
+	}
+	// The audit: A's records end where its fence found them. What A's
+	// writers had not flushed when it froze was dropped with its client's
+	// cache at the eviction, as in a crash of the machine: verify may
+	// find A's chain shorter than its ledger's last entries say, and only
+	// A's.
+	r = b.run("--json", "audit", "verify", "--allow-crashed")
+	var rep struct {
+		Problems []struct {
+			File string `json:"file"`
+		} `json:"problems"`
+		Fenced []struct {
+			Node        string `json:"node"`
+			InForce     bool   `json:"in_force"`
+			LateRecords int    `json:"late_records"`
+		} `json:"fenced_nodes"`
+	}
+	err = json.Unmarshal(r.stdout, &rep)
+	for _, p := range rep.Problems {
+		if !strings.HasPrefix(p.File, nameA+".") {
+			t.Errorf("audit verify after A woke up: a problem outside A's files: %s", r.stdout)
+		}
+	}
+	if len(rep.Problems) > 0 {
+		t.Logf("audit verify after A woke up: %d problem(s) in A's files (its unflushed tail, dropped at the eviction)", len(rep.Problems))
+	}
+	if err != nil || len(rep.Fenced) != 1 || rep.Fenced[0].Node != nameA || !rep.Fenced[0].InForce || rep.Fenced[0].LateRecords != 0 {
+		t.Errorf("audit verify after A woke up: exit %d %v %s %s; want A fenced, with no line after its fence", r.code, err, r.stdout, r.stderr)
 	}
 
 	// A's remount is refused by its own loomfs: the fresh client instance
@@ -872,5 +1127,93 @@ func TestNodeFencedQuarantineClear(t *testing.T) {
 	}
 	if r := b.run("quarantine", "clear", "--fenced-node", a.name, "--scope", "acme/coder/s3"); r.code == 0 {
 		t.Error("clear --fenced-node with --scope was accepted")
+	}
+}
+
+// TestNodeFencedLateAuditIgnored: a fence the operator confirmed where
+// node A was in fact still writing (the storage could not refuse it): an
+// audit writer of A's that opened before the fence appends after it.
+// Through node B's loomfs, audit query skips those records and audit
+// verify still checks them and says how many lines A wrote after its
+// fence, in which files; A's records from before the fence, and B's, are
+// read as ever. Once A is re-admitted, its new records are read again.
+func TestNodeFencedLateAuditIgnored(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	a.name = "late-a-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const scope = "acme/coder/late-audit"
+	a.mustTool(scope, "workspace_write", `{"path":"before.txt","content":"A before its fence"}`)
+	// A's writer that froze with its log open, before the fence.
+	late, err := audit.Open(a.root, audit.Options{Node: a.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if r := b.run("fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "test: still writing"); r.code != 0 {
+		t.Fatalf("fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	b.mustTool(scope, "workspace_write", `{"path":"b.txt","content":"B after the fence"}`)
+	for i := range 3 {
+		if err := late.Record(context.Background(), audit.Event{Source: audit.SourceTool, Op: "workspace_write", Result: "ok", Path: fmt.Sprintf("late-%d.txt", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := late.Close(); err != nil {
+		t.Fatal(err)
+	}
+	paths := func() map[string]bool {
+		t.Helper()
+		r := b.run("--json", "audit", "query", "--node", a.name)
+		if r.code != 0 {
+			t.Fatalf("audit query: exit %d %s", r.code, r.stderr)
+		}
+		seen := map[string]bool{}
+		for _, l := range bytes.Split(bytes.TrimSpace(r.stdout), []byte("\n")) {
+			var rec audit.Record
+			if json.Unmarshal(l, &rec) == nil {
+				seen[rec.Path] = true
+			}
+		}
+		return seen
+	}
+	if seen := paths(); !seen["before.txt"] || seen["late-0.txt"] || seen["late-2.txt"] {
+		t.Errorf("A's records through B's audit query after the fence: %v; want before.txt and none of the late ones", seen)
+	}
+	verify := func() audit.Report {
+		t.Helper()
+		r := b.run("--json", "audit", "verify", "--allow-crashed")
+		var rep audit.Report
+		if err := json.Unmarshal(r.stdout, &rep); err != nil {
+			t.Fatalf("audit verify: exit %d %v %s %s", r.code, err, r.stdout, r.stderr)
+		}
+		if !rep.OK() || r.code != 0 {
+			t.Errorf("audit verify: exit %d, problems %v", r.code, rep.Problems)
+		}
+		return rep
+	}
+	rep := verify()
+	// Three events, and the writer's close in A's ledger (it opened
+	// before the fence).
+	if len(rep.Fenced) != 1 || rep.Fenced[0].Node != a.name || !rep.Fenced[0].InForce || rep.Fenced[0].LateRecords != 4 || len(rep.Fenced[0].LateFiles) != 2 {
+		t.Errorf("audit verify's account of A: %+v; want its late events and ledger entries, in its chain file and its ledger", rep.Fenced)
+	}
+	said := false
+	for _, w := range rep.Warnings {
+		said = said || strings.Contains(w.Message, "node "+a.name+" was fenced")
+	}
+	if !said {
+		t.Errorf("audit verify's warnings do not name A's late lines: %v", rep.Warnings)
+	}
+
+	// Re-admitted, A writes again and is read again; what it wrote while
+	// fenced stays skipped.
+	if r := b.run("fence", "--readmit", "--node", a.name); r.code != 0 {
+		t.Fatalf("readmit: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	a.mustTool(scope, "workspace_write", `{"path":"readmitted.txt","content":"A again"}`)
+	if seen := paths(); !seen["before.txt"] || !seen["readmitted.txt"] || seen["late-1.txt"] {
+		t.Errorf("A's records after its re-admission: %v; want before.txt and readmitted.txt, none of the late ones", seen)
+	}
+	if rep := verify(); len(rep.Fenced) != 1 || rep.Fenced[0].InForce || rep.Fenced[0].LateRecords != 4 {
+		t.Errorf("audit verify after A's re-admission: %+v", rep.Fenced)
 	}
 }

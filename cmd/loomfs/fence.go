@@ -29,6 +29,11 @@ records the fence on the volume and in the audit, and only then answers.
 Each node's mount must carry that metadata and client_reconnect_stale off
 (see DEPLOY.md).
 
+Once the fence holds, and before it is recorded, it keeps the length of each
+of N's audit files as a high-water mark: "loomfs audit query" and "tail" skip
+whatever N still wrote past them, and "audit verify" reports it (see
+DEPLOY.md).
+
 On any other filesystem loomfs can't fence a node: it refuses and says what
 to do instead. Once the operator has made sure N can't write,
 --confirm-fenced-externally records the fence without touching the storage.
