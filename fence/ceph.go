@@ -181,21 +181,54 @@ func (c *Ceph) Evict(ctx context.Context, id int64) error {
 	return err
 }
 
-// osdEpoch returns the current OSD map epoch. The monitor answers a
-// blocklist command once the map that carries it is committed, so asked
-// after one it is at least that map's.
+// osdEpoch returns the current OSD map epoch.
 func (c *Ceph) osdEpoch(ctx context.Context) (int64, error) {
-	out, err := c.run(ctx, "osd", "dump", "--format", "json")
+	e, _, err := c.osdMap(ctx, 0)
+	return e, err
+}
+
+// osdMap returns the epoch and the blocklisted addresses of the OSD map
+// of epoch (0: the current one).
+func (c *Ceph) osdMap(ctx context.Context, epoch int64) (int64, map[string]string, error) {
+	args := []string{"osd", "dump"}
+	if epoch > 0 {
+		args = append(args, strconv.FormatInt(epoch, 10))
+	}
+	out, err := c.run(ctx, append(args, "--format", "json")...)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var dump struct {
-		Epoch int64 `json:"epoch"`
+		Epoch     int64             `json:"epoch"`
+		Blocklist map[string]string `json:"blocklist"`
 	}
 	if err := json.Unmarshal(out, &dump); err != nil {
-		return 0, fmt.Errorf("read the OSD map: %w", err)
+		return 0, nil, fmt.Errorf("read the OSD map: %w", err)
 	}
-	return dump.Epoch, nil
+	return dump.Epoch, dump.Blocklist, nil
+}
+
+// firstEpochWith returns the first OSD map epoch from from up to to that
+// carries every address in addrs: the epoch of the blocklist
+// entries, which the MDS's barrier must reach. Another change of the map
+// before or after them (an entry lapsing) has an epoch of its own, which
+// the barrier need not reach.
+func (c *Ceph) firstEpochWith(ctx context.Context, from, to int64, addrs []string) (int64, error) {
+	for e := from; e <= to; e++ {
+		_, list, err := c.osdMap(ctx, e)
+		if err != nil {
+			return 0, err
+		}
+		all := true
+		for _, a := range addrs {
+			_, ok := list[a]
+			all = all && ok
+		}
+		if all {
+			return e, nil
+		}
+	}
+	return 0, fmt.Errorf("no OSD map from epoch %d to %d carries the blocklist entries %v", from, to, addrs)
 }
 
 // Epochs returns the current OSD map epoch and the MDS's OSD epoch

@@ -91,6 +91,14 @@ func (c *Ceph) Fence(ctx context.Context, node string, expire time.Duration) (Re
 		}
 		// Blocklist first, so each entry has the fence's expiry; the
 		// eviction then closes the session at once and sets the barrier.
+		before, err := c.osdEpoch(ctx)
+		if err != nil {
+			return res, fmt.Errorf("fence node %s: %w", node, err)
+		}
+		var addrs []string
+		for _, in := range todo {
+			addrs = append(addrs, in.Addr)
+		}
 		for _, in := range todo {
 			if err := c.Blocklist(ctx, in.Addr, expire); err != nil {
 				return res, fmt.Errorf("fence node %s: blocklist client.%d: %w", node, in.ID, err)
@@ -98,17 +106,19 @@ func (c *Ceph) Fence(ctx context.Context, node string, expire time.Duration) (Re
 			fenced[in.Addr] = true
 			res.Instances = append(res.Instances, in)
 		}
-		// The OSD map now carries the entries: its epoch is the one the
-		// barrier must reach. Read here, before the evictions, and not
-		// when the barrier is first asked: another change of the map
-		// meanwhile (any blocklist entry lapsing) would raise the epoch
-		// past the barrier the evictions set, and the wait would never
-		// end.
-		epoch, err := c.osdEpoch(ctx)
+		// The barrier must reach the first OSD map that carries the
+		// entries, and no more: another change of the map meanwhile (any
+		// blocklist entry lapsing) has a later epoch, which the barrier
+		// the evictions set need not reach (a wait for it never ended).
+		after, err := c.osdEpoch(ctx)
+		if err == nil {
+			var epoch int64
+			epoch, err = c.firstEpochWith(ctx, before, after, addrs)
+			res.OSDEpoch = max(res.OSDEpoch, epoch)
+		}
 		if err != nil {
 			return res, fmt.Errorf("fence node %s: %w", node, err)
 		}
-		res.OSDEpoch = max(res.OSDEpoch, epoch)
 		for _, in := range todo {
 			if err := c.Evict(ctx, in.ID); err != nil {
 				return res, fmt.Errorf("fence node %s: evict client.%d (already blocklisted): %w", node, in.ID, err)
