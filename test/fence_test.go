@@ -514,16 +514,21 @@ func TestNodeFenceTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	resumed := time.Now()
-	for _, p := range []*os.Process{writer.Process, mount.Process, sa.cmd.Process} {
+	for _, p := range []*os.Process{writer.Process, mount.Process} {
 		if err := p.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The container before its service (which removes it once it sees
+	// the fence): its writes wait for the projection's daemon.
 	if st := containerState(); st != "paused" {
 		t.Errorf("A's container, paused across the fence, is %s when A wakes up", st)
 	}
 	if out, err := exec.Command("docker", "unpause", containers[0]).CombinedOutput(); err != nil {
 		t.Errorf("docker unpause: %v: %s", err, out)
+	}
+	if err := sa.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 	var writerSaw string
 	for writerSaw == "" {
