@@ -169,7 +169,10 @@
 // after it), and opens here in between see its new contents only when its
 // size or times changed.
 // Reads the kernel answers from pages it kept are not counted in the
-// release record's bytes (the record says "kept_pages").
+// release record's bytes (the record says "kept_pages"). A file's second
+// and later read-only opens are answered from a descriptor its first kept
+// (reader.go): the policy is asked and the object checked again, from the
+// descriptor, without a walk of its path.
 //
 // A change made behind loomfs's back (an administrator editing the backing
 // store directly) is in no journal: it is seen when the kernel's entry or

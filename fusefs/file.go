@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -22,7 +23,15 @@ type handle struct {
 	node *node
 	// fd is the backing file, held bare (no *os.File: one per open(2)
 	// served would add an fcntl and a cleanup to each).
-	fd       int
+	fd int
+	// shared is the node's kept reader when fd is its descriptor, shared
+	// with the node and its other read-only opens (reader.go); nil when
+	// fd is the handle's own.
+	shared *keptReader
+	// flockFD is the open file description of its own that a handle
+	// sharing a kept reader takes flock locks on, opened at its first;
+	// 0 until then. Guarded by fdMu.
+	flockFD  int
 	rel      string // path when opened, for records
 	flags    uint32
 	writable bool
@@ -96,9 +105,16 @@ func handleOf(fh fs.FileHandle) *handle {
 // and returns the FOPEN flags to answer with. foreign: fd is not the
 // node's own file (fsys.readsCurrent).
 func newHandle(n *node, fd int, rel string, flags uint32, created, foreign bool) (*handle, uint32) {
+	return newSharedHandle(n, fd, nil, rel, flags, created, foreign)
+}
+
+// newSharedHandle is newHandle for a handle that shares fd, the kept
+// reader shared, when shared is not nil (reader.go).
+func newSharedHandle(n *node, fd int, shared *keptReader, rel string, flags uint32, created, foreign bool) (*handle, uint32) {
 	h := &handle{
 		node:     n,
 		fd:       fd,
+		shared:   shared,
 		rel:      rel,
 		flags:    flags,
 		writable: int(flags)&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0,
@@ -153,7 +169,35 @@ func (h *handle) close() {
 	h.node.closing(h)
 	h.fdMu.Lock()
 	defer h.fdMu.Unlock()
-	unix.Close(h.fd)
+	if h.shared == nil {
+		unix.Close(h.fd)
+		return
+	}
+	h.shared.release()
+	if h.flockFD > 0 {
+		unix.Close(h.flockFD)
+	}
+}
+
+// flockOn returns the descriptor the handle's flock locks are taken on:
+// its own fd, or, for a handle that shares its node's kept reader, an
+// open file description of its own of the same file, opened at the first
+// flock (a flock belongs to the description, which other opens must not
+// share).
+func (h *handle) flockOn() (int, error) {
+	if h.shared == nil {
+		return h.fd, nil
+	}
+	h.fdMu.Lock()
+	defer h.fdMu.Unlock()
+	if h.flockFD == 0 {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(h.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		h.flockFD = fd
+	}
+	return h.flockFD, nil
 }
 
 // path is where the file is now, or where it was opened if it was removed.
@@ -210,6 +254,22 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, f.refused(ctx, ev, err)
 		}
 	}
+	var want policy.Access
+	switch {
+	case flags&fuse.FMODE_EXEC != 0:
+		// execve(2) opens the file to run it, which asks for x, not r.
+		want = policy.MayExec
+	case acc != unix.O_WRONLY:
+		want = policy.MayRead
+	}
+	if write {
+		want |= policy.MayWrite
+		// The node's file is opened for writing: its next reads open
+		// it again (reader.go).
+		n.dropReader()
+	} else if h, fuseFlags, e, ok := n.openKept(ctx, ev, rel, flags, want); ok {
+		return h, fuseFlags, e
+	}
 	if write {
 		op = policy.OpWrite
 		err := f.admit(policy.OpWrite, rel)
@@ -245,17 +305,6 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 		return nil, 0, f.staleOpen(ctx, flags)
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
-	var want policy.Access
-	switch {
-	case flags&fuse.FMODE_EXEC != 0:
-		// execve(2) opens the file to run it, which asks for x, not r.
-		want = policy.MayExec
-	case acc != unix.O_WRONLY:
-		want = policy.MayRead
-	}
-	if write {
-		want |= policy.MayWrite
-	}
 	if err := f.access(ctx, rel, objectOf(&sx), want); err != nil {
 		unix.Close(fd)
 		return nil, 0, f.refused(ctx, ev, err)
@@ -267,7 +316,11 @@ func (n *node) open(ctx context.Context, rel string, flags uint32) (*handle, uin
 			return nil, 0, e
 		}
 	}
-	h, fuseFlags := newHandle(n, fd, rel, flags, false, !current)
+	var shared *keptReader
+	if current && !write && o.Info.Kind == policy.KindRegular {
+		shared = f.readers.keep(n, fd)
+	}
+	h, fuseFlags := newSharedHandle(n, fd, shared, rel, flags, false, !current)
 	if !current {
 		// Every read(2) comes here, to the file opened, whatever the
 		// kernel still believes of the node's size and pages.

@@ -385,6 +385,11 @@ func (fl *follower) drop(rel string, subtree bool) {
 		dropInode(parent)
 		return
 	}
+	if n, ok := child.Operations().(*node); ok {
+		// Whatever changed, the node's next open finds its file again
+		// (reader.go).
+		n.dropReader()
+	}
 	sx, err := fl.stat(rel)
 	switch {
 	case err == unix.ENOENT:
@@ -431,6 +436,7 @@ func dropInode(in *fs.Inode) {
 	if n, ok := in.Operations().(*node); ok {
 		n.stamp.Store(nil)
 		n.listed.Store(false)
+		n.dropReader()
 	}
 	in.NotifyContent(0, 0)
 }

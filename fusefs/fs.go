@@ -74,6 +74,10 @@ type fsys struct {
 	// kept is the directories the mount made and keeps open
 	// (newdir.go).
 	kept keptDirs
+	// readers is the files the mount keeps open for reading (reader.go);
+	// readerOpens counts the opens served from them (tests use it).
+	readers     *keptReaders
+	readerOpens atomic.Int64
 	// absentLookups counts the lookups answered from what the mount knows
 	// of a directory it made (newdir.go); tests use it.
 	absentLookups atomic.Int64
@@ -137,6 +141,10 @@ func newFsys(ws *store.Workspace, opts Options) (*fsys, *unix.Statx_t, error) {
 	if root.Mask&unix.STATX_BTIME == 0 {
 		// See statChanged.
 		f.changedStat = unix.AT_STATX_DONT_SYNC
+	}
+	f.readers = &keptReaders{}
+	if f.coherent && !opts.Passthrough {
+		f.readers = newKeptReaders(ws.DirFD())
 	}
 	f.sink = tracedSink{Sink: sink, f: f}
 	f.root = &node{fsys: f}

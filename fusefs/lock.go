@@ -182,7 +182,11 @@ func (h *handle) flock(typ uint32) error {
 	default:
 		return unix.EINVAL
 	}
-	return unix.Flock(h.fd, op)
+	fd, err := h.flockOn()
+	if err != nil {
+		return err
+	}
+	return unix.Flock(fd, op)
 }
 
 // set takes or releases owner's lock lk, on the owner's description of

@@ -182,6 +182,7 @@ func (m *Mounted) Dir() string { return m.dir }
 func (m *Mounted) Unmount() error {
 	m.once.Do(func() {
 		defer m.fsys.kept.closeAll()
+		defer m.fsys.readers.closeAll()
 		defer m.unheld()
 		defer m.releaseOpen()
 		if m.follower != nil {

@@ -47,6 +47,10 @@ type node struct {
 	// until its first (lock.go).
 	locks atomic.Pointer[nodeLocks]
 
+	// reader is the node's file kept open for reading (reader.go), nil
+	// when there is none.
+	reader atomic.Pointer[keptReader]
+
 	// stamp is what the file looked like at its last open, nil until
 	// then and after the follower dropped its pages (cache.go).
 	stamp atomic.Pointer[pageStamp]

@@ -169,6 +169,9 @@ func (n *node) removing(name string, sx *unix.Statx_t, rel string) (done func(re
 	if !ok {
 		return func(bool) bool { return false }
 	}
+	// A kept reader is no open of the program's: it must not keep the
+	// removed file's space (reader.go).
+	c.dropReader()
 	c.mu.Lock()
 	return func(removed bool) bool {
 		defer c.mu.Unlock()

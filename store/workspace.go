@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -189,6 +190,25 @@ func (w *Workspace) OpenFD(op policy.Op, rel string, flags int) (Opened, error) 
 	}
 	defer parent.Close()
 	return w.openChecked(op, rel, flags, parent, name)
+}
+
+// RecheckFD describes again what fd, a file OpenFD opened for op at rel,
+// is now, and checks it for op as OpenFD did: a caller that keeps such a
+// descriptor to serve later opens (the FUSE door's kept readers) asks this
+// instead of opening the path again, so the same rules refuse a file
+// someone since hard-linked, or unlinked (no link left), behind loomfs's
+// back.
+func (w *Workspace) RecheckFD(op policy.Op, rel string, fd int) (unix.Statx_t, error) {
+	sx, err := StatxAt(fd, "", StatxMask)
+	if err != nil {
+		return sx, policy.FromErrno(err, op.String(), rel)
+	}
+	if sx.Nlink == 0 {
+		return sx, policy.Errorf(policy.NotFound, "%s: no such file", rel)
+	}
+	st := statOf(&sx)
+	info := w.infoOf(path.Base(rel), &st, sx.Mnt_id)
+	return sx, policy.CheckObject(op, rel, info.Object())
 }
 
 // openFile is Open for a caller that holds the parent directory.
