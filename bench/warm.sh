@@ -19,14 +19,16 @@
 # the limited scope writing at once, which share its one limit).
 # BASELINE=PATH (a loomfs binary of another build) adds the layer
 # "before": that build's mount as it ships, in the same rounds. The layer
-# "kdirs" (not in the default LAYERS) is loomfs under "cache: journal-dirs".
+# "journal" is loomfs under "cache: journal" (every opendir and owner-bit
+# check in the daemon, the default until issue 44); "loomfs" is the default
+# ("cache: journal-dirs").
 # Run as root: ROUNDS=5 bash bench/warm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 PINS=${PINS:-"unpinned pinned"}
 BASELINE=${BASELINE:-}
-LAYERS=${LAYERS:-"native strict ${BASELINE:+before }loomfs loopback bindfs"}
+LAYERS=${LAYERS:-"native strict journal ${BASELINE:+before }loomfs loopback bindfs"}
 WORKLOADS=${WORKLOADS:-"status rg find stat untar clone build rebuild"}
 SECTIONS=${SECTIONS:-"warm cmd limit"}
 LIMIT=${LIMIT:-20}         # MiB/s of the limited scope
@@ -54,7 +56,7 @@ go build -o "$bin/loopback" ./bench/loopback
 srctar=$work/src.tar
 tar -C "$(go env GOROOT)" -cf "$srctar" src
 printf 'cache: strict\n' >"$work/strict.yaml"
-printf 'cache: journal-dirs\n' >"$work/kdirs.yaml"
+printf 'cache: journal\n' >"$work/journal.yaml"
 SCOPE=bench/agent/s
 export GIT_CONFIG_GLOBAL=$work/gitconfig GIT_CONFIG_NOSYSTEM=1
 git config --global user.email bench@example.invalid
@@ -82,7 +84,7 @@ declare -A BACK
 section warm || LAYERS=""
 for layer in $LAYERS; do
 	case $layer in
-	strict | loomfs | before | kdirs)
+	strict | loomfs | before | journal)
 		root=$work/root-$layer
 		"$bin/loomfs" --root "$root" tool workspace_list --scope $SCOPE >/dev/null
 		BACK[$layer]=$root/spaces/bench/agents/agent/sessions/s/main ;;
@@ -96,10 +98,10 @@ mount_layer() {
 	mkdir -p "$mnt"
 	case $layer in
 	native) dir=${BACK[native]}; return ;;
-	strict | loomfs | before | kdirs)
+	strict | loomfs | before | journal)
 		local pol=() exe=$bin/loomfs
 		[ "$layer" = strict ] && pol=(--policy "$work/strict.yaml")
-		[ "$layer" = kdirs ] && pol=(--policy "$work/kdirs.yaml")
+		[ "$layer" = journal ] && pol=(--policy "$work/journal.yaml")
 		[ "$layer" = before ] && exe=$BASELINE
 		"${pre[@]}" "$exe" --root "$work/root-$layer" "${pol[@]}" mount --scope $SCOPE "$mnt" >/dev/null 2>"$work/daemon.log" &
 		daemon_pid=$! ;;
