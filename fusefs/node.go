@@ -319,7 +319,10 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 		} else if e != 0 {
 			return e
 		}
-		f.readServed(ctx)
+		// Not a served read (f.readServed): under default_permissions
+		// this GETATTR may be the kernel's permission check inside the
+		// retry of an open answered ESTALE, whose OPEN is still to come
+		// and must find that retry remembered (stale.go).
 	}
 	n.perm.Store(uint32(sx.Mode) & 0o7777)
 	f.fillAttr(&sx, &out.Attr)
