@@ -41,7 +41,8 @@ import (
 // one at its first flock (handle.ownFD).
 //
 // Kept readers are open files in the daemon: at most maxKeptReaders per
-// mount (and a quarter of the descriptor limit), and none on a volume on a
+// mount, a quarter of the process's descriptor limit across all its mounts
+// (a worker serves many scopes in one process), and none on a volume on a
 // network or FUSE filesystem, where an open file holds capabilities the
 // server would have to recall from this client for another client's write
 // (CephFS) or a delegation (NFS).
@@ -61,7 +62,24 @@ const maxKeptReaders = 1 << 16
 type keptReaders struct {
 	mu    sync.Mutex
 	nodes map[*node]struct{} // nil when the mount keeps none
-	limit int
+}
+
+// keptInProcess counts the kept readers of every mount of the process,
+// which may hold a quarter of its descriptor limit.
+var (
+	keptInProcess     atomic.Int64
+	keptProcessLimit  int64
+	keptProcessLimits sync.Once
+)
+
+func processKeepLimit() int64 {
+	keptProcessLimits.Do(func() {
+		var rl unix.Rlimit
+		if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil {
+			keptProcessLimit = int64(rl.Cur / 4)
+		}
+	})
+	return keptProcessLimit
 }
 
 // newKeptReaders returns the mount's account of kept readers: none for a
@@ -71,11 +89,6 @@ func newKeptReaders(dirfd int) *keptReaders {
 	var st unix.Statfs_t
 	if unix.Fstatfs(dirfd, &st) != nil || remoteFS(&st) {
 		return k
-	}
-	k.limit = maxKeptReaders
-	var rl unix.Rlimit
-	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur/4 < uint64(k.limit) {
-		k.limit = int(rl.Cur / 4)
 	}
 	k.nodes = map[*node]struct{}{}
 	return k
@@ -100,9 +113,11 @@ func remoteFS(st *unix.Statfs_t) bool {
 func (k *keptReaders) keep(n *node, fd int) *keptReader {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.nodes == nil || len(k.nodes) >= k.limit || n.reader.Load() != nil {
+	if k.nodes == nil || len(k.nodes) >= maxKeptReaders || n.reader.Load() != nil ||
+		keptInProcess.Load() >= processKeepLimit() {
 		return nil
 	}
+	keptInProcess.Add(1)
 	r := &keptReader{fd: fd, since: time.Now()}
 	r.refs.Store(2) // the node's and the handle's
 	n.reader.Store(r)
@@ -128,6 +143,7 @@ func (k *keptReaders) closeAll() {
 func (r *keptReader) release() {
 	if r.refs.Add(-1) == 0 {
 		unix.Close(r.fd)
+		keptInProcess.Add(-1)
 	}
 }
 

@@ -93,6 +93,28 @@ func TestKeptReader(t *testing.T) {
 		t.Errorf("the daemon holds %d descriptors of the removed file", fds)
 	}
 
+	t.Run("unmount closes them", func(t *testing.T) {
+		before := keptInProcess.Load()
+		e := newEnv(t)
+		for _, name := range []string{"a", "b", "c"} {
+			mustWrite(t, e.path(name), name)
+			for range 2 {
+				if err := wantContent(e.path(name), name); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if n := keptInProcess.Load() - before; n != 3 {
+			t.Fatalf("%d kept readers for three files read", n)
+		}
+		if err := e.m.Unmount(); err != nil {
+			t.Fatal(err)
+		}
+		if n := keptInProcess.Load() - before; n != 0 {
+			t.Errorf("%d kept readers left open after the unmount", n)
+		}
+	})
+
 	t.Run("strict", func(t *testing.T) {
 		e := newEnv(t, withCache(policy.CacheStrict))
 		mustWrite(t, e.path("s.txt"), "s")
