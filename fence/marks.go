@@ -147,18 +147,7 @@ func Readmitted(root, node string, audit map[string]int64) (Marks, error) {
 // ReadMarks returns node's kept marks under root; an error wrapping
 // os.ErrNotExist if it was never fenced since marks were kept.
 func ReadMarks(root, node string) (Marks, error) {
-	var m Marks
-	if err := CheckNode(node); err != nil {
-		return m, err
-	}
-	b, err := os.ReadFile(marksPath(root, node))
-	if err != nil {
-		return m, fmt.Errorf("read the fence marks of node %s: %w", node, err)
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("read the fence marks of node %s: %w", node, err)
-	}
-	return m, nil
+	return readJSON[Marks](node, "marks", func() string { return marksPath(root, node) })
 }
 
 // AllMarks returns the kept marks of every node ever fenced under root,

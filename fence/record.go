@@ -100,18 +100,24 @@ func syncDir(dir string) error {
 // Read returns node's fence record under root; an error wrapping
 // os.ErrNotExist if the node was never fenced.
 func Read(root, node string) (Record, error) {
-	var r Record
+	return readJSON[Record](node, "record", func() string { return recordPath(root, node) })
+}
+
+// readJSON reads node's fence file of kind what (a record, its marks),
+// whose path is named only once node has been checked.
+func readJSON[T any](node, what string, path func() string) (T, error) {
+	var v T
 	if err := CheckNode(node); err != nil {
-		return r, err
+		return v, err
 	}
-	b, err := os.ReadFile(recordPath(root, node))
+	b, err := os.ReadFile(path())
+	if err == nil {
+		err = json.Unmarshal(b, &v)
+	}
 	if err != nil {
-		return r, fmt.Errorf("read the fence record of node %s: %w", node, err)
+		return v, fmt.Errorf("read the fence %s of node %s: %w", what, node, err)
 	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("read the fence record of node %s: %w", node, err)
-	}
-	return r, nil
+	return v, nil
 }
 
 // Remove lifts node's record under root once an administrator re-admits
