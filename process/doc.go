@@ -14,8 +14,12 @@
 //
 // A process is its whole tree (tree.go): it runs under a group id of its
 // own that everything it starts inherits and can't drop, so what it leaves
-// running is killed when it exits and a signal reaches all of it, through
-// a controller in the sandbox that forks nothing and so still works when
-// the pids limit is spent. It never lets a process's tree outlive the
-// process, and never needs a privilege the container does not have.
+// running is killed when it exits and a signal reaches all of it. A kill
+// is done from the host where the worker sees the container's cgroups
+// (cgroup.go): the container frozen while the tree is found, so that a
+// fork bomb spinning on every CPU it has can't slow it. Elsewhere (gVisor,
+// a worker without the privilege) a controller in the sandbox does it all,
+// which forks nothing and so still works when the pids limit is spent. It
+// never lets a process's tree outlive the process, and gives the
+// container no privilege to do so.
 package process

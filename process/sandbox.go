@@ -54,6 +54,10 @@ type Sandbox struct {
 	ctlMu   sync.Mutex
 	control *controller // see tree.go
 
+	// One host kill at a time (cgroup.go): a pass's thaw must not end
+	// another's freeze.
+	hostKillMu sync.Mutex
+
 	mu       sync.Mutex
 	procs    map[string]*Process
 	nextGID  int  // the group id of the next process (tree.go)
@@ -221,6 +225,9 @@ func (noMarker) Clear(context.Context) error               { return nil }
 // scope is quarantined with the session marker.
 func (b *Sandbox) removeOrQuarantine(ctx context.Context, ref, callID, why string) error {
 	r := b.svc.cfg.Runner
+	if fz, ok := hostFreezer(ref); ok {
+		fz.thaw() // a kill pass that failed to thaw would keep the KILL from landing
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.CleanupTimeout())
 	defer cancel()
 	err := r.RemoveConfirmed(cctx, ref)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -318,12 +317,24 @@ func (b *Sandbox) askIdle(ctx context.Context, req string) ([]string, bool) {
 	return f, err == nil
 }
 
-// killTree kills every process of gid and returns how many there were.
-// When the pids limit is spent (a fork bomb, most likely spinning), the
-// session's other processes are stopped for the scan's while and
-// continued after it: under runc that takes the kill of 250 spinning
-// processes from 6-16 s to well under one.
+// killTree kills every process of gid and returns how many there were:
+// from the host where it can (hostKillTree: the container frozen while
+// the tree is found, which a fork bomb spinning on every CPU it has can't
+// slow), else through the controller. When the pids limit is spent (a fork
+// bomb, most likely spinning), the controller stops the session's other
+// processes for the scan's while and continues them after it: under runc
+// that takes the kill of 250 spinning processes from 6-16 s to well under
+// one on a quiet node, but not on a loaded one, where the controller gets
+// a 250th of the container's share of the CPU.
 func (b *Sandbox) killTree(ctx context.Context, gid int) (int, error) {
+	if !b.gvisor {
+		b.hostKillMu.Lock()
+		n, err := hostKillTree(ctx, b.id, gid)
+		b.hostKillMu.Unlock()
+		if !errors.Is(err, errNoHostKill) {
+			return n, err
+		}
+	}
 	req := fmt.Sprintf("kill %d", gid)
 	if used, ok := hostPids(b.id); ok && !b.gvisor && used+pidsReserve > b.pidsLimit {
 		req += " freeze"
@@ -477,69 +488,6 @@ func (b *Sandbox) checkRoom(ctx context.Context) error {
 		return nil
 	}
 	return policy.Errorf(policy.SessionExhausted, "the session sandbox is at its pids limit (%d of %d processes and threads in use)%s; nothing was started. End the process that holds them with workspace_process_signal KILL (it reaches its whole tree) or wait for it to end, then start again", used, b.pidsLimit, b.holders())
-}
-
-// hostCgroup returns the container's pids cgroup directory as the host
-// sees it, where the service can see it (cgroup v1 or v2, either engine
-// cgroup driver); "" otherwise.
-func hostCgroup(id string) string {
-	for _, d := range []string{
-		"/sys/fs/cgroup/pids/docker/" + id,
-		"/sys/fs/cgroup/pids/system.slice/docker-" + id + ".scope",
-		"/sys/fs/cgroup/docker/" + id,
-		"/sys/fs/cgroup/system.slice/docker-" + id + ".scope",
-	} {
-		if _, err := os.Stat(d + "/pids.current"); err == nil {
-			return d
-		}
-	}
-	return ""
-}
-
-// hostPids reads the container's pids cgroup count from the host.
-func hostPids(id string) (int64, bool) {
-	d := hostCgroup(id)
-	if d == "" {
-		return 0, false
-	}
-	data, err := os.ReadFile(d + "/pids.current")
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	return n, err == nil
-}
-
-// hostGroups counts the container's processes per group id from the host,
-// which a fork bomb spinning in the container does not slow: the
-// controller's count would wait for CPU behind it, and hold up the kill
-// that comes next.
-func hostGroups(id string) (map[int]int, bool) {
-	d := hostCgroup(id)
-	if d == "" {
-		return nil, false
-	}
-	data, err := os.ReadFile(d + "/cgroup.procs")
-	if err != nil {
-		return nil, false
-	}
-	out := map[int]int{}
-	for _, pid := range strings.Fields(string(data)) {
-		st, err := os.ReadFile("/proc/" + pid + "/status")
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(l, "Gid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					g, _ := strconv.Atoi(f[0])
-					out[g]++
-				}
-				break
-			}
-		}
-	}
-	return out, true
 }
 
 // holders names the running processes with the most processes, most

@@ -1,7 +1,9 @@
 package process
 
 import (
+	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +71,59 @@ func TestProcessIsItsTree(t *testing.T) {
 				if p.ProcessID == out.ProcessID && (p.LeftRunningKilled == nil || *p.LeftRunningKilled != *r.LeftRunningKilled) {
 					t.Errorf("the record says left_running_killed %v, the read %v", p.LeftRunningKilled, *r.LeftRunningKilled)
 				}
+			}
+		})
+	}
+}
+
+// A tree is killed both ways a sandbox can: from the host, with the
+// container frozen (where the worker sees its cgroups: runc, root), and by
+// the controller in the sandbox (gVisor, or a worker that can't). Either
+// way every process of the tree ends, another process of the session goes
+// on, and the container is not left frozen.
+func TestKillTreeBothWays(t *testing.T) {
+	for i, way := range []string{"host", "controller"} {
+		t.Run(way, func(t *testing.T) {
+			if way == "host" && gvisor() {
+				t.Skip("under gVisor the host does not see the sandbox's processes")
+			}
+			e := newEnv(t, "", testNode, fmt.Sprintf("acme/coder/kill-%d", i), "")
+			other := e.start(map[string]any{"command": "sleep 2070", "yield_ms": 100})
+			tree := e.start(map[string]any{"command": "setsid sleep 2061 </dev/null >/dev/null 2>&1 & sleep 2062 & exec sleep 2063", "yield_ms": 500})
+			if n := e.left("206"); n != "3" {
+				t.Fatalf("%s processes of the tree running before the kill, want 3", n)
+			}
+			e.svc.mu.Lock()
+			p := e.svc.procs[tree.ProcessID]
+			e.svc.mu.Unlock()
+			var n int
+			var err error
+			if way == "host" {
+				p.box.hostKillMu.Lock()
+				n, err = hostKillTree(context.Background(), p.box.id, p.gid)
+				p.box.hostKillMu.Unlock()
+			} else {
+				var f []string
+				f, err = p.box.ask(context.Background(), fmt.Sprintf("kill %d", p.gid))
+				if len(f) > 0 {
+					n, _ = strconv.Atoi(f[0])
+				}
+			}
+			if err != nil || n != 3 {
+				t.Fatalf("kill from the %s: %d killed, %v; want 3", way, n, err)
+			}
+			if fz, ok := hostFreezer(p.box.id); ok {
+				// Each process's end kills what it left, from the host:
+				// frozen for a moment, never for long.
+				waitFor(t, "the container to be thawed", 5*time.Second, func() bool { return !fz.frozen() })
+			}
+			if n := e.left("206"); n != "0" {
+				t.Errorf("%s processes of the tree still run after the kill", n)
+			}
+			var r tools.ProcessOutput
+			e.must(tools.ProcessRead, map[string]any{"process_id": other.ProcessID, "yield_ms": 0}, &r)
+			if r.Status != tools.StatusRunning {
+				t.Errorf("another process of the session after the kill: %+v, want running", r)
 			}
 		})
 	}
