@@ -43,9 +43,13 @@ import (
 const cephStateEnv = "LOOMFS_CEPHFS_STATE"
 
 // A writer of node A runs in a re-executed test binary: it appends a line
-// to the file named by the variable, by its path each time (as a program
-// that opens, writes and closes would), syncing each, and says "wrote N"
-// or, at its first failure, "error ERRNO" and ends.
+// to the file named by the variable, working in its directory and opening
+// it by name each time (as a program in a workspace that opens, writes and
+// closes would), syncing each, and says "wrote N" or, at its first
+// failure, "error ERRNO" and ends. Its working directory keeps it on the
+// mount it started on: by its whole path, once a fenced loomfs mount has
+// gone, it would write on in the empty directory the mount leaves behind
+// (the node's own disk, never the volume), and never see the fence.
 const fenceWriterEnv = "LOOMFS_FENCE_TEST_WRITER"
 
 func init() {
@@ -56,8 +60,15 @@ func init() {
 }
 
 func lateWriter(path string) {
+	if err := os.Chdir(filepath.Dir(path)); err != nil {
+		var en syscall.Errno
+		errors.As(err, &en)
+		fmt.Printf("error %d\n", int(en))
+		return
+	}
+	name := filepath.Base(path)
 	for i := 1; ; i++ {
-		err := appendSync(path, fmt.Sprintf("A line %d\n", i))
+		err := appendSync(name, fmt.Sprintf("A line %d\n", i))
 		if err != nil {
 			var en syscall.Errno
 			errors.As(err, &en)
