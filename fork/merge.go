@@ -138,7 +138,14 @@ type forkChange struct {
 // held back by conflicts or refusals.
 func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions) (*MergeResult, error) {
 	start := time.Now()
-	rec, err := ReadRecord(fork.Volume(), fork.Scope())
+	// The record stays open until the locks are held, so that it is
+	// decoded once unless it moved on meanwhile (recordCurrent).
+	recFile, err := openRecord(fork.Volume(), fork.Scope())
+	if err != nil {
+		return nil, err
+	}
+	defer recFile.Close()
+	rec, err := decodeRecord(recFile, fork.Scope())
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +170,14 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 		}
 		defer unlock()
 		// The record may have moved on while this waited.
-		if rec, err = ReadRecord(fork.Volume(), fork.Scope()); err != nil {
+		current, err := recordCurrent(fork.Volume(), fork.Scope(), recFile)
+		if err != nil {
 			return nil, err
+		}
+		if !current {
+			if rec, err = ReadRecord(fork.Volume(), fork.Scope()); err != nil {
+				return nil, err
+			}
 		}
 	}
 	scan := time.Now()

@@ -60,6 +60,17 @@ func (e *Entry) setStat(st *unix.Stat_t) {
 // ReadRecord returns the record of the fork scope sc; a scope that is no
 // fork answers not_found.
 func ReadRecord(vol *store.Volume, sc store.Scope) (*Record, error) {
+	f, err := openRecord(vol, sc)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return decodeRecord(f, sc)
+}
+
+// openRecord opens the record of the fork scope sc; a scope that is no
+// fork answers not_found.
+func openRecord(vol *store.Volume, sc store.Scope) (*os.File, error) {
 	dir, err := vol.ScopeState(sc)
 	if err != nil {
 		return nil, fmt.Errorf("open the state of %s: %w", sc, err)
@@ -72,8 +83,11 @@ func ReadRecord(vol *store.Volume, sc store.Scope) (*Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open the fork record of %s: %w", sc, err)
 	}
-	f := os.NewFile(uintptr(fd), RecordFile)
-	defer f.Close()
+	return os.NewFile(uintptr(fd), RecordFile), nil
+}
+
+// decodeRecord reads the record of sc from f, from its start.
+func decodeRecord(f *os.File, sc store.Scope) (*Record, error) {
 	var r Record
 	if err := json.NewDecoder(f).Decode(&r); err != nil {
 		return nil, fmt.Errorf("the fork record of %s is damaged: %w", sc, err)
@@ -82,6 +96,30 @@ func ReadRecord(vol *store.Volume, sc store.Scope) (*Record, error) {
 		return nil, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d", sc, r.Version, recordVersion)
 	}
 	return &r, nil
+}
+
+// recordCurrent reports whether f, opened by openRecord, is the record of
+// sc still. writeRecord never rewrites a record in place, it renames a new
+// file over it; and f, held open, keeps its inode from being reused. So
+// the same inode under the name is the same content, and a merge that
+// read the record before waiting for the locks need not decode it again.
+func recordCurrent(vol *store.Volume, sc store.Scope, f *os.File) (bool, error) {
+	dir, err := vol.ScopeState(sc)
+	if err != nil {
+		return false, fmt.Errorf("open the state of %s: %w", sc, err)
+	}
+	defer dir.Close()
+	var now, held unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), RecordFile, &now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("stat the fork record of %s: %w", sc, err)
+	}
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		return false, fmt.Errorf("stat the fork record of %s: %w", sc, err)
+	}
+	return now.Ino == held.Ino && now.Dev == held.Dev, nil
 }
 
 // writeRecord replaces the record of scope sc atomically: a temporary file
