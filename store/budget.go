@@ -10,14 +10,38 @@ import (
 )
 
 // within runs f under the caller's budget (budget.Run), counting it in
-// late until it returns: a Close waits for it instead of closing the fds a
-// system call stuck in the kernel still uses.
+// late until it returns and, if its caller has gone by then, until what it
+// returned is undone: a Close waits for it instead of closing the fds a
+// system call stuck in the kernel still uses, and once Close returns
+// nothing a call that outlived its budget took is still held. Counting
+// only f would let a Close return between f's end and the undo, while the
+// abandoned call still held what it took (the scope lock, for a caller
+// that had already been told the scope was busy), and the undo would then
+// keep its lock file in a closed Workspace for good.
 func within[T any](ctx context.Context, late *sync.WaitGroup, f func() (T, error), undo func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
 	late.Add(1)
-	return budget.Run(ctx, func() (T, error) {
+	// f's own error travels in its result, so that budget.Run hands every
+	// late result to the undo below, which ends the count either way; an
+	// error from Run itself means only that the caller's budget ran out.
+	r, err := budget.Run(ctx, func() (result, error) {
+		v, err := f()
+		return result{v, err}, nil
+	}, func(r result) {
 		defer late.Done()
-		return f()
-	}, undo)
+		if r.err == nil && undo != nil {
+			undo(r.v)
+		}
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	late.Done()
+	return r.v, r.err
 }
 
 // overBudget reports whether err is budget.Run's answer that the caller's

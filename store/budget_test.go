@@ -90,7 +90,19 @@ func mountStall(t *testing.T, dir string) (string, *stall) {
 	}
 	t.Cleanup(func() {
 		s.let()
-		srv.Unmount()
+		// An unmount refused as busy for long means a file on it is
+		// still open: something a call took was not given back. It is
+		// tried again for a while, as a file's last close may still be
+		// on its way.
+		err := srv.Unmount()
+		for end := time.Now().Add(2 * time.Second); err != nil && time.Now().Before(end); {
+			time.Sleep(50 * time.Millisecond)
+			err = srv.Unmount()
+		}
+		if err != nil {
+			t.Errorf("unmount the stalling filesystem: %v", err)
+			syscall.Unmount(mnt, syscall.MNT_DETACH) // leave no mount behind
+		}
 	})
 	return mnt, s
 }
