@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -149,6 +150,12 @@ func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions)
 	if err != nil {
 		return nil, err
 	}
+	return merge(ctx, fork, target, opt, start, recFile, rec)
+}
+
+// merge is Merge with the fork's record read already (at start) from
+// recFile, still open.
+func merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions, start time.Time, recFile *os.File, rec *Record) (*MergeResult, error) {
 	if rec.From != target.Scope() {
 		return nil, policy.Errorf(policy.InvalidInput, "scope %s was forked from %s, not %s: merge it into %s", fork.Scope(), rec.From, target.Scope(), rec.From)
 	}

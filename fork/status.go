@@ -36,11 +36,18 @@ type Status struct {
 // takes no lock. Paths hidden in the fork are never listed, and at most
 // limit paths are listed in each list.
 func ReadStatus(ctx context.Context, fork, source *store.Workspace, limit int) (*Status, error) {
-	rec, err := ReadRecord(fork.Volume(), fork.Scope())
+	start := time.Now()
+	// One read of the record serves the status and the merge's preview.
+	recFile, err := openRecord(fork.Volume(), fork.Scope())
 	if err != nil {
 		return nil, err
 	}
-	prev, err := Merge(ctx, fork, source, MergeOptions{DryRun: true})
+	defer recFile.Close()
+	rec, err := decodeRecord(recFile, fork.Scope())
+	if err != nil {
+		return nil, err
+	}
+	prev, err := merge(ctx, fork, source, MergeOptions{DryRun: true}, start, recFile, rec)
 	if err != nil {
 		return nil, err
 	}
