@@ -209,12 +209,13 @@ func (p *Process) pump() {
 	var left *int
 	var tmp *tools.SessionTmp
 	oom, reason := false, ""
-	if code == nil {
-		// The exec's end is unknown: the container may have ended
-		// under it (gVisor ends the whole sandbox at its pids or memory
-		// limit). Then the sandbox is stopped and the next call starts
-		// a new one.
-		if running, oomKilled, err := p.box.running(ctx); err == nil && !running {
+	if code == nil || p.box.gvisor && *code == runtimeLost {
+		// The exec's end is unknown, or gVisor's exec lost its sandbox:
+		// the container may have ended under it (gVisor ends the whole
+		// sandbox at its pids or memory limit). Then the sandbox is
+		// stopped and the next call starts a new one. The engine may be
+		// told of the container's end a moment after the exec's.
+		if ended, oomKilled := p.box.endedWithin(ctx, 5*time.Second); ended {
 			reason, oom = p.box.died(oomKilled), oomKilled
 			detail["reason"] = reason
 		}
@@ -375,12 +376,21 @@ func (p *Process) signal(ctx context.Context, sig, callID string) error {
 	p.mu.Lock()
 	p.sig = sig
 	p.mu.Unlock()
-	var n int
-	var err error
-	if sig == "KILL" {
-		n, err = p.box.killTree(ctx, p.gid)
-	} else {
-		n, err = p.box.signalTree(ctx, p.gid, sig)
+	send := func() (int, error) {
+		if sig == "KILL" {
+			return p.box.killTree(ctx, p.gid)
+		}
+		return p.box.signalTree(ctx, p.gid, sig)
+	}
+	n, err := send()
+	// The engine reports an exec started before its first process is in
+	// the sandbox (under gVisor on a loaded node, hundreds of ms later): a
+	// signal that found none of a tree whose exec still runs is sent again
+	// until it finds some or the exec ends, or the process would outlive
+	// the KILL that answered.
+	for deadline := time.Now().Add(signalSettle); err == nil && n == 0 && time.Now().Before(deadline) && !p.exited() && !p.execEnded(ctx); {
+		time.Sleep(50 * time.Millisecond)
+		n, err = send()
 	}
 	if err != nil {
 		return policy.Errorf(policy.SandboxUnavailable, "signal process %s: %s; retry, or stop the session with loomfs processes stop", p.ID, policy.MaskHostPaths(err.Error()))
@@ -388,6 +398,14 @@ func (p *Process) signal(ctx context.Context, sig, callID string) error {
 	p.box.record("process_signal", callID, 0, map[string]any{"process_id": p.ID, "signal": sig, "processes": n})
 	return nil
 }
+
+// runtimeLost is the exit code of gVisor's exec when it lost the sandbox
+// it waited in ("urpc method containerManager.WaitPID failed: EOF").
+const runtimeLost = 128
+
+// signalSettle bounds how long a signal waits for the first process of a
+// tree its engine says runs.
+const signalSettle = 10 * time.Second
 
 // waitExit waits up to d for the process to exit.
 func (p *Process) waitExit(ctx context.Context, d time.Duration) {

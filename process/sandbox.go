@@ -393,6 +393,34 @@ func (b *Sandbox) running(ctx context.Context) (running bool, oomKilled bool, er
 	return st.State.Running, st.State.OOMKilled, nil
 }
 
+// endedWithin reports whether the sandbox's container is seen to have
+// ended within d, and whether the memory limit ended it. The engine may
+// learn of the memory limit's kill a moment after the end (under gVisor
+// the runtime's shim reports the two apart): an end without it is asked
+// about again for oomSettle.
+func (b *Sandbox) endedWithin(ctx context.Context, d time.Duration) (ended, oomKilled bool) {
+	for deadline := time.Now().Add(d); ; {
+		running, oomKilled, err := b.running(ctx)
+		if err == nil && !running {
+			for settle := time.Now().Add(oomSettle); !oomKilled && time.Now().Before(settle); {
+				time.Sleep(100 * time.Millisecond)
+				if _, o, err := b.running(ctx); err == nil {
+					oomKilled = o
+				}
+			}
+			return true, oomKilled
+		}
+		if time.Now().After(deadline) {
+			return false, false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// oomSettle is how long an ended container's record is watched for the
+// memory limit's kill.
+const oomSettle = time.Second
+
 // died stops a sandbox whose container ended on its own, from a
 // goroutine of the service's, and returns why it ended: its processes are
 // marked ended (by the memory limit when the engine says so), the
