@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,5 +159,88 @@ func TestFenceLengthsNodeOnly(t *testing.T) {
 	}
 	if len(got) != 2 {
 		t.Errorf("node a's files: %v, want 2", got)
+	}
+}
+
+// TestFencedNodeLostTail: records a fenced node wrote before its fence but
+// that never reached the storage (an evicted client's unflushed writes),
+// while the ledger entry that names them did, are lost to the fence: a
+// warning that says so, not a cut chain. A chain shortened after the
+// fence, below its mark, is still a cut.
+func TestFencedNodeLostTail(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cutAfter bool // cut the chain after the marks were taken
+	}{
+		{"records that never landed before the fence", false},
+		{"a chain cut after the fence", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := Dir(root)
+			l := openLog(t, root, Options{Node: "a"})
+			for i := range 5 {
+				e := sampleEvent()
+				e.Path = fmt.Sprintf("before-%d", i)
+				if err := l.Record(context.Background(), e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			cut := func() {
+				t.Helper()
+				files, err := filepath.Glob(filepath.Join(dir, "a.*.jsonl"))
+				files = slices.DeleteFunc(files, func(f string) bool { return filepath.Base(f) == ledgerFileName("a") })
+				if err != nil || len(files) == 0 {
+					t.Fatalf("node a's chain files: %v %v", files, err)
+				}
+				chain := files[len(files)-1]
+				data, err := os.ReadFile(chain)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines := strings.SplitAfter(strings.TrimSuffix(string(data), "\n"), "\n")
+				// The close record and the last event.
+				kept := strings.Join(lines[:len(lines)-2], "")
+				if err := os.WriteFile(chain, []byte(kept), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tc.cutAfter {
+				cut()
+			}
+			lengths, err := FenceLengths(dir, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fence.AddMarks(root, "a", time.Now(), lengths); err != nil {
+				t.Fatal(err)
+			}
+			if tc.cutAfter {
+				cut()
+			}
+			rep, err := Verify(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.cutAfter {
+				if rep.OK() {
+					t.Errorf("verify of a chain cut after its node's fence: %s; want a problem", rep)
+				}
+				return
+			}
+			if !rep.OK() {
+				t.Fatalf("verify of records lost to the fence: %v; want warnings only", rep.Problems)
+			}
+			said := false
+			for _, w := range rep.Warnings {
+				said = said || strings.Contains(w.Message, "never reached the storage")
+			}
+			if !said {
+				t.Errorf("verify does not say what the fence lost: %v", rep.Warnings)
+			}
+		})
 	}
 }

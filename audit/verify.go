@@ -467,6 +467,30 @@ func (v *nodeCheck) chainFiles() (uint64, error) {
 	return k.seq, nil
 }
 
+// lostToFence reports whether records the ledger names but the chain
+// lacks can be the loss of the node's fence: the node was fenced, and
+// each of its audit files is still at least as long as the fencing node
+// saw it after the fence, so nothing was cut from them since. An evicted
+// client's writes that had not reached the storage never will (it refuses
+// them), while a ledger entry written before them may have.
+func (v *nodeCheck) lostToFence() bool {
+	if v.marks == nil || len(v.marks.Audit) == 0 {
+		return false
+	}
+	for name, m := range v.marks.Audit {
+		fi, err := os.Stat(filepath.Join(v.dir, name))
+		if err != nil || fi.Size() < m.Fenced {
+			return false
+		}
+	}
+	return true
+}
+
+// fenceLoss says why lostToFence's records are missing.
+func (v *nodeCheck) fenceLoss() string {
+	return fmt.Sprintf("node %s was fenced, and records it wrote before the fence never reached the storage (a fenced client's unflushed writes, which the storage refuses); its audit files are as long as at the fence, so nothing was cut from them since", v.node)
+}
+
 // crossCheck compares what the ledger claims with what the chain holds.
 func (v *nodeCheck) crossCheck(last uint64) {
 	for _, seq := range slices.Sorted(func(yield func(uint64) bool) {
@@ -479,6 +503,11 @@ func (v *nodeCheck) crossCheck(last uint64) {
 		for _, ref := range v.want[seq] {
 			if seq > last && v.chain != nil {
 				p := ref.where
+				if v.lostToFence() {
+					p.Message = fmt.Sprintf("the chain ends at seq %d but %s records its record %d: %s", last, p.Message, seq, v.fenceLoss())
+					v.rep.warn(p)
+					continue
+				}
 				p.Message = fmt.Sprintf("the chain ends at seq %d but %s records its record %d: records were cut from the end of the chain, or the chain was rewritten shorter", last, p.Message, seq)
 				v.rep.problem(p)
 			}
@@ -510,7 +539,10 @@ func (v *nodeCheck) crossCheck(last uint64) {
 		v.sum.Writers++
 		if w.close != nil {
 			v.sum.Closed++
-			if w.close.Count != w.events && v.chain != nil {
+			switch {
+			case w.close.Count > w.events && v.chain != nil && v.lostToFence():
+				v.rep.warn(Problem{File: v.ledgerName, Line: w.closeLine, Message: fmt.Sprintf("writer %d (pid %d) closed with %d events; the chain holds %d of them: %s", id, w.pid, w.close.Count, w.events, v.fenceLoss())})
+			case w.close.Count != w.events && v.chain != nil:
 				v.rep.problem(Problem{File: v.ledgerName, Line: w.closeLine, Message: fmt.Sprintf("writer %d (pid %d) closed with %d events; the chain holds %d of them: its records were removed", id, w.pid, w.close.Count, w.events)})
 			}
 			continue
