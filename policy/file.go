@@ -85,7 +85,10 @@ type FileError struct {
 	File   string
 	Line   int // 0 when the problem is the file as a whole
 	Reason string
+	Err    error // what reading it failed with, if that was the problem
 }
+
+func (e *FileError) Unwrap() error { return e.Err }
 
 func (e *FileError) Error() string {
 	if e.Line > 0 {
@@ -98,12 +101,12 @@ func (e *FileError) Error() string {
 func Load(path string) (*Policy, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", errors.Unwrap(err))}
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", errors.Unwrap(err)), Err: err}
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 	if err != nil {
-		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", err)}
+		return nil, &FileError{File: path, Reason: fmt.Sprintf("can't read it: %v", err), Err: err}
 	}
 	if len(b) > MaxFileBytes {
 		return nil, &FileError{File: path, Reason: fmt.Sprintf("over %s; a policy file is a few lines", Bytes(MaxFileBytes))}

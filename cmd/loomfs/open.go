@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"syscall"
 
 	"github.com/agentloom/loomfs/loom"
 	"github.com/agentloom/loomfs/policy"
@@ -15,16 +17,33 @@ func (g *globals) storeConfig() store.Config {
 }
 
 // loadPolicy returns the policy in force: the --policy file, else the open
-// layout. An invalid file is refused at start, with its line and reason.
+// layout. A file that is invalid, missing or not this user's to read is
+// refused at start, with its line and reason: a usage error, the
+// operator's to fix. A fault while reading it (out of descriptors, an I/O
+// error) is not, and is answered as any fault is.
 func (g *globals) loadPolicy() (*policy.Policy, error) {
 	if g.policy == "" {
 		return policy.Default(), nil
 	}
 	pol, err := policy.Load(g.policy)
-	if err != nil {
-		return nil, usageError{err}
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return pol, nil
+	case errors.As(err, &errno) && !configErrno(errno):
+		return nil, err
 	}
-	return pol, nil
+	return nil, usageError{err}
+}
+
+// configErrno tells the errors of reading a file that its name or its
+// modes cause, which the operator fixes, from the faults of the moment.
+func configErrno(e syscall.Errno) bool {
+	switch e {
+	case syscall.ENOENT, syscall.ENOTDIR, syscall.EISDIR, syscall.EACCES, syscall.EPERM, syscall.ELOOP, syscall.ENAMETOOLONG:
+		return true
+	}
+	return false
 }
 
 // openWorkspace opens the volume and the scope named by scopeArg: either

@@ -32,6 +32,10 @@ func TestPolicyFileAtStart(t *testing.T) {
 		{"tools refuse a bad --policy", []string{"--policy", bad, "tools"}, exitUsage, "", `:4: limits: unknown key "text_byts"`},
 		{"tool refuses a bad --policy", []string{"--root", root, "--policy", bad, "tool", "workspace_list", "--scope", "a/b/c"}, exitUsage, "", `unknown key "text_byts"`},
 		{"tools follow the file", []string{"--policy", good, "tools"}, exitOK, "reports/ read-only", ""},
+		// A fault while reading it (out of descriptors) is not the
+		// operator's usage: the fault matrix's quota_grant openat EMFILE.
+		{"a missing --policy is a usage error", []string{"--root", root, "--policy", filepath.Join(dir, "none.yaml"), "tool", "workspace_list", "--scope", "a/b/c"}, exitUsage, "", "can't read it: no such file"},
+		{"a directory as --policy is a usage error", []string{"--root", root, "--policy", dir, "tool", "workspace_list", "--scope", "a/b/c"}, exitUsage, "", "can't read it: read " + dir + ": is a directory"},
 		{"show prints rules and README", []string{"policy", "show", good}, exitOK, "--- README.md ---", ""},
 		{"readme of a preset", []string{"policy", "readme", "--preset", "standard"}, exitOK, "- output/ write-only", ""},
 		{"unknown preset", []string{"policy", "show", "--preset", "strict"}, exitUsage, "", "known presets are open, standard"},
