@@ -661,8 +661,9 @@ func TestSyncBurstFollowsTheLockCost(t *testing.T) {
 	if !heldByAnother() {
 		t.Errorf("records 10 ms apart with a gap of %v: the lock was let go between them", gap)
 	}
-	// Once the burst is over the lock goes, and letting it go on a local
-	// disk is cheap: the gap is the local one again.
+	// Once the burst is over the lock goes, and the gap is measured again
+	// from what letting it go cost: at most holdGapMost, whatever a loaded
+	// machine made the unlock cost, never the stretched second kept.
 	deadline := time.Now().Add(5 * time.Second)
 	for heldByAnother() {
 		if time.Now().After(deadline) {
@@ -673,13 +674,14 @@ func TestSyncBurstFollowsTheLockCost(t *testing.T) {
 	l.mu.Lock()
 	gap = l.gap
 	l.mu.Unlock()
-	if gap > 2*holdGap {
-		t.Errorf("after a cheap unlock the gap is %v, want about %v", gap, holdGap)
+	if gap > holdGapMost {
+		t.Errorf("after the lock was let go the gap is %v, want it measured again (at most %v)", gap, holdGapMost)
 	}
+	// Records further apart than any measured gap don't keep the lock.
 	record()
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(2 * holdGapMost)
 	record()
 	if heldByAnother() {
-		t.Errorf("records 10 ms apart with the local gap of %v: the lock was kept", holdGap)
+		t.Errorf("records %v apart with a gap of at most %v: the lock was kept", 2*holdGapMost, holdGapMost)
 	}
 }
