@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -138,24 +137,24 @@ type forkChange struct {
 // result lists everything, and err is a conflict error when the merge was
 // held back by conflicts or refusals.
 func Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions) (*MergeResult, error) {
-	start := time.Now()
-	// The record stays open until the locks are held, so that it is
-	// decoded once unless it moved on meanwhile (recordCurrent).
-	recFile, err := openRecord(fork.Volume(), fork.Scope())
+	h, err := HoldRecord(fork.Volume(), fork.Scope())
 	if err != nil {
 		return nil, err
 	}
-	defer recFile.Close()
-	rec, err := decodeRecord(recFile, fork.Scope())
-	if err != nil {
-		return nil, err
-	}
-	return merge(ctx, fork, target, opt, start, recFile, rec)
+	defer h.Close()
+	return h.Merge(ctx, fork, target, opt)
 }
 
-// merge is Merge with the fork's record read already (at start) from
-// recFile, still open.
-func merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions, start time.Time, recFile *os.File, rec *Record) (*MergeResult, error) {
+// Merge is the package's Merge with the fork's record held already: a
+// caller that read it to find the target (From) has it read no second
+// time.
+func (h *HeldRecord) Merge(ctx context.Context, fork, target *store.Workspace, opt MergeOptions) (*MergeResult, error) {
+	if err := h.check(fork); err != nil {
+		return nil, err
+	}
+	// The record stays open until the locks are held, so that it is
+	// decoded once unless it moved on meanwhile (recordCurrent).
+	start, recFile, rec := h.read, h.f, h.Record
 	if rec.From != target.Scope() {
 		return nil, policy.Errorf(policy.InvalidInput, "scope %s was forked from %s, not %s: merge it into %s", fork.Scope(), rec.From, target.Scope(), rec.From)
 	}

@@ -68,6 +68,44 @@ func ReadRecord(vol *store.Volume, sc store.Scope) (*Record, error) {
 	return decodeRecord(f, sc)
 }
 
+// HeldRecord is a fork's record, read and kept open so that a merge or a
+// status begun from it reads it no second time (a merge reads it again
+// only when a new one replaced it while the merge waited for the locks).
+// It serves one merge: a merge moves the record on.
+type HeldRecord struct {
+	*Record
+	scope store.Scope
+	f     *os.File
+	read  time.Time // when reading it began: a merge's duration counts from there
+}
+
+// HoldRecord reads the record of the fork scope sc and keeps it open until
+// Close; a scope that is no fork answers not_found.
+func HoldRecord(vol *store.Volume, sc store.Scope) (*HeldRecord, error) {
+	start := time.Now()
+	f, err := openRecord(vol, sc)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := decodeRecord(f, sc)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &HeldRecord{Record: rec, scope: sc, f: f, read: start}, nil
+}
+
+// Close lets the record go.
+func (h *HeldRecord) Close() error { return h.f.Close() }
+
+// check refuses a fork scope that is not the one whose record h is.
+func (h *HeldRecord) check(fork *store.Workspace) error {
+	if fork.Scope() != h.scope {
+		return policy.Errorf(policy.InvalidInput, "the fork record held is %s's, not %s's", h.scope, fork.Scope())
+	}
+	return nil
+}
+
 // openRecord opens the record of the fork scope sc; a scope that is no
 // fork answers not_found.
 func openRecord(vol *store.Volume, sc store.Scope) (*os.File, error) {
@@ -198,7 +236,9 @@ func noteFork(vol *store.Volume, src, dst store.Scope) error {
 
 // Forks lists the scopes forked from sc that are forks of it still (a
 // scope forked again from elsewhere, or whose record is gone, is left
-// out), in name order.
+// out), in name order. Of each record it reads the head, as far as its
+// source: a record damaged further on is listed, and a merge of it says
+// so.
 func Forks(vol *store.Volume, sc store.Scope) ([]store.Scope, error) {
 	dir, err := vol.ScopeState(sc)
 	if err != nil {
@@ -232,9 +272,55 @@ func Forks(vol *store.Volume, sc store.Scope) ([]store.Scope, error) {
 		if err != nil || s.Validate() != nil || s.Hash() != n {
 			continue
 		}
-		if rec, err := ReadRecord(vol, s); err == nil && rec.From == sc {
+		if from, err := readFrom(vol, s); err == nil && from == sc {
 			out = append(out, s)
 		}
 	}
 	return out, nil
+}
+
+// readFrom reads the source scope of the fork scope sc's record: its
+// version and from, the first fields writeRecord writes, and no further
+// (its entries are most of it).
+func readFrom(vol *store.Volume, sc store.Scope) (store.Scope, error) {
+	f, err := openRecord(vol, sc)
+	if err != nil {
+		return store.Scope{}, err
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	damaged := func(err error) (store.Scope, error) {
+		return store.Scope{}, fmt.Errorf("the fork record of %s is damaged: %w", sc, err)
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return damaged(fmt.Errorf("no object at its start (%v)", err))
+	}
+	var from *store.Scope
+	version := -1
+	for dec.More() && (from == nil || version < 0) {
+		key, err := dec.Token()
+		if err != nil {
+			return damaged(err)
+		}
+		switch key {
+		case "version":
+			err = dec.Decode(&version)
+		case "from":
+			from = new(store.Scope)
+			err = dec.Decode(from)
+		default:
+			var skip json.RawMessage
+			err = dec.Decode(&skip)
+		}
+		if err != nil {
+			return damaged(err)
+		}
+	}
+	if from == nil {
+		return damaged(errors.New("no source named"))
+	}
+	if version != recordVersion {
+		return store.Scope{}, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d", sc, version, recordVersion)
+	}
+	return *from, nil
 }

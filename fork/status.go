@@ -36,21 +36,22 @@ type Status struct {
 // takes no lock. Paths hidden in the fork are never listed, and at most
 // limit paths are listed in each list.
 func ReadStatus(ctx context.Context, fork, source *store.Workspace, limit int) (*Status, error) {
-	start := time.Now()
-	// One read of the record serves the status and the merge's preview.
-	recFile, err := openRecord(fork.Volume(), fork.Scope())
+	h, err := HoldRecord(fork.Volume(), fork.Scope())
 	if err != nil {
 		return nil, err
 	}
-	defer recFile.Close()
-	rec, err := decodeRecord(recFile, fork.Scope())
+	defer h.Close()
+	return h.Status(ctx, fork, source, limit)
+}
+
+// Status is ReadStatus with the fork's record held already: one read
+// serves the caller, the status and the merge's preview.
+func (h *HeldRecord) Status(ctx context.Context, fork, source *store.Workspace, limit int) (*Status, error) {
+	prev, err := h.Merge(ctx, fork, source, MergeOptions{DryRun: true})
 	if err != nil {
 		return nil, err
 	}
-	prev, err := merge(ctx, fork, source, MergeOptions{DryRun: true}, start, recFile, rec)
-	if err != nil {
-		return nil, err
-	}
+	rec := h.Record
 	st := &Status{From: rec.From.String(), Base: rec.Snapshot, ForkedAt: rec.Created,
 		Mergeable: prev.Applied, Conflicts: prev.Conflicts, Refused: prev.Refused, SourceChanged: []string{}}
 	if d, err := snapshot.Diff(ctx, source, rec.Snapshot, snapshot.Live); err != nil {

@@ -56,20 +56,22 @@ func handleMerge(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	if err := t.WS.Policy().CheckAgentMerge(); err != nil {
 		return nil, err
 	}
-	rec, err := fork.ReadRecord(t.WS.Volume(), t.WS.Scope())
+	// The record is read once: it names the target, and the merge uses it.
+	rec, err := fork.HoldRecord(t.WS.Volume(), t.WS.Scope())
 	if policy.CodeOf(err) == policy.NotFound {
 		return nil, policy.Errorf(policy.NotFound, "this workspace is not a fork of another: there is nothing to merge back")
 	}
 	if err != nil {
 		return nil, err
 	}
+	defer rec.Close()
 	target, err := t.WS.Volume().Open(ctx, rec.From, t.WS.Policy().WithScope(rec.From.Main()))
 	if err != nil {
 		return nil, fmt.Errorf("open the workspace this one was forked from: %w", err)
 	}
 	defer target.Close()
 	dry := in.Preview == ""
-	res, err := fork.Merge(ctx, t.WS, target, fork.MergeOptions{
+	res, err := rec.Merge(ctx, t.WS, target, fork.MergeOptions{
 		DryRun: dry, Partial: in.Partial, Paths: in.Paths, Preview: in.Preview,
 		Call: CallID(ctx), Source: store.SourceTool,
 	})
