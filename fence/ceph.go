@@ -160,13 +160,18 @@ func parseBlocklist(out []byte) (map[string]time.Time, error) {
 	}
 	m := make(map[string]time.Time, len(entries))
 	for _, e := range entries {
-		t, err := time.Parse("2006-01-02T15:04:05.999999-0700", e.Until)
+		t, err := parseUntil(e.Until)
 		if err != nil {
 			return nil, fmt.Errorf("read the OSD blocklist: entry %s: %w", e.Addr, err)
 		}
 		m[e.Addr] = t
 	}
 	return m, nil
+}
+
+// parseUntil reads a blocklist entry's expiry as ceph prints it.
+func parseUntil(s string) (time.Time, error) {
+	return time.Parse("2006-01-02T15:04:05.999999-0700", s)
 }
 
 // Evict closes client id's session at the MDS; the MDS blocklists it
@@ -187,9 +192,9 @@ func (c *Ceph) osdEpoch(ctx context.Context) (int64, error) {
 	return e, err
 }
 
-// osdMap returns the epoch and the blocklisted addresses of the OSD map
-// of epoch (0: the current one).
-func (c *Ceph) osdMap(ctx context.Context, epoch int64) (int64, map[string]string, error) {
+// osdMap returns the epoch and the blocklist (address to expiry) of the
+// OSD map of epoch (0: the current one).
+func (c *Ceph) osdMap(ctx context.Context, epoch int64) (int64, map[string]time.Time, error) {
 	args := []string{"osd", "dump"}
 	if epoch > 0 {
 		args = append(args, strconv.FormatInt(epoch, 10))
@@ -198,56 +203,87 @@ func (c *Ceph) osdMap(ctx context.Context, epoch int64) (int64, map[string]strin
 	if err != nil {
 		return 0, nil, err
 	}
+	return parseOSDMap(out)
+}
+
+// parseOSDMap reads the epoch and the blocklist of "osd dump".
+func parseOSDMap(out []byte) (int64, map[string]time.Time, error) {
 	var dump struct {
 		Epoch     int64             `json:"epoch"`
-		Blocklist map[string]string `json:"blocklist"`
+		Blocklist map[string]string `json:"blocklist"` // address: "2031-12-06T12:33:56.698861+0000"
 	}
 	if err := json.Unmarshal(out, &dump); err != nil {
 		return 0, nil, fmt.Errorf("read the OSD map: %w", err)
 	}
-	return dump.Epoch, dump.Blocklist, nil
+	list := make(map[string]time.Time, len(dump.Blocklist))
+	for addr, until := range dump.Blocklist {
+		t, err := parseUntil(until)
+		if err != nil {
+			return 0, nil, fmt.Errorf("read the OSD map %d: blocklist entry %s: %w", dump.Epoch, addr, err)
+		}
+		list[addr] = t
+	}
+	return dump.Epoch, list, nil
 }
 
-// firstEpochWith returns the first OSD map epoch from from up to to that
-// carries every address in addrs: the epoch of the blocklist
-// entries, which the MDS's barrier must reach. Another change of the map
-// before or after them (an entry lapsing) has an epoch of its own, which
-// the barrier need not reach.
-func (c *Ceph) firstEpochWith(ctx context.Context, from, to int64, addrs []string) (int64, error) {
-	for e := from; e <= to; e++ {
+// epochWith returns the first OSD map epoch after before that carries an
+// entry for every instance in ins (the epoch the MDS's barrier must
+// reach), and the current map's entries, where a fence reads its own
+// back. Another change of the map before or after them (an entry
+// lapsing) has an epoch of its own, which the barrier need not reach.
+// The current map is usually the one: only a change between the entries
+// makes it read the maps between.
+func (c *Ceph) epochWith(ctx context.Context, before int64, ins []Instance) (int64, map[string]time.Time, error) {
+	carries := func(list map[string]time.Time) bool {
+		for _, in := range ins {
+			if _, ok := list[in.Addr]; !ok {
+				return false
+			}
+		}
+		return true
+	}
+	now, current, err := c.osdMap(ctx, 0)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !carries(current) {
+		return 0, nil, fmt.Errorf("the OSD map %d does not carry the blocklist entries just added for %v", now, addrs(ins))
+	}
+	// An entry that was there already (the MDS evicted the instance a
+	// moment before) is in the map before too.
+	for e := max(before, 1); e < now; e++ {
 		_, list, err := c.osdMap(ctx, e)
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
-		all := true
-		for _, a := range addrs {
-			_, ok := list[a]
-			all = all && ok
-		}
-		if all {
-			return e, nil
+		if carries(list) {
+			return e, current, nil
 		}
 	}
-	return 0, fmt.Errorf("no OSD map from epoch %d to %d carries the blocklist entries %v", from, to, addrs)
+	return now, current, nil
 }
 
-// Epochs returns the current OSD map epoch and the MDS's OSD epoch
-// barrier: the epoch a client must have seen before it may touch objects
-// an evicted client might have been writing.
-func (c *Ceph) Epochs(ctx context.Context) (osdmap, barrier int64, err error) {
-	epoch, err := c.osdEpoch(ctx)
-	if err != nil {
-		return 0, 0, err
+func addrs(ins []Instance) []string {
+	var a []string
+	for _, in := range ins {
+		a = append(a, in.Addr)
 	}
+	return a
+}
+
+// barrier returns the MDS's OSD epoch barrier: the epoch a client must
+// have seen before it may touch objects an evicted client might have
+// been writing.
+func (c *Ceph) barrier(ctx context.Context) (int64, error) {
 	out, err := c.run(ctx, "tell", c.mds(), "status")
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	var st struct {
 		Barrier int64 `json:"osdmap_epoch_barrier"`
 	}
 	if err := json.Unmarshal(out, &st); err != nil {
-		return 0, 0, fmt.Errorf("read the MDS's status: %w", err)
+		return 0, fmt.Errorf("read the MDS's status: %w", err)
 	}
-	return epoch, st.Barrier, nil
+	return st.Barrier, nil
 }

@@ -52,6 +52,21 @@ func TestParseClients(t *testing.T) {
 	}
 }
 
+func TestParseOSDMap(t *testing.T) {
+	out := `{"epoch":27,"fsid":"f","blocklist":{"127.0.0.1:0/4076426759":"2031-12-05T07:30:39.508981+0000"},"range_blocklist":{}}`
+	epoch, list, err := parseOSDMap([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := time.Date(2031, 12, 5, 7, 30, 39, 508981000, time.UTC)
+	if until := list["127.0.0.1:0/4076426759"]; epoch != 27 || len(list) != 1 || !until.Equal(want) {
+		t.Errorf("parseOSDMap = %d %v, want 27 and the entry until %s", epoch, list, want)
+	}
+	if _, _, err := parseOSDMap([]byte(`{"epoch":3,"blocklist":{"a":"soon"}}`)); err == nil {
+		t.Error("an expiry that is not a time was read")
+	}
+}
+
 func TestParseBlocklist(t *testing.T) {
 	// The entries, then the range entries (an empty array) right after.
 	out := "\n" + `[{"addr":"127.0.0.1:0/4076426759","until":"2031-12-05T07:30:39.508981+0000"}][]`
