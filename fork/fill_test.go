@@ -52,20 +52,29 @@ func manyFiles(t *testing.T, v *volume) map[string]string {
 	return files
 }
 
+// manySnapshot puts manyFiles in main on a fresh volume and snapshots it;
+// it returns the volume, main, the files and the snapshot's id.
+func manySnapshot(t *testing.T) (*volume, *store.Workspace, map[string]string, string) {
+	t.Helper()
+	v := newVolume(t, t.TempDir())
+	src := v.open(t, mainScope, nil)
+	files := manyFiles(t, v)
+	m, err := snapshot.Create(context.Background(), src, snapshot.Options{Full: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, src, files, m.ID
+}
+
 // TestForkManyFiles checks that the fork's workers build every file of a
 // larger tree as the source has it (content, owner's bits, modification
-// time), and that the base record describes each copy as fstat does.
+// time), that the base record describes each copy as fstat does, and
+// that the destination's quota account is what a walk of it counts.
 func TestForkManyFiles(t *testing.T) {
 	for _, opt := range []fork.Options{{}, {NoClone: true}} {
 		t.Run(fmt.Sprintf("no clone %v", opt.NoClone), func(t *testing.T) {
-			v := newVolume(t, t.TempDir())
-			src := v.open(t, mainScope, nil)
-			files := manyFiles(t, v)
-			m, err := snapshot.Create(context.Background(), src, snapshot.Options{Full: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			opt.Snapshot = m.ID
+			v, src, files, id := manySnapshot(t)
+			opt.Snapshot = id
 			dst := v.open(t, childA, nil)
 			res, err := fork.Fork(context.Background(), src, dst, opt)
 			if err != nil {
@@ -80,6 +89,15 @@ func TestForkManyFiles(t *testing.T) {
 			// An empty file has no data to clone or copy.
 			if res.Files != len(files) || res.Cloned+res.Copied != nonEmpty {
 				t.Fatalf("files %d (cloned %d, copied %d), want %d (%d with data)", res.Files, res.Cloned, res.Copied, len(files), nonEmpty)
+			}
+			// The account was counted from the entries the fork made,
+			// not walked: it must be what a walk counts.
+			used, err := dst.Usage(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if walked, err := dst.CountUsage(context.Background()); err != nil || used != walked {
+				t.Fatalf("the fork's quota account %+v, a walk %+v (%v)", used, walked, err)
 			}
 			rec, err := fork.ReadRecord(v.vol, childA)
 			if err != nil {
@@ -119,13 +137,7 @@ func TestForkManyFiles(t *testing.T) {
 // a stored content cut short is found, and the destination is left as it
 // was, with no file, no record and no tree beside it.
 func TestForkDamagedBlob(t *testing.T) {
-	v := newVolume(t, t.TempDir())
-	src := v.open(t, mainScope, nil)
-	files := manyFiles(t, v)
-	m, err := snapshot.Create(context.Background(), src, snapshot.Options{Full: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, src, files, id := manySnapshot(t)
 	victim := sum(files["src/d3/f080"])
 	var blob string
 	filepath.WalkDir(filepath.Join(v.root, store.SnapshotsDir), func(p string, d os.DirEntry, err error) error {
@@ -142,7 +154,7 @@ func TestForkDamagedBlob(t *testing.T) {
 	}
 	for _, noClone := range []bool{false, true} {
 		dst := v.open(t, childA, nil)
-		_, err = fork.Fork(context.Background(), src, dst, fork.Options{Snapshot: m.ID, NoClone: noClone})
+		_, err := fork.Fork(context.Background(), src, dst, fork.Options{Snapshot: id, NoClone: noClone})
 		if err == nil || !strings.Contains(err.Error(), "damaged") || !strings.Contains(err.Error(), "src/d3/f080") {
 			t.Fatalf("no clone %v: err %v, want the damaged content named", noClone, err)
 		}

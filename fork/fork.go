@@ -65,7 +65,7 @@ type Result struct {
 // refused whole, with the figures, and an entry hidden or write-only in
 // src is copied only where dst's policy hides it too (or keeps it
 // write-only). The tree is built beside dst and swapped in
-// (store.Workspace.ReplaceTree) under dst's scope lock.
+// (store.Workspace.ReplaceTreeCounted) under dst's scope lock.
 func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result, error) {
 	start := time.Now()
 	if src.Scope() == dst.Scope() {
@@ -121,11 +121,13 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 
 	rec := &Record{Version: recordVersion, From: src.Scope(), Snapshot: id, Created: start.UTC(), Skipped: skipped}
 	f := filler{repo: repo, plain: opt.NoClone}
-	err = dst.ReplaceTree(ctx, func(dir *os.File) error {
+	// The tree is exactly entries: the destination's quota account is
+	// counted from them, not by a walk of the tree after the swap.
+	err = dst.ReplaceTreeCounted(ctx, func(dir *os.File) ([]store.TreeEntry, error) {
 		t := time.Now()
 		base, err := f.fill(ctx, dir, entries)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		res.FillS = time.Since(t).Seconds()
 		t = time.Now()
@@ -137,7 +139,10 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 		}
 		// The record goes first: a crash after the swap leaves a fork
 		// that knows its base.
-		return writeRecord(dst.Volume(), dst.Scope(), rec)
+		if err := writeRecord(dst.Volume(), dst.Scope(), rec); err != nil {
+			return nil, err
+		}
+		return built(entries), nil
 	})
 	if err != nil {
 		removeRecord(dst.Volume(), dst.Scope())
@@ -150,6 +155,15 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 	res.DataS = f.data.Seconds()
 	res.Duration = time.Since(start).Seconds()
 	return res, nil
+}
+
+// built lists entries as the tree a fork builds from them holds them.
+func built(entries []snapshot.Entry) []store.TreeEntry {
+	out := make([]store.TreeEntry, len(entries))
+	for i, e := range entries {
+		out[i] = store.TreeEntry{Path: e.Path, Dir: e.Type == "dir", Size: e.Size}
+	}
+	return out
 }
 
 // keep drops the entries a fork must not copy: those hidden in the source

@@ -261,7 +261,41 @@ func sweepRestores(pfd int, mine string, dev uint64) {
 // process sees the new tree); another process that pinned the scope
 // directory — a "loomfs mount" elsewhere — still holds the old, removed
 // directory, and must be remounted.
+//
+// The scope's quota account is counted again after the swap, by a walk of
+// the new tree; ReplaceTreeCounted spares that walk to a fill that knows
+// what it made.
 func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) error) error {
+	return w.replaceTree(ctx, func(dir *os.File) ([]TreeEntry, bool, error) { return nil, false, fill(dir) })
+}
+
+// TreeEntry is one entry a fill made for ReplaceTreeCounted: its cleaned
+// path in the new tree, whether it is a directory, and the apparent size
+// of anything else (a file's, an emulated link's).
+type TreeEntry struct {
+	Path string
+	Dir  bool
+	Size int64
+}
+
+// ReplaceTreeCounted is ReplaceTree for a fill that returns every entry it
+// made below dir, each directory before what it holds: the scope's quota
+// account is then counted from that list, as a walk of the new tree would
+// count it (what the walking view's policy lists, and what this process
+// holds open), instead of by that walk. Each capped subtree's account is
+// still counted by a walk of the subtree alone. The list must be the
+// tree: an entry left out, or one made after the fill returned, is
+// counted only by the next reconcile.
+func (w *Workspace) ReplaceTreeCounted(ctx context.Context, fill func(dir *os.File) ([]TreeEntry, error)) error {
+	return w.replaceTree(ctx, func(dir *os.File) ([]TreeEntry, bool, error) {
+		built, err := fill(dir)
+		return built, true, err
+	})
+}
+
+// replaceTree is ReplaceTree; fill says whether the list it returns is the
+// new tree (counted) or the tree is to be walked.
+func (w *Workspace) replaceTree(ctx context.Context, fill func(dir *os.File) ([]TreeEntry, bool, error)) error {
 	if err := w.vol.recheck(); err != nil {
 		return err
 	}
@@ -309,7 +343,8 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		unix.Unlinkat(pfd, staging, unix.AT_REMOVEDIR)
 	}
 	unix.Fchmod(sfd, policy.DirPerm)
-	if err := fill(sdir); err != nil {
+	built, counted, err := fill(sdir)
+	if err != nil {
 		discard()
 		return err
 	}
@@ -356,7 +391,11 @@ func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) err
 		err = unix.Dup3(nfd, w.DirFD(), unix.O_CLOEXEC)
 		unix.Close(nfd)
 	}
-	w.RefreshUsage(ctx)
+	if counted {
+		w.refreshUsageFrom(ctx, built)
+	} else {
+		w.RefreshUsage(ctx)
+	}
 	rerr := removeOld(pfd, staging, pinned, w.dev)
 	if err != nil {
 		return fmt.Errorf("the scope was restored, but this process could not follow it (reopen the scope): %w", err)

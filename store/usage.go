@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -28,6 +29,10 @@ type scopeQuota struct {
 
 	heldMu sync.Mutex
 	held   map[*heldFunc]struct{}
+
+	// built, while set, is the whole tree ReplaceTreeCounted just swapped
+	// in: the scope's count is made from it (countBuilt), not walked.
+	built atomic.Pointer[[]TreeEntry]
 }
 
 type heldFunc struct {
@@ -95,7 +100,7 @@ func (w *Workspace) account() (*quota.Account, error) {
 		return nil, policy.Unavailable(policy.VolumeUnavailable, "the quota account", err)
 	}
 	defer unix.Close(dfd)
-	a, err := quota.Open(dfd, quota.Options{Limits: w.pol.Limits, Walk: w.countScope})
+	a, err := quota.Open(dfd, quota.Options{Limits: w.pol.Limits, Walk: w.countAccount})
 	if err != nil {
 		return nil, policy.Unavailable(policy.VolumeUnavailable, "the quota account", err)
 	}
@@ -137,6 +142,52 @@ func (w *Workspace) countScope(ctx context.Context) (policy.Usage, error) {
 		return nil
 	})
 	return u, err
+}
+
+// countAccount is how the scope's account counts the scope: countScope,
+// or, right after ReplaceTreeCounted swapped in a tree, the same count
+// made from the list of what it holds.
+func (w *Workspace) countAccount(ctx context.Context) (policy.Usage, error) {
+	if built := w.quota.built.Load(); built != nil {
+		u := w.heldUsage(".")
+		b := countBuilt(w.pol, *built)
+		u.Bytes += b.Bytes
+		u.Files += b.Files
+		return u, nil
+	}
+	return w.countScope(ctx)
+}
+
+// countBuilt counts a tree from the list of its entries (TreeEntry, each
+// directory before what it holds) as countScope's walk would count it
+// under pol: an entry is counted when pol lists it and every directory
+// above it, a directory as a file with no bytes.
+func countBuilt(pol *policy.Policy, built []TreeEntry) policy.Usage {
+	var u policy.Usage
+	unlisted := map[string]bool{} // directories the walk does not enter
+	for _, e := range built {
+		if parent, _ := policy.Split(e.Path); unlisted[parent] || !pol.Listed(e.Path) {
+			if e.Dir {
+				unlisted[e.Path] = true
+			}
+			continue
+		}
+		u.Files++
+		if !e.Dir {
+			u.Bytes += e.Size
+		}
+	}
+	return u
+}
+
+// refreshUsageFrom is RefreshUsage after a tree that holds exactly built
+// was swapped in: the scope's account is counted from the list.
+func (w *Workspace) refreshUsageFrom(ctx context.Context, built []TreeEntry) {
+	if q := w.quota; q != nil {
+		q.built.Store(&built)
+		defer q.built.Store(nil)
+	}
+	w.RefreshUsage(ctx)
 }
 
 // Usage returns what the scope holds as every process and node that opened

@@ -2,11 +2,13 @@ package store_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/store"
 )
 
 // TestUsageQuota: the scope's bytes and file count are checked before a
@@ -158,4 +160,118 @@ func TestHashFile(t *testing.T) {
 	}
 	_, err := ws.HashFile("missing")
 	codeIs(t, "HashFile(missing)", err, policy.NotFound)
+}
+
+// TestReplaceTreeCounted: a tree swapped in with the list of what it holds
+// leaves the scope's account where a walk of the new tree counts it, under
+// the policy of whichever view counts for the account (hidden subtrees,
+// a listed path below a hidden one, loomfs's own names), with what this
+// process holds open added; a capped subtree's account is walked, and
+// the old tree's content is gone from both.
+func TestReplaceTreeCounted(t *testing.T) {
+	tree := []store.TreeEntry{
+		{Path: "a", Size: 7},
+		{Path: "secret", Dir: true},
+		{Path: "secret/k", Size: 11},
+		{Path: "secret/open", Dir: true},
+		{Path: "secret/open/x", Size: 13},
+		{Path: "src", Dir: true},
+		{Path: "src/" + policy.InternalPrefix + "own", Size: 17},
+		{Path: "src/" + policy.InternalPrefix + "d", Dir: true},
+		{Path: "src/" + policy.InternalPrefix + "d/in", Size: 19},
+		{Path: "src/m.go", Size: 23},
+		{Path: "src/empty"},
+		{Path: "tmp", Dir: true},
+		{Path: "tmp/t", Size: 29},
+	}
+	cases := []struct {
+		name       string
+		unfiltered bool // the account is first counted through Unfiltered
+		counted    bool // ReplaceTreeCounted, not ReplaceTree
+	}{
+		{"counted from the list, the scope's view", false, true},
+		{"counted from the list, the unfiltered view", true, true},
+		{"walked, the scope's view", false, false},
+		{"walked, the unfiltered view", true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			pol := capPolicy(t)
+			if err := pol.SetRules([]policy.Rule{{Prefix: "secret", Mode: policy.ModeHidden}, {Prefix: "secret/open", Mode: policy.ModeRW}}); err != nil {
+				t.Fatal(err)
+			}
+			ws := e.open(t, mainScope, pol)
+			ctx := context.Background()
+			view := ws
+			if c.unfiltered {
+				view = ws.Unfiltered()
+			}
+			// The old tree, counted, with a file in the capped subtree.
+			mkfile(t, filepath.Join(e.dir(mainScope), "old/f"), strings.Repeat("o", 100))
+			mkfile(t, filepath.Join(e.dir(mainScope), "tmp/old"), strings.Repeat("o", 50))
+			if _, err := view.Usage(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ws.SubtreeUsage(ctx, "tmp"); err != nil {
+				t.Fatal(err)
+			}
+			remove := ws.CountHeld(func(under string) policy.Usage {
+				if under == "." {
+					return policy.Usage{Bytes: 1000, Files: 1}
+				}
+				return policy.Usage{}
+			})
+			defer remove()
+			fill := func(dir *os.File) ([]store.TreeEntry, error) {
+				// The tree is built beside the scope directory.
+				for _, te := range tree {
+					p := filepath.Join(filepath.Dir(e.dir(mainScope)), dir.Name(), te.Path)
+					if te.Dir {
+						mkdir(t, p)
+					} else {
+						mkfile(t, p, strings.Repeat("c", int(te.Size)))
+					}
+				}
+				return tree, nil
+			}
+			unlock, err := ws.Lock(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.counted {
+				err = ws.ReplaceTreeCounted(ctx, fill)
+			} else {
+				err = ws.ReplaceTree(ctx, func(dir *os.File) error { _, err := fill(dir); return err })
+			}
+			unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := view.Usage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			walked, err := view.CountUsage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The walk: a, src, src/m.go, src/empty, tmp, tmp/t, and
+			// secret with what it holds through the unfiltered view.
+			want := policy.Usage{Bytes: 1000 + 7 + 23 + 29, Files: 1 + 6}
+			if c.unfiltered {
+				want = policy.Usage{Bytes: want.Bytes + 11 + 13, Files: want.Files + 4}
+			}
+			if got != walked || got != want {
+				t.Fatalf("Usage %+v, a walk %+v, want %+v", got, walked, want)
+			}
+			capGot, err := ws.SubtreeUsage(ctx, "tmp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if capWalked, _ := ws.CountSubtree(ctx, "tmp"); capGot != capWalked || capGot != (policy.Usage{Bytes: 29, Files: 2}) {
+				t.Fatalf("tmp/ usage %+v, a walk %+v, want 29 bytes in 2", capGot, capWalked)
+			}
+		})
+	}
 }
