@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/loom"
+	"github.com/agentloom/loomfs/nodeid"
+	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
@@ -116,25 +120,47 @@ func TestBusyNodeNoFalseQuarantine(t *testing.T) {
 // they were provoked for), nothing was quarantined, no container or
 // projection is left, the audit verifies, and each scope holds exactly
 // the files its agent wrote, as it wrote them. It prints p50/p99 per
-// operation.
+// operation, and the CPU time and peak memory of the loomfs processes by
+// kind.
+//
+// Off by default (loadConfig): LOOMFS_LOAD_HEAVY=1 makes agent 0 a heavy
+// one (a 1 GiB dd and an untar of 20,000 files through its commands, its
+// calls timed apart from the others'); LOOMFS_LOAD_DOOR=api makes the tool
+// calls through the Go API in this process, a session per agent;
+// LOOMFS_LOAD_NODES=2 splits the agents over two nodes of
+// LOOMFS_DFS_ROOTS; LOOMFS_LOAD_POLICY names a policy file for them all.
 func TestLoad(t *testing.T) {
-	agents, dur := loadSize(t)
-	s := newServeEnv(t)
+	cfg := loadConfigFromEnv(t)
+	nodes := cfg.startNodes(t)
+	usage := newProcUsage()
 	stats := &latencies{d: map[string][]time.Duration{}}
-	var wg sync.WaitGroup
-	results := make([]*loadAgent, agents)
-	began := time.Now()
-	for i := range agents {
-		a := &loadAgent{s: s, stats: stats, n: i, scope: fmt.Sprintf("load/a/s%d", i), repl: i%4 == 3, files: map[string]string{}}
+	results := make([]*loadAgent, cfg.agents)
+	for i := range cfg.agents {
+		n := nodes[i%len(nodes)]
+		a := &loadAgent{s: n.serveEnv, node: n.name, usage: usage, stats: stats, n: i, scope: fmt.Sprintf("load/a/s%d", i),
+			heavy: cfg.heavy && i == 0, files: map[string]string{}}
+		a.repl = i%4 == 3 && !a.heavy
+		if n.api != nil {
+			a.session = n.api.open(t, a.scope)
+		}
 		results[i] = a
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.run(began.Add(dur))
-		}()
+	}
+	selfCPU, _, _ := procCPU(strconv.Itoa(os.Getpid()))
+	usage.sample(loomfsBin, 500*time.Millisecond)
+	var wg sync.WaitGroup
+	began := time.Now()
+	for _, a := range results {
+		wg.Go(func() { a.run(began.Add(cfg.dur)) })
 	}
 	wg.Wait()
 	elapsed := time.Since(began)
+	usage.stopSampling()
+	for _, n := range nodes {
+		usage.running("serve", n.cmd.Process.Pid, 0)
+		if n.api != nil {
+			usage.running("this process (the API door)", os.Getpid(), selfCPU)
+		}
+	}
 
 	var failures []string
 	calls, provoked, iterations := 0, 0, 0
@@ -144,8 +170,11 @@ func TestLoad(t *testing.T) {
 		provoked += a.provoked
 		iterations += a.iterations
 	}
-	t.Logf("%d agents, %v: %d iterations, %d calls (%d refused on purpose), %d failed", agents, elapsed.Round(time.Second), iterations, calls, provoked, len(failures))
+	t.Logf("%v, %v: %d iterations, %d calls (%d refused on purpose), %d failed", cfg, elapsed.Round(time.Second), iterations, calls, provoked, len(failures))
 	for _, line := range stats.table() {
+		t.Log(line)
+	}
+	for _, line := range usage.table() {
 		t.Log(line)
 	}
 	// The first failure of each kind, and how many there were.
@@ -163,65 +192,61 @@ func TestLoad(t *testing.T) {
 	}
 	for _, a := range results {
 		if a.iterations == 0 {
-			t.Errorf("%s: no iteration finished in %v", a.scope, dur)
+			t.Errorf("%s: no iteration finished in %v", a.scope, cfg.dur)
+		}
+	}
+	for _, n := range nodes {
+		if n.api != nil {
+			// The sessions' command pools go with them.
+			n.api.close(t)
+			if said := ownLines(n.api.log.String(), "load/"); said != "" {
+				t.Errorf("the API door logged: %s", said)
+			}
 		}
 	}
 
-	if r := s.loomfs("", "--json", "quarantine", "list"); strings.TrimSpace(string(r.stdout)) != "[]" {
+	if r := nodes[0].loomfs("", "--json", "quarantine", "list"); strings.TrimSpace(string(r.stdout)) != "[]" {
 		t.Errorf("quarantined: %s %s", r.stdout, r.stderr)
 	}
 	for _, a := range results {
 		if a.repl {
-			if r := s.loomfs("", "processes", "stop", "--scope", a.scope); r.code != 0 {
+			if r := a.s.loomfs("", "processes", "stop", "--scope", a.scope); r.code != 0 {
 				t.Errorf("%s: processes stop: %d %s %s", a.scope, r.code, r.stdout, r.stderr)
 			}
 		}
 		if left := loomfsContainers(t, a.scope); len(left) != 0 {
 			t.Errorf("%s: containers left: %v", a.scope, left)
 		}
-		a.checkFiles(t, filepath.Join(s.root, "spaces", "load", "agents", "a", "sessions", fmt.Sprintf("s%d", a.n), "main"))
+		a.checkFiles(t, filepath.Join(a.s.root, "spaces", "load", "agents", "a", "sessions", fmt.Sprintf("s%d", a.n), "main"))
 	}
-	if r := s.loomfs("", "audit", "verify"); r.code != 0 {
+	if r := nodes[0].loomfs("", "audit", "verify"); r.code != 0 {
 		t.Errorf("audit verify: %d %s %s", r.code, r.stdout, r.stderr)
 	}
 	// The pool's projections of one-call processes went with them; the
 	// service's went with processes stop.
-	var scopes []string
+	var scopes, mountDirs []string
 	for _, a := range results {
 		scopes = append(scopes, a.scope)
 	}
-	if left := projectionMounts(scopes, s.mountDir); len(left) != 0 {
+	for _, n := range nodes {
+		mountDirs = append(mountDirs, n.mountDir)
+	}
+	if left := projectionMounts(scopes, mountDirs...); len(left) != 0 {
 		t.Errorf("projections left mounted: %v", left)
 	}
 }
 
-// loadSize reads the harness's size from the environment.
-func loadSize(t *testing.T) (int, time.Duration) {
-	agents, dur := 20, 60*time.Second
-	if v := os.Getenv("LOOMFS_LOAD_AGENTS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("LOOMFS_LOAD_AGENTS=%q: want a positive number", v)
-		}
-		agents = n
-	}
-	if v := os.Getenv("LOOMFS_LOAD_DURATION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			t.Fatalf("LOOMFS_LOAD_DURATION=%q: want a duration such as 10m", v)
-		}
-		dur = d
-	}
-	return agents, dur
-}
-
 // loadAgent is one agent of TestLoad and what it knows of its scope.
 type loadAgent struct {
-	s     *serveEnv
-	stats *latencies
-	n     int
-	scope string
-	repl  bool
+	s       *serveEnv     // the agent's node
+	node    string        // its name
+	session *loom.Session // the agent's session when the calls go through the Go API
+	usage   *procUsage
+	stats   *latencies
+	n       int
+	scope   string
+	repl    bool
+	heavy   bool // a 1 GiB dd and an untar of 20,000 files, in a loop
 
 	files      map[string]string // path → the content the agent last wrote
 	notes      int               // the iteration notes.txt names
@@ -237,34 +262,53 @@ func (a *loadAgent) failf(format string, args ...any) {
 	a.failures = append(a.failures, a.scope+": "+fmt.Sprintf(format, args...))
 }
 
-// call runs one tool as a loomfs process, timed under op, and decodes its
-// answer into out. It returns the error code of a refusal, or "" and ok.
+// call runs one tool, timed under op, through the agent's session or as a
+// loomfs process, and decodes its answer into out. It returns the error
+// code of a refusal, or "" and ok.
 func (a *loadAgent) call(op, tool string, in map[string]any, out any) (code string, ok bool) {
 	b, _ := json.Marshal(in)
-	cmd := exec.Command(loomfsBin, "--root", a.s.root, "tool", tool, "--scope", a.scope, "--input", string(b))
-	cmd.Env = append(a.s.env(), "AGENT_LOOM_NODE=node-a") // the node loomfs serve runs as
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	began := time.Now()
-	err := cmd.Run()
-	a.stats.add(op, time.Since(began))
-	a.calls++
-	if err != nil {
-		var e struct {
-			Error struct{ Code, Message string } `json:"error"`
+	var res []byte
+	if a.session != nil {
+		began := time.Now()
+		r, err := a.session.Tools.Call(context.Background(), tool, "", b)
+		a.stats.add(op, time.Since(began))
+		a.calls++
+		if err != nil {
+			return string(policy.Public(err).Code), false
 		}
-		if json.Unmarshal(stdout.Bytes(), &e) == nil && e.Error.Code != "" {
-			return e.Error.Code, false
+		res = r
+	} else {
+		cmd := exec.Command(loomfsBin, "--root", a.s.root, "tool", tool, "--scope", a.scope, "--input", string(b))
+		cmd.Env = append(a.s.env(), nodeid.Env+"="+a.node) // the node its loomfs serve runs as
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		began := time.Now()
+		err := cmd.Run()
+		a.stats.add(op, time.Since(began))
+		kind := "tool " + tool
+		if a.heavy {
+			kind += " (heavy)"
 		}
-		a.failf("%s: %v: %s %s", op, err, stdout.Bytes(), stderr.Bytes())
-		return "", false
-	}
-	if said := ownLines(stderr.String(), "load/"); said != "" {
-		a.failf("%s: said on stderr: %s", op, said)
+		a.usage.exited(kind, cmd.ProcessState)
+		a.calls++
+		if err != nil {
+			var e struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			if json.Unmarshal(stdout.Bytes(), &e) == nil && e.Error.Code != "" {
+				return e.Error.Code, false
+			}
+			a.failf("%s: %v: %s %s", op, err, stdout.Bytes(), stderr.Bytes())
+			return "", false
+		}
+		if said := ownLines(stderr.String(), "load/"); said != "" {
+			a.failf("%s: said on stderr: %s", op, said)
+		}
+		res = stdout.Bytes()
 	}
 	if out != nil {
-		if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
-			a.failf("%s: answer %q: %v", op, stdout.Bytes(), err)
+		if err := json.Unmarshal(res, out); err != nil {
+			a.failf("%s: answer %q: %v", op, res, err)
 			return "", false
 		}
 	}
@@ -307,6 +351,12 @@ func (a *loadAgent) write(path, content string) {
 }
 
 func (a *loadAgent) run(until time.Time) {
+	if a.heavy {
+		for ; time.Now().Before(until); a.iterations++ {
+			a.heavyIterate()
+		}
+		return
+	}
 	a.write("notes.txt", "iteration 0\n")
 	if a.repl {
 		var out tools.ProcessOutput
@@ -382,6 +432,44 @@ func (a *loadAgent) iterate(i int) {
 
 	if a.process != "" {
 		a.repl1(i)
+	}
+}
+
+// The heavy agent's commands. Each clears what a command cut short may
+// have left, and removes what it made: the scope ends empty.
+const (
+	heavyFiles = 20_000
+	// 1 GiB (the policy's per-file limit) written and synced through the
+	// projection; the answer is its size.
+	heavyDD = `rm -f big.bin; dd if=/dev/zero of=big.bin bs=1M count=1024 conv=fsync 2>/dev/null && wc -c < big.bin && rm big.bin`
+	// An archive of heavyFiles small files in 100 directories, made in the
+	// container, untarred into the projection; the answer is their count.
+	heavyTar = `rm -rf x; mkdir x && python3 -c '
+import io, sys, tarfile
+t = tarfile.open(fileobj=sys.stdout.buffer, mode="w|")
+for i in range(20000):
+    if i % 200 == 0:
+        d = tarfile.TarInfo("d%03d" % (i // 200)); d.type = tarfile.DIRTYPE; d.mode = 0o755
+        t.addfile(d)
+    b = (b"%d\n" % i) * (i % 64 + 1)
+    f = tarfile.TarInfo("d%03d/f%05d.txt" % (i // 200, i)); f.size = len(b)
+    t.addfile(f, io.BytesIO(b))
+t.close()
+' | tar -x -C x && find x -type f | wc -l && rm -rf x`
+)
+
+// heavyIterate is one round of the heavy agent: the 1 GiB dd, then the
+// untar, each a workspace_command in its own scope.
+func (a *loadAgent) heavyIterate() {
+	for _, c := range []struct{ op, command, want string }{
+		{"heavy_dd", heavyDD, strconv.Itoa(1 << 30)},
+		{"heavy_tar", heavyTar, strconv.Itoa(heavyFiles)},
+	} {
+		var res tools.CommandResult
+		if a.must(c.op, tools.Command, map[string]any{"command": c.command, "timeout_s": 120}, &res) &&
+			(res.ExitCode != 0 || res.TimedOut || strings.TrimSpace(res.Stdout) != c.want) {
+			a.failf("%s: exit %d, timed out %v, stdout %q (want %s), stderr %q", c.op, res.ExitCode, res.TimedOut, res.Stdout, c.want, res.Stderr)
+		}
 	}
 }
 
