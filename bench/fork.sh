@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
 # Fork and merge (issue 47): "loomfs fork" of a scope holding Go's source
-# tree (TREE, default $(go env GOROOT)/src, ~11,500 files) on ext4 (copied)
-# and on an XFS with reflink=1 made on a loop device (cloned, and copied with
-# --no-clone), then "loomfs merge" of 20 changed files back into the
-# 11,500-file scope with 0 and with 5 conflicts. Prints medians of $ROUNDS
-# rounds: the command's wall time and the in-process figures it reports
-# (data_s: moving file data; the rest of duration_s is the metadata walk and
-# the swap), with the load average beside each line. Needs root (loop
-# device, mount) and mkfs.xfs (xfsprogs). BIN= a loomfs binary to use
-# instead of building one.
+# tree (TREE, default $(go env GOROOT)/src, ~11,500 files) on the ext4 that
+# holds /var/tmp (copied), on an ext4 made with mkfs.ext4's defaults on a
+# loop device (copied), and on an XFS with reflink=1 on a loop device
+# (cloned, and copied with --no-clone), then "loomfs merge" of 20 changed
+# files back into the 11,500-file scope on the first, with 0 and with 5
+# conflicts. Prints medians of $ROUNDS rounds: the command's wall time and
+# the in-process figures it reports (data_s: moving file data; the rest of
+# duration_s is the metadata walk and the swap), with the load average
+# beside each line. Every round forks into a fresh scope and nothing is
+# removed until the end: on an ext4 without a journal each new inode skips
+# the inodes freed in the last minute or more, so a removal just before a
+# measured fork would slow it. Needs root (loop devices, mount), mkfs.xfs
+# (xfsprogs) and mkfs.ext4. BIN= a loomfs binary to use instead of
+# building one; TMPDIR= where to work (default /var/tmp: its filesystem is
+# the first one measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 TREE=${TREE:-$(go env GOROOT)/src}
-work=$(mktemp -d /var/tmp/loomfs-fork-bench.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/loomfs-fork-bench.XXXXXX")
 xfs="$work/xfs"
+ext4loop="$work/ext4loop"
 cleanup() {
 	mountpoint -q "$xfs" && umount "$xfs"
+	mountpoint -q "$ext4loop" && umount "$ext4loop"
 	rm -rf "$work"
 }
 trap cleanup EXIT
 L=${BIN:-$work/loomfs}
 [ -n "${BIN:-}" ] || go build -o "$L" ./cmd/loomfs
 command -v mkfs.xfs >/dev/null || { echo "mkfs.xfs not installed (scripts/setup installs xfsprogs)"; exit 1; }
+command -v mkfs.ext4 >/dev/null || { echo "mkfs.ext4 not installed (e2fsprogs)"; exit 1; }
 
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 now() { date +%s.%N; }
@@ -35,6 +44,10 @@ truncate -s 4G "$work/xfs.img"
 mkfs.xfs -q -m reflink=1 "$work/xfs.img"
 mkdir "$xfs"
 mount -o loop "$work/xfs.img" "$xfs"
+truncate -s 4G "$work/ext4.img"
+mkfs.ext4 -q -F "$work/ext4.img"
+mkdir "$ext4loop"
+mount -o loop "$work/ext4.img" "$ext4loop"
 
 main=b/s/s
 files=$(find "$TREE" -type f | wc -l)
@@ -66,7 +79,6 @@ forks() {
 		fill+=("$(field "$work/fork.json" fill_s)")
 		rec+=("$(field "$work/fork.json" record_s)")
 		how="$(field "$work/fork.json" clone), $(field "$work/fork.json" files) files"
-		rm -rf "$root/spaces/b/agents/s/sessions/s/runs/f$label$r"
 	done
 	local d t f c w
 	d=$(printf '%s\n' "${dur[@]}" | median)
@@ -79,6 +91,8 @@ forks() {
 
 snap_ext4=$(setup "$work/ext4")
 forks "$work/ext4" "$snap_ext4" ext4-copy
+snap_ext4loop=$(setup "$ext4loop/root")
+forks "$ext4loop/root" "$snap_ext4loop" ext4-loop-copy
 snap_xfs=$(setup "$xfs/root")
 forks "$xfs/root" "$snap_xfs" xfs-reflink
 forks "$xfs/root" "$snap_xfs" xfs-copy --no-clone
@@ -111,7 +125,6 @@ for conflicts in 0 5; do
 		dur+=("$(field "$work/merge.json" duration_s)")
 		scan+=("$(field "$work/merge.json" scan_s)")
 		got="$(field "$work/merge.json" applied) applied, $(field "$work/merge.json" conflicts) conflicts"
-		rm -rf "$root/spaces/b/agents/s/sessions/s/runs/m$conflicts$r"
 	done
 	echo "merge, $conflicts conflicts ($got, --partial): $(ms "$(printf '%s\n' "${dur[@]}" | median)") in process (finding the fork's changes $(ms "$(printf '%s\n' "${scan[@]}" | median)")), $(ms "$(printf '%s\n' "${wall[@]}" | median)") as a command; --dry-run $(ms "$(printf '%s\n' "${dry[@]}" | median)") as a command; load $(load)"
 done
