@@ -106,6 +106,9 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	b = &Sandbox{svc: svc, scope: sc, ws: ws, log: log, closeWS: closeWS, name: sandbox.NewContainerName(sc.Hash()), callID: callID,
 		idle: lim.SessionIdle, life: lim.SessionLifetime, output: int(lim.ProcessOutput),
 		procs: map[string]*Process{}, done: make(chan struct{}), nextGID: firstGID}
+	// The undo steps use sb, not b: an error return sets the result b
+	// to nil before the deferred undo runs.
+	sb := b
 	undo := []func(){closeWS}
 	defer func() {
 		if err != nil {
@@ -135,7 +138,7 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	if err != nil {
 		return nil, fmt.Errorf("mountpoint: %w", err)
 	}
-	undo = append(undo, func() { os.Remove(b.mp) })
+	undo = append(undo, func() { os.Remove(sb.mp) })
 	fuseLog := audit.Sink(audit.Discard)
 	if log != nil {
 		fuseLog = attributing{log, b}
@@ -144,7 +147,7 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	if err != nil {
 		return nil, policy.Errorf(policy.SandboxUnavailable, "mount the workspace projection: %v", err)
 	}
-	undo = append(undo, func() { b.unmount() })
+	undo = append(undo, func() { sb.unmount() })
 	if err := b.proj.Probe(ctx); err != nil {
 		return nil, policy.Errorf(policy.SandboxUnavailable, "the workspace projection failed its health probe, so no container was started: %v", err)
 	}

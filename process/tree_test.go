@@ -2,12 +2,18 @@ package process
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/policy"
+	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
 
@@ -126,5 +132,41 @@ func TestKillTreeBothWays(t *testing.T) {
 				t.Errorf("another process of the session after the kill: %+v, want running", r)
 			}
 		})
+	}
+}
+
+// failingProbe is a projection whose health probe fails.
+type failingProbe struct{ sandbox.Projection }
+
+func (failingProbe) Probe(context.Context) error { return errors.New("the probe failed (test)") }
+
+// TestStartUndoneWhenProbeFails: a session sandbox whose projection fails
+// its health probe answers sandbox_unavailable, and what was made for it
+// is undone (the projection unmounted, its mountpoint removed): the undo
+// steps act on the sandbox being made, not on the nil result an error
+// return leaves (they once did, and the panic cost the service's caller
+// its answer).
+func TestStartUndoneWhenProbeFails(t *testing.T) {
+	e := newEnv(t, "", testNode, "acme/coder/probe-fails", "")
+	mount := e.svc.cfg.Mount
+	e.svc.cfg.Mount = func(ctx context.Context, ws *store.Workspace, log audit.Sink, mp string, call sandbox.CallInfo) (sandbox.Projection, error) {
+		p, err := mount(ctx, ws, log, mp, call)
+		if err != nil {
+			return nil, err
+		}
+		return failingProbe{p}, nil
+	}
+	err := e.call(tools.ProcessStart, map[string]any{"command": "true"}, nil)
+	var pe *policy.Error
+	if !errors.As(err, &pe) || pe.Code != policy.SandboxUnavailable {
+		t.Fatalf("start with a failing probe: %v, want sandbox_unavailable", err)
+	}
+	ents, _ := os.ReadDir(e.svc.cfg.MountDir)
+	if len(ents) != 0 {
+		t.Errorf("left in the mount directory: %v", ents)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), e.svc.cfg.MountDir) {
+		t.Errorf("a projection is still mounted under %s", e.svc.cfg.MountDir)
 	}
 }
