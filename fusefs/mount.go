@@ -35,6 +35,11 @@ type Mounted struct {
 	once   sync.Once
 	err    error
 	unheld func() // ends the mount's part in counts of the scope
+
+	// probeSlot lets one health probe run at a time: the daemon admits
+	// the one probe file it is told of (fsys.probing), so a second
+	// probe's create, a self-check's beside a start's, was refused.
+	probeSlot chan struct{}
 }
 
 // ErrDetached is returned by Unmount when the mount was still in use: the
@@ -139,7 +144,7 @@ func Mount(ctx context.Context, ws *store.Workspace, mountpoint string, opts Opt
 	// A count of the scope (the quota's reconcile) sees what files open
 	// here hold with no name left.
 	unheld := ws.CountHeld(f.heldOpen)
-	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld, ended: make(chan struct{})}
+	m := &Mounted{fsys: f, server: server, dir: dir, unheld: unheld, ended: make(chan struct{}), probeSlot: make(chan struct{}, 1)}
 	go func() { server.Wait(); close(m.ended) }()
 	if f.coherent {
 		m.follower = newFollower(f, opts.journalPoll())
@@ -330,6 +335,11 @@ func (m *Mounted) JournalRead() (t time.Time, ok bool) {
 // one loomfs keeps for itself (policy.ProbePrefix): a probe killed halfway
 // leaves nothing an agent meets.
 func (m *Mounted) Probe(ctx context.Context) error {
+	select {
+	case m.probeSlot <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("probe through %s: another probe of this mount was still under way: %w", m.dir, ctx.Err())
+	}
 	var b [8]byte
 	rand.Read(b[:])
 	name := policy.ProbePrefix + hex.EncodeToString(b[:])
@@ -338,7 +348,11 @@ func (m *Mounted) Probe(ctx context.Context) error {
 	done := make(chan error, 1)
 	if m.fsys.opts.ReadOnly {
 		// Nothing can be written: a read-only mount is checked by reading.
-		go func() { _, err := os.ReadDir(m.dir); done <- err }()
+		go func() {
+			_, err := os.ReadDir(m.dir)
+			<-m.probeSlot
+			done <- err
+		}()
 	} else {
 		// Not listed while it exists: loomfs's own file.
 		m.fsys.probing.Store(&name)
@@ -351,6 +365,7 @@ func (m *Mounted) Probe(ctx context.Context) error {
 				m.dropProbe(name)
 			}
 			m.fsys.probing.CompareAndSwap(&name, nil)
+			<-m.probeSlot
 			if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 				// The volume is full: the projection answered as it
 				// should, and serves reads (and deletes) until room

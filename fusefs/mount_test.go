@@ -37,6 +37,36 @@ func TestProbe(t *testing.T) {
 	}
 }
 
+// TestProbesAtOnce: probes of one mount at once (a service's self-check
+// beside a sandbox start's) all pass: the daemon admits one probe file at
+// a time, so they take turns, and a probe that can't get its turn before
+// its context ends says why.
+func TestProbesAtOnce(t *testing.T) {
+	e := newEnv(t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- e.m.Probe(context.Background()) }()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("a probe beside three others: %v", err)
+		}
+	}
+	if ents, _ := os.ReadDir(e.backing); len(ents) != 0 {
+		t.Errorf("the probes left %v", ents)
+	}
+	e.m.probeSlot <- struct{}{} // a probe under way
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := e.m.Probe(ctx); err == nil || !strings.Contains(err.Error(), "another probe") {
+		t.Errorf("a probe whose turn did not come: %v, want it to say another probe was under way", err)
+	}
+	<-e.m.probeSlot
+	if err := e.m.Probe(context.Background()); err != nil {
+		t.Errorf("a probe after its turn came: %v", err)
+	}
+}
+
 // TestReadOnlyMount: Options.ReadOnly refuses every change and reads.
 func TestReadOnlyMount(t *testing.T) {
 	e := newEnv(t, withOptions(func(o *Options) { o.ReadOnly = true }))
