@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -156,19 +155,7 @@ func startLoadNode(t *testing.T, root, name string, env []string) *loadNode {
 	env = append(env, nodeid.Env+"="+name)
 	s := &serveEnv{cli: &cli{t: t, root: root}, socket: filepath.Join(dir, "sock", "serve.sock"), mountDir: filepath.Join(dir, "mnt"), extraEnv: env}
 	t.Cleanup(func() { detachUnder(s.mountDir) })
-	cmd := exec.Command(loomfsBin, "--root", root, "serve", "--socket", s.socket, "--mount-dir", s.mountDir, "--node", name)
-	cmd.Env = s.env()
-	s.out = &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = s.out, s.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = cmd
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	})
-	waitFor(t, "loomfs serve to listen", func() bool { return strings.Contains(s.out.String(), "serving processes") })
+	s.serveAs(name)
 	return &loadNode{serveEnv: s, name: name}
 }
 

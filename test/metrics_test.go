@@ -284,19 +284,7 @@ func newServeEnvArgs(t *testing.T, args ...string) *serveEnv {
 	dir := t.TempDir()
 	s := &serveEnv{cli: newCLI(t), socket: filepath.Join(dir, "sock", "serve.sock"), mountDir: filepath.Join(dir, "mnt")}
 	t.Cleanup(func() { detachUnder(s.mountDir) })
-	cmd := exec.Command(loomfsBin, append([]string{"--root", s.root, "serve", "--socket", s.socket, "--mount-dir", s.mountDir, "--node", "node-a"}, args...)...)
-	cmd.Env = s.env()
-	s.out = &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = s.out, s.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.cmd = cmd
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	})
-	waitFor(t, "loomfs serve to listen", func() bool { return strings.Contains(s.out.String(), "serving processes") })
+	s.serveAs("node-a", args...)
 	return s
 }
 
@@ -309,7 +297,7 @@ func TestServeSelfChecksSessionProjection(t *testing.T) {
 	const scope = "acme/coder/p2"
 	var out tools.ProcessOutput
 	if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": "sleep 60", "yield_ms": 0}, &out); r.code != 0 {
-		t.Fatalf("process: %d %s %s", r.code, r.stdout, r.stderr)
+		t.Fatalf("process: %d %s %s\nSERVE: %s", r.code, r.stdout, r.stderr, s.out.String())
 	}
 	scrape := func() string {
 		resp, err := http.Get("http://" + addr + "/metrics")

@@ -41,10 +41,17 @@ func newServeEnv(t *testing.T, extraEnv ...string) *serveEnv {
 	return s
 }
 
-// serve starts loomfs serve and waits until it listens.
+// serve starts loomfs serve as node-a and waits until it listens.
 func (s *serveEnv) serve() {
 	s.t.Helper()
-	cmd := exec.Command(loomfsBin, "--root", s.root, "serve", "--socket", s.socket, "--mount-dir", s.mountDir, "--node", "node-a")
+	s.serveAs("node-a")
+}
+
+// serveAs starts loomfs serve as node, with more arguments, and waits
+// until it listens.
+func (s *serveEnv) serveAs(node string, args ...string) {
+	s.t.Helper()
+	cmd := exec.Command(loomfsBin, append([]string{"--root", s.root, "serve", "--socket", s.socket, "--mount-dir", s.mountDir, "--node", node}, args...)...)
 	cmd.Env = s.env()
 	s.out = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = s.out, s.out
