@@ -138,8 +138,8 @@ func Fork(ctx context.Context, src, dst *store.Workspace, opt Options) (*Result,
 			rec.Clone = "reflink"
 		}
 		// The record goes first: a crash after the swap leaves a fork
-		// that knows its base. The tree's syncfs makes it durable.
-		if err := writeRecordBefore(dst.Volume(), dst.Scope(), rec, dir); err != nil {
+		// that knows its base.
+		if err := writeRecord(dst.Volume(), dst.Scope(), rec); err != nil {
 			return nil, err
 		}
 		return built(entries), nil

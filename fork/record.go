@@ -163,14 +163,6 @@ func recordCurrent(vol *store.Volume, sc store.Scope, f *os.File) (bool, error) 
 // writeRecord replaces the record of scope sc atomically: a temporary file
 // fsynced, renamed over the old one, the directory fsynced.
 func writeRecord(vol *store.Volume, sc store.Scope, r *Record) error {
-	return writeRecordBefore(vol, sc, r, nil)
-}
-
-// writeRecordBefore is writeRecord before a syncfs of the filesystem that
-// holds flushed (ReplaceTree's of its new tree), which makes everything
-// on it durable before anything relies on the record: when the record is
-// on that filesystem too, its own fsyncs are left to the syncfs.
-func writeRecordBefore(vol *store.Volume, sc store.Scope, r *Record, flushed *os.File) error {
 	dir, err := vol.ScopeState(sc)
 	if err != nil {
 		return fmt.Errorf("open the state of %s: %w", sc, err)
@@ -180,7 +172,6 @@ func writeRecordBefore(vol *store.Volume, sc store.Scope, r *Record, flushed *os
 	if err != nil {
 		return err
 	}
-	sync := flushed == nil || !sameFS(dir, flushed)
 	tmp := fmt.Sprintf(".%s.%d.tmp", RecordFile, os.Getpid())
 	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -188,7 +179,7 @@ func writeRecordBefore(vol *store.Volume, sc store.Scope, r *Record, flushed *os
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	_, err = f.Write(b)
-	if err == nil && sync {
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -201,17 +192,7 @@ func writeRecordBefore(vol *store.Volume, sc store.Scope, r *Record, flushed *os
 		unix.Unlinkat(int(dir.Fd()), tmp, 0)
 		return fmt.Errorf("write the fork record of %s: %w", sc, err)
 	}
-	if !sync {
-		return nil
-	}
 	return dir.Sync()
-}
-
-// sameFS reports whether a and b are on one filesystem (a failed fstat
-// says no).
-func sameFS(a, b *os.File) bool {
-	var sa, sb unix.Stat_t
-	return unix.Fstat(int(a.Fd()), &sa) == nil && unix.Fstat(int(b.Fd()), &sb) == nil && sa.Dev == sb.Dev
 }
 
 // removeRecord removes the record of scope sc, if any.

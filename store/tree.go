@@ -262,10 +262,8 @@ func sweepRestores(pfd int, mine string, dev uint64) {
 // directory — a "loomfs mount" elsewhere — still holds the old, removed
 // directory, and must be remounted.
 //
-// The new tree is made durable by one syncfs of its filesystem after fill
-// returns and before the swap: so is anything else fill wrote on that
-// filesystem. The scope's quota account is counted again after the swap,
-// by a walk of the new tree; ReplaceTreeCounted spares that walk to a fill that knows
+// The scope's quota account is counted again after the swap, by a walk of
+// the new tree; ReplaceTreeCounted spares that walk to a fill that knows
 // what it made.
 func (w *Workspace) ReplaceTree(ctx context.Context, fill func(dir *os.File) error) error {
 	return w.replaceTree(ctx, func(dir *os.File) ([]TreeEntry, bool, error) { return nil, false, fill(dir) })
