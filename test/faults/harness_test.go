@@ -267,10 +267,47 @@ func (c *cell) fired() bool {
 	return bytes.Contains(b, []byte("(INJECTED)"))
 }
 
+var (
+	unfinished = regexp.MustCompile(`^(\d+) +(.*) <unfinished \.\.\.>$`)
+	resumed    = regexp.MustCompile(`^(\d+) +<\.\.\. [a-z0-9_]+ resumed>(.*)$`)
+)
+
+// calls reads the cell's strace log with each call on one line. With
+// several threads traced into one log, strace cuts a call that another
+// thread's line interrupts in two ("… <unfinished ...>" and "<... write
+// resumed>) = -1 ENOSPC … (INJECTED)"); only the first half names the
+// descriptor, only the second the fault, so the halves are joined.
+func (c *cell) calls() []byte {
+	b, _ := os.ReadFile(c.log)
+	return joinResumed(b)
+}
+
+func joinResumed(b []byte) []byte {
+	pending := map[string]string{} // thread → its unfinished call
+	var out bytes.Buffer
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := unfinished.FindStringSubmatch(l); m != nil {
+			pending[m[1]] = m[2]
+			continue
+		}
+		if m := resumed.FindStringSubmatch(l); m != nil {
+			if call, ok := pending[m[1]]; ok {
+				delete(pending, m[1])
+				l = m[1] + " " + call + m[2]
+			}
+		}
+		out.WriteString(l + "\n")
+	}
+	for pid, call := range pending {
+		out.WriteString(pid + " " + call + " <unfinished ...>\n")
+	}
+	return out.Bytes()
+}
+
 // injected lists the calls strace failed on purpose, as its log shows
 // them (the first ten): where a failing cell's fault landed.
 func (c *cell) injected() []string {
-	b, _ := os.ReadFile(c.log)
+	b := c.calls()
 	var lines []string
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.Contains(l, "(INJECTED)") {
@@ -290,8 +327,7 @@ func (c *cell) outputLost() bool {
 	if c.f == nil || c.f.kill() {
 		return false
 	}
-	b, _ := os.ReadFile(c.log)
-	return injectedOnOutput.Match(b)
+	return injectedOnOutput.Match(c.calls())
 }
 
 var injectedOnFD = regexp.MustCompile(`(?m)^\d+ +(write|pwrite64|fsync|fdatasync|ftruncate|fallocate)\(\d+<([^>]*)>.*\(INJECTED\)$`)
@@ -305,8 +341,7 @@ func (c *cell) offVolume() bool {
 	if c.f == nil || c.f.kill() {
 		return false
 	}
-	b, _ := os.ReadFile(c.log)
-	ms := injectedOnFD.FindAllSubmatch(b, -1)
+	ms := injectedOnFD.FindAllSubmatch(c.calls(), -1)
 	if len(ms) == 0 {
 		return false
 	}

@@ -63,6 +63,14 @@ func TestJudgeOutputLost(t *testing.T) {
 		{"answer lost", onLedger + "\n" + onStdout, false, ""},
 		{"answer lost, file torn", onLedger + "\n" + onStdout, true, "neither the old"},
 		{"only the volume hit", onLedger, false, "not JSON"},
+		// strace cuts a call in two when another thread's line comes
+		// between its start and its end (CI, tool_delete/write_ENOSPC_1).
+		{"answer lost, its call cut by another thread's", `7 write(1<pipe:[4411]>, "{\"error\"..., 80 <unfinished ...>
+8 write(11</v/root/.agentloom-audit/vm.ledger.jsonl>, "{\"time\""..., 297) = -1 ENOSPC (No space left on device) (INJECTED)
+7 <... write resumed>) = -1 ENOSPC (No space left on device) (INJECTED)`, false, ""},
+		{"the volume hit, a call to stdout cut but not failed", `7 write(1<pipe:[4411]>, "{\"error\"..., 80 <unfinished ...>
+8 write(11</v/root/.agentloom-audit/vm.ledger.jsonl>, "{\"time\""..., 297) = -1 ENOSPC (No space left on device) (INJECTED)
+7 <... write resumed>) = 80`, false, "not JSON"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := toolOp("write", "workspace_write", map[string]string{"x.txt": oldText}, nil,
