@@ -66,6 +66,28 @@ func seen(t *testing.T, what string, check func() error) {
 	}
 }
 
+// followed waits until the mount's follower has made a pass that began
+// after the call: every journal line written before it is applied. A
+// change another door made is seen by the mount's reads at once (each
+// open resolves the path again), but a chmod or utimes by name reaches
+// the node the kernel had for the path until that pass, as the coherence
+// window of "cache: journal" allows.
+func followed(t *testing.T, e *env) {
+	t.Helper()
+	fl := e.m.follower
+	fl.mu.Lock()
+	from := fl.passes
+	fl.mu.Unlock()
+	seen(t, "a journal pass after the change", func() error {
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		if fl.passes == from {
+			return errors.New("no journal pass yet")
+		}
+		return nil
+	})
+}
+
 // TestInvalidation: with long kernel caching, each kind of change made by
 // another door (the tool door, or a second mount of the scope) is seen by
 // a process that had the old entry, attributes, listing or pages cached.

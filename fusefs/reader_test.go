@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -43,6 +44,7 @@ func TestKeptReader(t *testing.T) {
 	if _, err := e.ws.WriteFile(ctx, "k.txt", []byte("three"), nil); err != nil {
 		t.Fatal(err)
 	}
+	followed(t, e)
 	seen(t, "the tool door's replace", func() error { return wantContent(e.path("k.txt"), "three") })
 	read("three")
 
@@ -89,9 +91,14 @@ func TestKeptReader(t *testing.T) {
 	if err := os.Remove(e.path("k.txt")); err != nil {
 		t.Fatal(err)
 	}
-	if fds := openInodes(t, st.Ino); fds != 0 {
-		t.Errorf("the daemon holds %d descriptors of the removed file", fds)
-	}
+	// The last read's open holds the descriptor until the kernel's
+	// release of it, which comes after close(2) returned.
+	seen(t, "the removed file's descriptors closed", func() error {
+		if fds := openInodes(t, st.Ino); fds != 0 {
+			return fmt.Errorf("the daemon holds %d descriptors of the removed file", fds)
+		}
+		return nil
+	})
 
 	// Counted on this mount and by the descriptors of its files, not by
 	// the process's count: the mount above may still get the kernel's
