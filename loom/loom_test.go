@@ -3,6 +3,7 @@ package loom_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/agentloom/loomfs/loom"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/sandbox"
+	"github.com/agentloom/loomfs/slots"
 	"github.com/agentloom/loomfs/store"
 	"github.com/agentloom/loomfs/tools"
 )
@@ -95,5 +97,37 @@ func TestNodeSessionCommands(t *testing.T) {
 		if err := node.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// With every container start slot of the node held, a command waits its
+// time and is refused sandbox_unavailable, which tells a model to retry
+// later; the operator's error says the engine was busy. Once a slot is
+// free the same command runs.
+func TestCommandWhileEngineBusy(t *testing.T) {
+	dir := t.TempDir()
+	cfg := sandbox.ConfigFromEnv()
+	cfg.Image, cfg.Node, cfg.Starts, cfg.StartDir = "loomfs-sandbox-dev:latest", "loom-test", 1, dir
+	node := loom.New(loom.Config{Store: store.Config{Root: t.TempDir()}, Sandbox: cfg, MountDir: filepath.Join(t.TempDir(), "mnt")})
+	t.Cleanup(func() { node.Close() })
+	ctx := context.Background()
+	s, err := node.Open(ctx, "acme/coder/busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	release, err := slots.New(dir, 1).Take(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := json.RawMessage(`{"command":"echo ran","timeout_s":1}`)
+	_, err = s.Tools.Call(ctx, tools.Command, "", in)
+	if policy.CodeOf(err) != policy.SandboxUnavailable || !errors.Is(err, sandbox.ErrEngineBusy) || !strings.Contains(err.Error(), "retry later") {
+		t.Fatalf("command with the node's start slot held: %v, want sandbox_unavailable telling the model to retry later, from ErrEngineBusy", err)
+	}
+	release()
+	res, err := s.Tools.Call(ctx, tools.Command, "", in)
+	if err != nil || !strings.Contains(string(res), `"stdout":"ran\n"`) {
+		t.Fatalf("command after the slot was freed: %s, %v", res, err)
 	}
 }

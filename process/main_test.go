@@ -103,6 +103,13 @@ func newEnv(t testing.TB, root, node, scope, polText string) *env {
 // newEnvKeeping is newEnv with ended processes kept for keep.
 func newEnvKeeping(t testing.TB, root, node, scope, polText string, keep time.Duration) *env {
 	t.Helper()
+	return newEnvRunner(t, root, node, scope, polText, keep, nil)
+}
+
+// newEnvRunner is newEnvKeeping with the runner's configuration changed
+// by runner, when not nil.
+func newEnvRunner(t testing.TB, root, node, scope, polText string, keep time.Duration, runner func(*sandbox.Config)) *env {
+	t.Helper()
 	if root == "" {
 		root = t.TempDir()
 	}
@@ -132,8 +139,11 @@ func newEnvKeeping(t testing.TB, root, node, scope, polText string, keep time.Du
 		}
 		return ws, log, func() { log.Close(); ws.Close(); vol.Close() }, nil
 	}
-	r, err := sandbox.NewRunner(ctx, sandbox.Config{Host: sandbox.HostFromEnv(), Image: testImage, Node: node,
-		Runtime: os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")})
+	rcfg := sandbox.Config{Host: sandbox.HostFromEnv(), Image: testImage, Node: node, Runtime: os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")}
+	if runner != nil {
+		runner(&rcfg)
+	}
+	r, err := sandbox.NewRunner(ctx, rcfg)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}

@@ -25,6 +25,13 @@ import (
 // keep the container up for the execs.
 const keepAlive = "mkdir -p /tmp/.loomfs && while :; do sleep 3600; done"
 
+// sessionStartTimeout bounds the wait for a start slot and the engine's
+// start of a session container, each. An engine that answers neither in
+// that time is stuck (dockerd was seen to deadlock in a burst of
+// creations): the start fails, and the container is removed or the scope
+// quarantined, instead of the caller waiting for good.
+var sessionStartTimeout = 60 * time.Second // a variable for tests
+
 // Sandbox is a scope's session sandbox: one container over the scope's
 // projection, alive across calls, in which processes run as execs.
 type Sandbox struct {
@@ -177,6 +184,17 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	b.memLimit = hc.Memory
 	b.gvisor = strings.HasPrefix(hc.Runtime, "runsc")
 	cli := r.Engine()
+	freeSlot, err := r.StartSlot(ctx, sessionStartTimeout)
+	if err != nil {
+		if errors.Is(err, sandbox.ErrEngineBusy) {
+			b.record("container_engine_busy", callID, 0, map[string]any{"session": true, "waited_ms": sessionStartTimeout.Milliseconds()})
+			// A model is told to retry later (policy.Public).
+			return nil, &policy.Error{Code: policy.SandboxUnavailable, Message: err.Error(), Err: err}
+		}
+		return nil, err
+	}
+	started := sync.OnceFunc(freeSlot)
+	defer started()
 	octx := context.WithoutCancel(ctx)
 	cctx, cancel := context.WithTimeout(octx, 30*time.Second)
 	created, err := cli.ContainerCreate(cctx, cc, hc, nil, nil, b.name)
@@ -192,7 +210,11 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	}
 	b.id = created.ID
 	b.record("container_create", callID, 0, map[string]any{"image": r.Image(), "session": true})
-	if err := cli.ContainerStart(octx, created.ID, container.StartOptions{}); err != nil {
+	sctx, scancel := context.WithTimeout(octx, sessionStartTimeout)
+	err = cli.ContainerStart(sctx, created.ID, container.StartOptions{})
+	scancel()
+	started()
+	if err != nil {
 		msg := policy.MaskHostPaths(err.Error())
 		if qerr := b.removeOrQuarantine(octx, created.ID, callID, "start failed: "+msg); qerr != nil {
 			undo = undo[:len(undo)-1]

@@ -202,6 +202,10 @@ func (c *Commands) answer(res Result, err error, refused *Refusals) (tools.Comma
 		if errors.Is(err, ErrStartFailed) {
 			return out, policy.Errorf(policy.SandboxStartFailed, "%v", err)
 		}
+		if errors.Is(err, ErrEngineBusy) {
+			// A model is told to retry later (policy.Public).
+			return out, &policy.Error{Code: policy.SandboxUnavailable, Message: err.Error(), Err: err}
+		}
 		if errors.Is(err, ErrInvalidRequest) {
 			return out, policy.Errorf(policy.InvalidInput, "%v", err)
 		}

@@ -67,10 +67,15 @@ func (r *Runner) Prepare(ctx context.Context, req Request) (*Prepared, error) {
 	p := &Prepared{Name: NewContainerName(req.ScopeHash), r: r, image: image, workspace: req.Workspace, skills: maps.Clone(req.Skills)}
 	req.Call = ""
 	cc, hc := r.containerConfig(req, true)
+	release, err := r.StartSlot(ctx, engineTimeout)
+	if err != nil {
+		return nil, err
+	}
 	octx := context.WithoutCancel(ctx)
 	cctx, cancel := context.WithTimeout(octx, engineTimeout)
 	created, err := r.cli.ContainerCreate(cctx, cc, hc, nil, nil, p.Name)
 	cancel()
+	release()
 	if err != nil {
 		if !answered(err) {
 			// It may appear still; it never runs, but it must not stay.

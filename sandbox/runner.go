@@ -9,12 +9,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
 	"github.com/agentloom/loomfs/nodeid"
+	"github.com/agentloom/loomfs/slots"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
@@ -69,7 +72,22 @@ const (
 // outlives the caller's.
 const engineTimeout = 30 * time.Second
 
+// DefaultStartDir holds the node's container start slots (Config.Starts).
+const DefaultStartDir = "/run/loomfs/starts"
+
+// StartsEnv names the variable ConfigFromEnv reads Config.Starts from.
+const StartsEnv = "AGENT_LOOM_ENGINE_STARTS"
+
+// DefaultStarts is the bound on the containers a node creates and starts
+// at once when Config.Starts is 0: enough to keep an engine busy, and far
+// below the 50 in one second that deadlocked dockerd on a 2-CPU node.
+func DefaultStarts() int { return max(4, 2*runtime.NumCPU()) }
+
 var (
+	// ErrEngineBusy marks a request refused because the node's container
+	// start slots stayed taken for as long as it could wait: nothing was
+	// created, and the same request may be made again.
+	ErrEngineBusy = errors.New("sandbox: the node's container engine is busy")
 	// ErrInvalidRequest marks a request refused before anything started.
 	ErrInvalidRequest = errors.New("sandbox: invalid request")
 	// ErrQuarantined marks a run whose container removal was not confirmed:
@@ -96,23 +114,55 @@ type Config struct {
 	TmpSize        int64         // bytes of the tmpfs at /tmp
 	OutputLimit    int           // bytes kept of each of stdout and stderr
 	CleanupTimeout time.Duration // how long to wait for the engine to confirm removal
+	// Starts bounds the containers that every runner on this node has
+	// the engine create and start at once; 0 means DefaultStarts. The
+	// bound is kept with lock files in StartDir, "" meaning
+	// DefaultStartDir, which every runner of the node must share.
+	Starts   int
+	StartDir string
+
+	envErr error // a variable ConfigFromEnv could not read
 
 	// Observe, when set, receives one call per container event for the audit
 	// log: container_create, container_start, container_exit, container_kill,
 	// container_removed and container_remove_unconfirmed; for a container
 	// made ahead of its command (Prepare) container_prepare instead of
 	// container_create, and container_prepared_gone when the engine no
-	// longer knew it as its command came (one is then created).
+	// longer knew it as its command came (one is then created); and
+	// container_engine_busy for a command refused because the node's
+	// start slots stayed taken (nothing was created).
 	Observe func(ctx context.Context, op string, detail map[string]any)
 }
 
 // ConfigFromEnv returns a Config naming the engine, image and runtime of
-// AGENT_LOOM_DOCKER_HOST, AGENT_LOOM_SANDBOX_IMAGE and AGENT_LOOM_SANDBOX_RUNTIME.
+// AGENT_LOOM_DOCKER_HOST, AGENT_LOOM_SANDBOX_IMAGE and AGENT_LOOM_SANDBOX_RUNTIME,
+// and the node's bound on container starts of AGENT_LOOM_ENGINE_STARTS. A
+// value it can't read makes NewRunner fail with what is wrong.
 func ConfigFromEnv() Config {
-	return Config{Host: HostFromEnv(), Image: ImageFromEnv(), Runtime: os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")}
+	c := Config{Host: HostFromEnv(), Image: ImageFromEnv(), Runtime: os.Getenv("AGENT_LOOM_SANDBOX_RUNTIME")}
+	if v := os.Getenv(StartsEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			c.envErr = fmt.Errorf("sandbox: %s=%q: want the number of containers this node may start at once, 1 or more", StartsEnv, v)
+		}
+		c.Starts = n
+	}
+	return c
 }
 
 func (c Config) withDefaults() (Config, error) {
+	if c.envErr != nil {
+		return c, c.envErr
+	}
+	if c.Starts < 0 {
+		return c, fmt.Errorf("sandbox: %d container starts at once: want 1 or more, or 0 for the default", c.Starts)
+	}
+	if c.Starts == 0 {
+		c.Starts = DefaultStarts()
+	}
+	if c.StartDir == "" {
+		c.StartDir = DefaultStartDir
+	}
 	if c.Host == "" {
 		c.Host = DefaultHost
 	}
@@ -177,8 +227,9 @@ func parseUser(s string) (uid, gid int, err error) {
 type Runner struct {
 	cli     *client.Client
 	cfg     Config
-	seccomp string // the profile's JSON (SeccompProfile)
-	owner   Owner  // this process, in LabelOwner and markers
+	seccomp string     // the profile's JSON (SeccompProfile)
+	owner   Owner      // this process, in LabelOwner and markers
+	starts  *slots.Set // the node's container start slots
 }
 
 // NewRunner connects to the engine named by cfg and checks that it answers.
@@ -196,7 +247,30 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cli: cli, cfg: cfg, seccomp: profile, owner: self()}, nil
+	return &Runner{cli: cli, cfg: cfg, seccomp: profile, owner: self(), starts: slots.New(cfg.StartDir, cfg.Starts)}, nil
+}
+
+// StartSlot waits, for as long as wait or until ctx ends, for one of the
+// node's container start slots, and holds it until release is called:
+// a container's create and start are made within one, so that a burst of
+// commands reaches the engine a few at a time. When wait runs out first
+// the error wraps ErrEngineBusy.
+func (r *Runner) StartSlot(ctx context.Context, wait time.Duration) (release func(), err error) {
+	_, span := tracing.Start(ctx, "container start slot")
+	defer span.End()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	release, err = r.starts.Take(wctx)
+	switch {
+	case err == nil:
+		return release, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("sandbox: %w", context.Cause(ctx))
+	case errors.Is(err, slots.ErrBusy):
+		return nil, fmt.Errorf("%w: this node's %d container starts at once (%s) stayed taken for %s, so nothing was started",
+			ErrEngineBusy, r.starts.Size(), StartsEnv, wait)
+	}
+	return nil, fmt.Errorf("sandbox: container start slots: %s", policy.MaskHostPaths(err.Error()))
 }
 
 // Close releases the engine connection.
@@ -348,8 +422,20 @@ func (r *Runner) run(ctx context.Context, req Request, ran *bool) (Result, error
 	ctx, span := tracing.Start(ctx, "sandbox run", attribute.String("loomfs.container", res.ContainerName),
 		attribute.String("loomfs.runtime", r.cfg.Runtime))
 	defer span.End()
+	release, err := r.StartSlot(ctx, timeout)
+	if err != nil {
+		if errors.Is(err, ErrEngineBusy) {
+			r.observe(ctx, "container_engine_busy", req, &res, map[string]any{"starts": r.starts.Size(), "waited_ms": timeout.Milliseconds()})
+		}
+		// Nothing was asked of the engine: the marker may go.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CleanupTimeout)
+		defer cancel()
+		return res, errors.Join(err, req.Marker.Clear(cctx))
+	}
+	started := sync.OnceFunc(release)
+	defer started()
 	*ran = true
-	known, runErr := r.execute(ctx, req, timeout, &res)
+	known, runErr := r.execute(ctx, req, timeout, &res, started)
 	cleanErr := r.cleanup(context.WithoutCancel(ctx), req, &res, known)
 	span.SetAttributes(attribute.Int("loomfs.exit_code", res.ExitCode), attribute.Bool("loomfs.timed_out", res.TimedOut))
 	if err := errors.Join(runErr, cleanErr); err != nil {
@@ -361,8 +447,10 @@ func (r *Runner) run(ctx context.Context, req Request, ran *bool) (Result, error
 
 // execute creates, starts and waits for the container, or starts and
 // waits for req.Prepared. known reports whether the engine answered the
-// create request, so that its outcome is known.
-func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration, res *Result) (known bool, err error) {
+// create request, so that its outcome is known. It calls started once the
+// engine answered the start request, to free the start slot it was made
+// in.
+func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration, res *Result, started func()) (known bool, err error) {
 	octx := context.WithoutCancel(ctx)
 	var hj types.HijackedResponse
 	var created container.CreateResponse
@@ -445,6 +533,7 @@ func (r *Runner) execute(ctx context.Context, req Request, timeout time.Duration
 	span.End()
 	startExpired := sctx.Err() != nil
 	scancel()
+	started()
 	var reason string
 	switch {
 	case err != nil && ctx.Err() != nil:

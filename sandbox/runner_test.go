@@ -4,20 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"net/http/httputil"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+
+	"github.com/agentloom/loomfs/sandbox/enginetest"
+	"github.com/agentloom/loomfs/slots"
 )
 
 func TestCheckHost(t *testing.T) {
@@ -791,27 +793,12 @@ func TestStartFailureAnswersWithRuntimeMessage(t *testing.T) {
 // holds every container start request for delay before passing it on, as
 // a loaded host's engine does, and returns the proxy's address.
 func slowStartEngine(t *testing.T, delay time.Duration) string {
-	t.Helper()
-	sock := strings.TrimPrefix(HostFromEnv(), "unix://")
-	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "engine.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) { r.Out.URL.Scheme, r.Out.URL.Host = "http", "engine" },
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}},
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/start") {
+	return enginetest.Proxy(t, HostFromEnv(), func(_ http.ResponseWriter, r *http.Request) (bool, func()) {
+		if enginetest.IsStart(r) {
 			time.Sleep(delay)
 		}
-		proxy.ServeHTTP(w, r)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return "unix://" + ln.Addr().String()
+		return true, nil
+	})
 }
 
 // TestStartPastTimeoutIsATimeout: an engine that takes longer than the
@@ -838,5 +825,113 @@ func TestStartPastTimeoutIsATimeout(t *testing.T) {
 	assertGone(t, r, res.ContainerName)
 	if sets, clears := m.counts(); sets != 1 || clears != 1 {
 		t.Fatalf("marker set %d cleared %d, want 1 and 1", sets, clears)
+	}
+}
+
+// TestEngineBusyStartsNothing: with every start slot of the node held, a
+// command waits for its time and is refused with ErrEngineBusy; nothing
+// reached the engine and the marker is cleared. Once the slot is free the
+// same command runs.
+func TestEngineBusyStartsNothing(t *testing.T) {
+	log := &eventLog{}
+	dir := t.TempDir()
+	r := newTestRunner(t, Config{Starts: 1, StartDir: dir, Observe: log.observe})
+	release, err := slots.New(dir, 1).Take(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, m := newRequest(t, "echo ran")
+	req.Timeout = time.Second
+	m.log = log
+	if _, err := r.Run(context.Background(), req); !errors.Is(err, ErrEngineBusy) || !strings.Contains(err.Error(), StartsEnv) {
+		t.Fatalf("Run with the node's one slot held: %v, want ErrEngineBusy naming %s", err, StartsEnv)
+	}
+	if got, want := log.list(), []string{"marker_set", "container_engine_busy", "marker_clear"}; !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	release()
+	req2, _ := newRequest(t, "echo ran")
+	if res := mustRun(t, r, req2); res.Stdout != "ran\n" {
+		t.Fatalf("after the slot was freed: %+v", res)
+	}
+	if sets, clears := m.counts(); sets != 1 || clears != 1 {
+		t.Fatalf("marker set %d cleared %d, want 1 and 1", sets, clears)
+	}
+}
+
+// countingEngine serves the engine of HostFromEnv through a proxy that
+// holds every container start request for delay, and counts the
+// containers between their create request and their start's answer: the
+// most at once is what most returns.
+func countingEngine(t *testing.T, delay time.Duration) (host string, most func() int) {
+	var mu sync.Mutex
+	now, peak := 0, 0
+	host = enginetest.Proxy(t, HostFromEnv(), func(_ http.ResponseWriter, r *http.Request) (bool, func()) {
+		switch {
+		case enginetest.IsCreate(r):
+			mu.Lock()
+			now++
+			peak = max(peak, now)
+			mu.Unlock()
+		case enginetest.IsStart(r):
+			time.Sleep(delay)
+			return true, func() {
+				mu.Lock()
+				now--
+				mu.Unlock()
+			}
+		}
+		return true, nil
+	})
+	return host, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// TestStartsBounded: six commands at once on a node with two start slots
+// reach the engine two at a time, and all of them run.
+func TestStartsBounded(t *testing.T) {
+	const starts, commands = 2, 6
+	host, most := countingEngine(t, 300*time.Millisecond)
+	r := newTestRunner(t, Config{})
+	bounded, err := NewRunner(context.Background(), Config{Host: host, Image: r.cfg.Image, Node: testNode, Runtime: r.cfg.Runtime,
+		Starts: starts, StartDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bounded.Close() })
+	var wg sync.WaitGroup
+	for i := range commands {
+		req, _ := newRequest(t, "echo "+strconv.Itoa(i))
+		wg.Go(func() {
+			res, err := bounded.Run(context.Background(), req)
+			if err != nil || res.Stdout != strconv.Itoa(i)+"\n" {
+				t.Errorf("command %d: %+v, %v", i, res, err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := most(); got != starts {
+		t.Fatalf("%d containers between create and start at once, want %d (the bound, reached)", got, starts)
+	}
+}
+
+func TestStartsFromEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want int // 0: refused
+	}{{"", DefaultStarts()}, {"3", 3}, {"1", 1}, {"0", 0}, {"-2", 0}, {"many", 0}} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Setenv(StartsEnv, tc.env)
+			cfg, err := ConfigFromEnv().withDefaults()
+			switch {
+			case tc.want == 0 && (err == nil || !strings.Contains(err.Error(), StartsEnv)):
+				t.Fatalf("%s=%q: %v, want an error naming the variable", StartsEnv, tc.env, err)
+			case tc.want > 0 && (err != nil || cfg.Starts != tc.want || cfg.StartDir != DefaultStartDir):
+				t.Fatalf("%s=%q: %d in %s, %v; want %d", StartsEnv, tc.env, cfg.Starts, cfg.StartDir, err, tc.want)
+			}
+		})
 	}
 }

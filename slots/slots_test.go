@@ -1,0 +1,193 @@
+package slots_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentloom/loomfs/slots"
+)
+
+// The test binary is also the child process of these tests: with
+// slotsChild set it runs child instead of the tests.
+const slotsChild = "LOOMFS_SLOTS_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(slotsChild) != "" {
+		os.Exit(child(os.Getenv(slotsChild), os.Args[len(os.Args)-3:]))
+	}
+	os.Exit(m.Run())
+}
+
+// child does what role says with the slots of dir, n and the markers
+// directory of args: "hold" takes one slot, marks itself in markers,
+// counts the marks, and fails if more than n are there; "hog" takes all n
+// and says so on stdout, then waits to be killed.
+func child(role string, args []string) int {
+	dir, markers := args[0], args[2]
+	n, _ := strconv.Atoi(args[1])
+	s := slots.New(dir, n)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switch role {
+	case "hold":
+		release, err := s.Take(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer release()
+		mark := filepath.Join(markers, strconv.Itoa(os.Getpid()))
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer os.Remove(mark)
+		ents, err := os.ReadDir(markers)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		fmt.Println(len(ents))
+		if len(ents) > n {
+			fmt.Fprintf(os.Stderr, "%d holders of %d slots\n", len(ents), n)
+			return 1
+		}
+		time.Sleep(100 * time.Millisecond)
+		return 0
+	case "hog":
+		for range n {
+			if _, err := s.Take(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 2
+			}
+		}
+		fmt.Println("held")
+		time.Sleep(time.Minute)
+		return 0
+	}
+	return 2
+}
+
+func command(t *testing.T, role, dir string, n int, markers string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", dir, strconv.Itoa(n), markers)
+	cmd.Env = append(os.Environ(), slotsChild+"="+role)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// TestBoundAcrossProcesses starts more processes than slots at once: no
+// more than n ever hold one together, and every one gets its turn.
+func TestBoundAcrossProcesses(t *testing.T) {
+	const n, procs = 3, 12
+	dir, markers := t.TempDir(), t.TempDir()
+	outs := make([][]byte, procs)
+	errs := make([]error, procs)
+	var wg sync.WaitGroup
+	for i := range procs {
+		wg.Go(func() { outs[i], errs[i] = command(t, "hold", dir, n, markers).Output() })
+	}
+	wg.Wait()
+	most := 0
+	for i := range procs {
+		if errs[i] != nil {
+			t.Fatalf("process %d: %v", i, errs[i])
+		}
+		k, err := strconv.Atoi(string(outs[i][:len(outs[i])-1]))
+		if err != nil {
+			t.Fatalf("process %d said %q", i, outs[i])
+		}
+		most = max(most, k)
+	}
+	t.Logf("at most %d of %d slots held at once", most, n)
+}
+
+// TestBoundInOneProcess: goroutines of one process share the bound too
+// (each Take is an open file description of its own).
+func TestBoundInOneProcess(t *testing.T) {
+	const n, takers = 2, 10
+	s := slots.New(filepath.Join(t.TempDir(), "slots"), n)
+	var mu sync.Mutex
+	holding, most := 0, 0
+	var wg sync.WaitGroup
+	for range takers {
+		wg.Go(func() {
+			release, err := s.Take(context.Background())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			holding++
+			most = max(most, holding)
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+			mu.Lock()
+			holding--
+			mu.Unlock()
+			release()
+		})
+	}
+	wg.Wait()
+	if most > n {
+		t.Fatalf("%d held at once of %d slots", most, n)
+	}
+}
+
+// TestFreedWhenHolderDies: a process killed while it holds every slot
+// frees them; until then Take ends with its context and says so.
+func TestFreedWhenHolderDies(t *testing.T) {
+	const n = 2
+	dir := t.TempDir()
+	hog := command(t, "hog", dir, n, t.TempDir())
+	out, err := hog.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hog.Process.Kill(); hog.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "held\n" {
+		t.Fatalf("the holder said %q, %v", line, err)
+	}
+
+	s := slots.New(dir, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := s.Take(ctx); !errors.Is(err, slots.ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Take with every slot held: %v, want ErrBusy and the deadline", err)
+	}
+
+	hog.Process.Kill()
+	hog.Wait()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for range n {
+		if _, err := s.Take(ctx); err != nil {
+			t.Fatalf("Take after the holder died: %v", err)
+		}
+	}
+}
+
+// TestTakeFailsOnAnUnusableDir: an error of the file system is said at
+// once, not waited out.
+func TestTakeFailsOnAnUnusableDir(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := slots.New(file, 1).Take(context.Background())
+	if err == nil || errors.Is(err, slots.ErrBusy) {
+		t.Fatalf("Take in a file: %v", err)
+	}
+}
