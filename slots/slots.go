@@ -6,8 +6,10 @@
 // across every process on the node and across the goroutines of one
 // process alike, and a slot is freed by the kernel when its holder closes
 // it or dies: a killed worker can't keep one. Take polls, so a wait ends
-// with its context; waiters are not served in order, which a short hold
-// (a container's create and start) makes acceptable.
+// with its context. Within one process waiters queue in the order they
+// came before they poll (a long-lived door such as the Go API makes all
+// of a node's containers), so none waits behind a later one's luck;
+// between processes, whoever polls first after a release wins.
 //
 // loomfs uses it to bound the containers a node asks its engine to create
 // and start at once: dockerd was seen to deadlock when 50 came in one
@@ -22,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,10 +32,10 @@ import (
 	"github.com/agentloom/loomfs/ofdlock"
 )
 
-// backoff is the wait between tries while every slot is held: short at
-// first, since holds are short, and never long enough to leave a freed
-// slot idle for more than a tenth of a second.
-var backoff = ofdlock.Backoff{First: 2 * time.Millisecond, Most: 100 * time.Millisecond}
+// backoff is the wait between tries while every slot is held: short,
+// since holds are short and a slot left idle is a container not started;
+// at most n waiters of a process poll at once (queue).
+var backoff = ofdlock.Backoff{First: 2 * time.Millisecond, Most: 20 * time.Millisecond}
 
 // ErrBusy is wrapped by Take's error when its context ended while every
 // slot was held.
@@ -40,15 +43,35 @@ var ErrBusy = errors.New("every slot is held")
 
 // Set is n slots in a directory. Its methods are safe for concurrent use.
 type Set struct {
-	dir string
-	n   int
+	dir   string
+	n     int
+	queue chan struct{} // this process's turns to poll, shared by the Sets of dir and n
+}
+
+// queues holds a process's queue for each directory and size, so that
+// every Set of one process for the same slots serves its waiters in turn.
+var queues struct {
+	sync.Mutex
+	m map[string]chan struct{}
 }
 
 // New returns the set of n slots in dir, which is made (0700) at the first
 // Take if missing. Every process that names the same dir and n shares the
 // bound; a process naming a larger n uses more of the same files.
 func New(dir string, n int) *Set {
-	return &Set{dir: dir, n: max(n, 1)}
+	n = max(n, 1)
+	key := dir + "\x00" + strconv.Itoa(n)
+	queues.Lock()
+	defer queues.Unlock()
+	q, ok := queues.m[key]
+	if !ok {
+		if queues.m == nil {
+			queues.m = make(map[string]chan struct{})
+		}
+		q = make(chan struct{}, n)
+		queues.m[key] = q
+	}
+	return &Set{dir: dir, n: n, queue: q}
 }
 
 // Size returns the number of slots.
@@ -58,6 +81,17 @@ func (s *Set) Size() int { return s.n }
 // returns an error wrapping ErrBusy and ctx's error when ctx ends first,
 // and the file system's error when the slots can't be opened.
 func (s *Set) Take(ctx context.Context) (release func(), err error) {
+	// Blocked senders on a channel are served in the order they came.
+	select {
+	case s.queue <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("slots: all %d held: %w: %w", s.n, ErrBusy, ctx.Err())
+	}
+	defer func() {
+		if err != nil {
+			<-s.queue
+		}
+	}()
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("slots: %w", err)
 	}
@@ -100,5 +134,8 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 		}
 		return nil, fmt.Errorf("slots: lock: %w", err)
 	}
-	return func() { held.Close() }, nil
+	return sync.OnceFunc(func() {
+		held.Close()
+		<-s.queue
+	}), nil
 }

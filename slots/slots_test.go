@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,5 +191,59 @@ func TestTakeFailsOnAnUnusableDir(t *testing.T) {
 	_, err := slots.New(file, 1).Take(context.Background())
 	if err == nil || errors.Is(err, slots.ErrBusy) {
 		t.Fatalf("Take in a file: %v", err)
+	}
+}
+
+// TestTurnsInOrder: waiters of one process get a slot in the order they
+// came, not by the luck of their polls.
+func TestTurnsInOrder(t *testing.T) {
+	const waiters = 5
+	s := slots.New(filepath.Join(t.TempDir(), "slots"), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	release, err := s.Take(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan int, waiters)
+	for i := range waiters {
+		go func() {
+			r, err := s.Take(ctx)
+			if err != nil {
+				t.Error(err)
+				order <- -1
+				return
+			}
+			order <- i
+			r()
+		}()
+		waitQueued(t, i+1)
+	}
+	release()
+	for want := range waiters {
+		if got := <-order; got != want {
+			t.Fatalf("waiter %d got the slot in turn %d", got, want)
+		}
+	}
+}
+
+// waitQueued waits until n goroutines wait in Take for their turn.
+func waitQueued(t *testing.T, n int) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		k := 0
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "slots.(*Set).Take") {
+				k++
+			}
+		}
+		if k == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines wait their turn, want %d", k, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
