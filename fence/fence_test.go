@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -84,12 +85,12 @@ func TestParseBlocklist(t *testing.T) {
 }
 
 func TestCheckNode(t *testing.T) {
-	for _, n := range []string{"node-a", "worker7.example.com", "N_1"} {
+	for _, n := range []string{"node-a", "worker7.example.com", "N_1", "a.", "7", strings.Repeat("a", 253)} {
 		if err := CheckNode(n); err != nil {
 			t.Errorf("CheckNode(%q) = %v", n, err)
 		}
 	}
-	for _, n := range []string{"", ".", "..", "../x", "a/b", "-a", "a,loomfs_boot=x", "a=b", "a b"} {
+	for _, n := range []string{"", ".", "..", "../x", "a/b", "-a", "_a", "a,loomfs_boot=x", "a=b", "a b", "nœud", "a\x00", strings.Repeat("a", 254)} {
 		if err := CheckNode(n); err == nil {
 			t.Errorf("CheckNode(%q) accepted it", n)
 		}

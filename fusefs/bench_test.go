@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/policy"
 )
 
 // benchDirs runs fn against the mount and against the backing directory
@@ -24,14 +25,20 @@ func benchDirs(b *testing.B, fn func(b *testing.B, dir string), options ...envOp
 }
 
 // BenchmarkCreateStatDelete: the small-file cycle of builds and VCS
-// checkouts — create and write 100 bytes, stat, delete.
+// checkouts — create and write 100 bytes, stat, delete. loomfs-journal
+// is the mount under "cache: journal" (every opendir and owner-bit check
+// in the daemon, the default before issue 44), to compare with
+// revisions from before that.
 func BenchmarkCreateStatDelete(b *testing.B) {
 	data := make([]byte, 100)
-	benchDirs(b, func(b *testing.B, dir string) {
+	cycle := func(b *testing.B, dir string) {
 		for i := 0; b.Loop(); i++ {
 			smallFileCycle(b, filepath.Join(dir, fmt.Sprintf("f%d", i)), data)
 		}
-	})
+	}
+	benchDirs(b, cycle)
+	e := newEnv(b, withCache(policy.CacheJournal))
+	b.Run("loomfs-journal", func(b *testing.B) { cycle(b, e.mnt) })
 }
 
 // BenchmarkStatTree: stat of every file of a 3-level tree, warm, as
