@@ -59,16 +59,18 @@ func handleForkStatus(ctx context.Context, t *Toolbox, input json.RawMessage) (a
 		limit = defaultForkStatusLimit
 	}
 	res := forkStatusResult{Forks: []forkPreview{}}
-	rec, err := fork.ReadRecord(t.WS.Volume(), t.WS.Scope())
+	// The record is read once: it names the source, and the status uses it.
+	rec, err := fork.HoldRecord(t.WS.Volume(), t.WS.Scope())
 	switch policy.CodeOf(err) {
 	case policy.NotFound:
 	case "":
+		defer rec.Close()
 		src, err := t.WS.Volume().Open(ctx, rec.From, t.WS.Policy().WithScope(rec.From.Main()))
 		if err != nil {
 			return nil, fmt.Errorf("open the workspace this one was forked from: %w", err)
 		}
 		defer src.Close()
-		if res.Status, err = fork.ReadStatus(ctx, t.WS, src, limit); err != nil {
+		if res.Status, err = rec.Status(ctx, t.WS, src, limit); err != nil {
 			return nil, err
 		}
 		withhold(res.Mergeable, res.Status.Conflicts, t.WS.Policy(), src.Policy())
