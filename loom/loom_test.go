@@ -126,7 +126,8 @@ func TestCommandWhileEngineBusy(t *testing.T) {
 		t.Fatalf("command with the node's start slot held: %v, want sandbox_unavailable telling the model to retry later, from ErrEngineBusy", err)
 	}
 	release()
-	res, err := s.Tools.Call(ctx, tools.Command, "", in)
+	// The default time: a loaded engine may take more than a second to start it.
+	res, err := s.Tools.Call(ctx, tools.Command, "", json.RawMessage(`{"command":"echo ran"}`))
 	if err != nil || !strings.Contains(string(res), `"stdout":"ran\n"`) {
 		t.Fatalf("command after the slot was freed: %s, %v", res, err)
 	}

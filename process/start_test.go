@@ -15,11 +15,14 @@ import (
 	"github.com/agentloom/loomfs/tools"
 )
 
-// shortStarts makes session starts give up after d for the test.
-func shortStarts(t *testing.T, d time.Duration) {
+// shortStarts makes session starts give up after d, until restore is
+// called or the test ends.
+func shortStarts(t *testing.T, d time.Duration) (restore func()) {
 	old := sessionStartTimeout
 	sessionStartTimeout = d
-	t.Cleanup(func() { sessionStartTimeout = old })
+	restore = func() { sessionStartTimeout = old }
+	t.Cleanup(restore)
+	return restore
 }
 
 // sessionGone fails unless e's scope has no session marker, is not
@@ -44,7 +47,7 @@ func sessionGone(t *testing.T, e *env) {
 // time and is refused sandbox_unavailable, which tells a model to retry
 // later, leaving nothing; once a slot is free the same start runs.
 func TestSessionStartWaitsForASlot(t *testing.T) {
-	shortStarts(t, time.Second)
+	restore := shortStarts(t, time.Second)
 	dir := t.TempDir()
 	e := newEnvRunner(t, "", testNode, "acme/coder/slots", "", time.Minute, func(c *sandbox.Config) {
 		c.Starts, c.StartDir = 1, dir
@@ -59,6 +62,7 @@ func TestSessionStartWaitsForASlot(t *testing.T) {
 	}
 	sessionGone(t, e)
 	release()
+	restore() // the start that runs has the whole time a loaded engine may take
 	out := e.start(map[string]any{"command": "echo hi", "yield_ms": 5000})
 	if out.Status != tools.StatusExited || !strings.Contains(out.Output, "hi") {
 		t.Fatalf("start after the slot was freed: %+v", out)
