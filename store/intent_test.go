@@ -2,6 +2,10 @@ package store_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,4 +88,45 @@ func TestChangeSetRecordDamaged(t *testing.T) {
 			t.Errorf("lock taken over the record %s", rec)
 		}
 	}
+}
+
+// TestChangeSetOfManyFiles: a change set larger than one staging batch
+// places every file, new and changed, and leaves no temporary behind.
+func TestChangeSetOfManyFiles(t *testing.T) {
+	e := newEnv(t)
+	sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+	ws := e.open(t, sc, nil)
+	dir := filepath.Join(e.root, sc.Dir())
+	if err := os.WriteFile(filepath.Join(dir, "old"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"old": "changed"}
+	changes := []store.FileChange{{Path: "old", Data: []byte("changed"), Expected: sha256Hex("old")}}
+	for i := range 70 {
+		p := fmt.Sprintf("d%d/f%d", i%3, i)
+		want[p] = fmt.Sprint("content ", i)
+		changes = append(changes, store.FileChange{Path: p, Data: []byte(want[p])})
+	}
+	res, err := ws.ApplyChanges(context.Background(), changes)
+	if err != nil || len(res) != len(changes) {
+		t.Fatalf("ApplyChanges: %d results, %v", len(res), err)
+	}
+	got := map[string]string{}
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(dir, p)
+		got[rel] = string(b)
+		return err
+	})
+	if !maps.Equal(got, want) {
+		t.Fatalf("after the change set: %d files %v, want %d", len(got), got, len(want))
+	}
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }
