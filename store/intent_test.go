@@ -112,7 +112,7 @@ func TestChangeSetOfManyFiles(t *testing.T) {
 		t.Fatalf("ApplyChanges: %d results, %v", len(res), err)
 	}
 	got := map[string]string{}
-	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+	err = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -121,6 +121,9 @@ func TestChangeSetOfManyFiles(t *testing.T) {
 		got[rel] = string(b)
 		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("after the change set: %d files %v, want %d", len(got), got, len(want))
 	}
