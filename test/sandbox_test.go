@@ -243,23 +243,21 @@ func TestQuarantineAfterWorkerDies(t *testing.T) {
 	if r := c.run("", "run", "--scope", scope, "--", "true"); r.code != 0 {
 		t.Fatalf("run after clear: %d %s", r.code, r.stderr)
 	}
-	for _, dir := range staleProjections() {
+	for _, dir := range staleProjections(scope) {
 		t.Errorf("stale projection left mounted at %s", dir)
 		syscall.Unmount(dir, syscall.MNT_DETACH)
 	}
 }
 
-// staleProjections lists loomfs mounts whose daemon is gone.
-func staleProjections() []string {
+// staleProjections lists the mounts of scope's projections whose daemon is
+// gone. Only scope's: other packages' tests run beside these, and a mount
+// of theirs may be between its daemon's end and its unmount.
+func staleProjections(scope string) []string {
 	var out []string
-	mounts, _ := os.ReadFile("/proc/mounts")
-	for _, line := range strings.Split(string(mounts), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "fuse.loomfs" {
-			var st syscall.Statfs_t
-			if err := syscall.Statfs(f[1], &st); err == syscall.ENOTCONN {
-				out = append(out, f[1])
-			}
+	for _, dir := range projectionMounts([]string{scope}) {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err == syscall.ENOTCONN {
+			out = append(out, dir)
 		}
 	}
 	return out
@@ -402,7 +400,7 @@ func checkHeldClear(t *testing.T, c *cli, scope string, m *store.Marker) {
 	if left := loomfsContainers(t, scope); len(left) != 0 {
 		t.Errorf("containers left behind: %v", left)
 	}
-	for _, dir := range staleProjections() {
+	for _, dir := range staleProjections(scope) {
 		t.Errorf("stale projection left mounted at %s", dir)
 		syscall.Unmount(dir, syscall.MNT_DETACH)
 	}
@@ -461,7 +459,7 @@ func TestDaemonKilledDuringRead(t *testing.T) {
 	})
 	t.Cleanup(func() {
 		exec.Command("docker", "rm", "-f", names[0]).Run()
-		for _, dir := range staleProjections() {
+		for _, dir := range staleProjections(scope) {
 			syscall.Unmount(dir, syscall.MNT_DETACH)
 		}
 	})
