@@ -57,6 +57,12 @@ type intentEntry struct {
 	Temp   string `json:"temp,omitempty"`
 	Delete bool   `json:"delete,omitempty"`
 	Op     string `json:"op"`
+	// Of a delete, the file it removes, as checked: its inode number
+	// and change time. A roll-forward removes only that file, never one
+	// made again at the path since (an inode number may be reused; a
+	// change time of a file made later differs).
+	Ino   uint64 `json:"ino,omitempty"`
+	Ctime int64  `json:"ctime_ns,omitempty"`
 }
 
 type intent struct {
@@ -155,7 +161,14 @@ func (w *Workspace) ApplyChanges(ctx context.Context, changes []FileChange) ([]W
 	rec := intent{State: intentStaging, Source: by.Source, Call: by.Call}
 	for _, p := range plan {
 		e := intentEntry{Path: p.Path, Delete: p.Delete, Op: OpDelete}
-		if !p.Delete {
+		if p.Delete {
+			var st unix.Stat_t
+			if err := unix.Fstatat(int(p.parent.Fd()), p.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				undo()
+				return nil, policy.FromErrno(err, "delete", p.Path)
+			}
+			e.Ino, e.Ctime = st.Ino, st.Ctim.Nano()
+		} else {
 			p.temp = tempName()
 			e.Temp = p.temp
 			e.Op = OpWrite
@@ -183,7 +196,7 @@ func (w *Workspace) ApplyChanges(ctx context.Context, changes []FileChange) ([]W
 	crash, _ := strconv.Atoi(os.Getenv(crashEnv))
 	results := make([]WriteResult, len(plan))
 	for i, p := range plan {
-		if err := w.put(p.parent, rec.Entries[i], rec); err != nil {
+		if err := w.put(p.parent, rec.Entries[i], rec, false); err != nil {
 			// The record stays: the next lock take rolls it forward,
 			// the rest of the set as it was committed. The answer can't
 			// say nothing was written, nor that all of it was.
@@ -205,9 +218,11 @@ func (w *Workspace) ApplyChanges(ctx context.Context, changes []FileChange) ([]W
 			syncDir(int(p.parent.Fd()))
 		}
 	}
-	if err := w.removeIntent(); err != nil {
-		return nil, err
-	}
+	// Every file is in place: that is the answer, even if the record
+	// can't be removed now (a full volume, an I/O error). The next lock
+	// take rolls it forward, which finds every entry done: the staged
+	// files are gone, and a delete removes only the file it checked.
+	w.removeIntent()
 	return results, nil
 }
 
@@ -351,10 +366,19 @@ func (w *Workspace) stage(plan []*planned) error {
 }
 
 // put does one entry of a committed record: the staged file renamed into
-// place, or the file removed. Done already (after a crash) is done.
-func (w *Workspace) put(parent *Dir, e intentEntry, rec intent) error {
+// place, or the file removed. Done already (after a crash) is done; when
+// rolling forward, a delete whose file is no longer the one the record
+// checked (it was removed, and a file made again at its path since) is
+// done too.
+func (w *Workspace) put(parent *Dir, e intentEntry, rec intent, rollForward bool) error {
 	_, name := policy.Split(e.Path)
 	pfd := int(parent.Fd())
+	if rollForward && e.Delete && e.Ino != 0 {
+		var st unix.Stat_t
+		if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && (st.Ino != e.Ino || st.Ctim.Nano() != e.Ctime) {
+			return nil
+		}
+	}
 	var err error
 	for { // a call interrupted by a signal is made again, not failed
 		if e.Delete {
@@ -396,7 +420,7 @@ func (w *Workspace) recoverChanges(ctx context.Context) (found bool, err error) 
 		if err != nil {
 			return true, fmt.Errorf("finish the change set at %s: %w", e.Path, err)
 		}
-		err = w.put(parent, e, *rec)
+		err = w.put(parent, e, *rec, true)
 		syncDir(int(parent.Fd()))
 		parent.Close()
 		if err != nil {

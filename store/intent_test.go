@@ -8,7 +8,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -67,6 +69,66 @@ func TestChangeSetRecovery(t *testing.T) {
 				if got[k] != v {
 					t.Errorf("%s = %q, want %q (all: %v)", k, got[k], v, got)
 				}
+			}
+			if _, err := os.Stat(state); !os.IsNotExist(err) {
+				t.Errorf("the record is still there: %v", err)
+			}
+		})
+	}
+}
+
+// TestChangeSetRollForwardDeletesOnlyItsFile: a committed record left
+// behind (its removal failed after every file was placed, or a crash came
+// between) is rolled forward at the next lock take; a delete entry removes
+// the file it checked, never one made again at its path since.
+func TestChangeSetRollForwardDeletesOnlyItsFile(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		remade bool
+		want   map[string]string
+	}{
+		{"the checked file is deleted", false, map[string]string{"a": "new a"}},
+		{"a file made again is kept", true, map[string]string{"a": "new a", "gone": "made again"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			sc := store.Scope{Space: "sp", Agent: "ag", Session: "se"}
+			ws := e.open(t, sc, nil)
+			dir := filepath.Join(e.root, sc.Dir())
+			os.WriteFile(filepath.Join(dir, "gone"), []byte("x"), 0o600)
+			var st syscall.Stat_t
+			if err := syscall.Lstat(filepath.Join(dir, "gone"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ws.ApplyChanges(context.Background(), []store.FileChange{{Path: "a", Data: []byte("new a")}}); err != nil {
+				t.Fatal(err)
+			}
+			if c.remade {
+				os.Remove(filepath.Join(dir, "gone"))
+				time.Sleep(20 * time.Millisecond) // past the clock's grain
+				os.WriteFile(filepath.Join(dir, "gone"), []byte("made again"), 0o600)
+			}
+			tmp := policy.InternalPrefix + "tmp-placed"
+			rec := fmt.Sprintf(`{"state":"commit","src":"tool","call":"p-1","entries":[`+
+				`{"path":"a","temp":%q,"op":"write"},{"path":"gone","delete":true,"op":"delete","ino":%d,"ctime_ns":%d}]}`,
+				tmp, st.Ino, syscall.TimespecToNsec(st.Ctim))
+			state := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.IntentFile)
+			if err := os.WriteFile(state, []byte(rec), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			unlock, err := ws.Lock(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			unlock()
+			got := map[string]string{}
+			ents, _ := os.ReadDir(dir)
+			for _, en := range ents {
+				b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
+				got[en.Name()] = string(b)
+			}
+			if !maps.Equal(got, c.want) {
+				t.Errorf("after the roll-forward: %v, want %v", got, c.want)
 			}
 			if _, err := os.Stat(state); !os.IsNotExist(err) {
 				t.Errorf("the record is still there: %v", err)
