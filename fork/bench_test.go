@@ -65,6 +65,7 @@ func BenchmarkMerge(b *testing.B) {
 	v := newVolume(b, b.TempDir())
 	main := v.open(b, mainScope, nil)
 	benchMain(b, v, main)
+	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
 		sc := store.Scope{Space: "sp", Agent: "ag", Session: "se", Run: fmt.Sprintf("m%d", i), Instance: "c"}

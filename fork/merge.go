@@ -187,7 +187,8 @@ func (h *HeldRecord) Merge(ctx context.Context, fork, target *store.Workspace, o
 		}
 	}
 	scan := time.Now()
-	changed, skipped, err := forkChanges(ctx, fork, rec, paths)
+	index := rec.index()
+	changed, skipped, err := forkChanges(ctx, fork, rec, index, paths)
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +345,7 @@ func (h *HeldRecord) Merge(ctx context.Context, fork, target *store.Workspace, o
 		}
 	}
 	res.Merged = true
-	if err := rebase(fork, rec, settled); err != nil {
+	if err := rebase(fork, rec, index, settled); err != nil {
 		return res, fmt.Errorf("merge %s into %s: merged, but the fork's base could not be moved on (the next merge will find these files the same): %w", fork.Scope(), target.Scope(), err)
 	}
 	res.Duration = time.Since(start).Seconds()
@@ -422,14 +423,10 @@ func under(rel string, paths []string) bool {
 // forkChanges walks the fork and returns each path whose state differs from
 // the base, in path order. A file fstat finds as the base left it is not
 // read. Paths hidden in the fork are not looked at: the agent there could
-// not have changed them.
-func forkChanges(ctx context.Context, fork *store.Workspace, rec *Record, paths []string) ([]forkChange, []Refused, error) {
-	base := make(map[string]*Entry, len(rec.Entries))
-	for i := range rec.Entries {
-		base[rec.Entries[i].Path] = &rec.Entries[i]
-	}
+// not have changed them. index is rec.index().
+func forkChanges(ctx context.Context, fork *store.Workspace, rec *Record, index map[string]int, paths []string) ([]forkChange, []Refused, error) {
 	pol := fork.Policy()
-	seen := make(map[string]bool, len(rec.Entries))
+	seen := make([]bool, len(rec.Entries)) // by index, the base's paths the walk found
 	var out []forkChange
 	var skipped []Refused
 	view := fork.Unfiltered()
@@ -440,8 +437,11 @@ func forkChanges(ctx context.Context, fork *store.Workspace, rec *Record, paths 
 			}
 			return nil
 		}
-		seen[rel] = true
-		e := base[rel]
+		var e *Entry
+		if i, ok := index[rel]; ok {
+			seen[i] = true
+			e = &rec.Entries[i]
+		}
 		if !under(rel, paths) {
 			return nil
 		}
@@ -476,8 +476,8 @@ func forkChanges(ctx context.Context, fork *store.Workspace, rec *Record, paths 
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the fork %s: %w", fork.Scope(), err)
 	}
-	for _, e := range rec.Entries {
-		if !seen[e.Path] && under(e.Path, paths) && pol.ModeOf(e.Path) != policy.ModeHidden {
+	for i, e := range rec.Entries {
+		if !seen[i] && under(e.Path, paths) && pol.ModeOf(e.Path) != policy.ModeHidden {
 			out = append(out, forkChange{path: e.Path, base: baseState(&e)})
 		}
 	}
@@ -634,18 +634,15 @@ func readFork(fork *store.Workspace, rel, sha string) ([]byte, error) {
 	return data, nil
 }
 
-// rebase makes the fork's state of each settled path its new base.
-func rebase(fork *store.Workspace, rec *Record, settled []forkChange) error {
+// rebase makes the fork's state of each settled path its new base. index
+// is rec.index().
+func rebase(fork *store.Workspace, rec *Record, index map[string]int, settled []forkChange) error {
 	if len(settled) == 0 {
 		return nil
 	}
-	idx := make(map[string]int, len(rec.Entries))
-	for i, e := range rec.Entries {
-		idx[e.Path] = i
-	}
 	drop := map[string]bool{}
 	for _, c := range settled {
-		i, ok := idx[c.path]
+		i, ok := index[c.path]
 		if c.fork.kind == "" {
 			drop[c.path] = true
 			continue

@@ -2,9 +2,13 @@ package fork_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -357,5 +361,68 @@ func TestMergeWrongTarget(t *testing.T) {
 	_, err = fork.Merge(context.Background(), other, child, fork.MergeOptions{})
 	if policy.CodeOf(err) != policy.NotFound {
 		t.Fatalf("err %v, want not_found for a scope that is no fork", err)
+	}
+}
+
+// TestMergeJSONRecord: a fork whose record loomfs wrote in the JSON
+// format, before the line format, merges as any other, and the merge
+// writes its record again in the line format, with the merged file's new
+// base and every other entry as it was.
+func TestMergeJSONRecord(t *testing.T) {
+	v, main, child := forked(t, nil)
+	old, err := fork.ReadRecord(v.vol, childA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Version = 1
+	b, err := json.Marshal(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := v.vol.ScopeState(childA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	record := filepath.Join("/proc/self/fd", strconv.Itoa(int(state.Fd())), fork.RecordFile)
+	if err := os.WriteFile(record, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write(t, child, "src/a.go", "package a // fork\n")
+	res, err := fork.Merge(context.Background(), child, main, fork.MergeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := appliedOps(res); !slices.Equal(got, []string{"src/a.go:write"}) {
+		t.Fatalf("applied %v, want src/a.go:write alone", got)
+	}
+	if got, _ := read(t, v, mainScope, "src/a.go"); got != "package a // fork\n" {
+		t.Fatalf("main's src/a.go %q, want the fork's", got)
+	}
+	b, err = os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), `{"version":2,`) {
+		t.Fatalf("record after the merge starts %.40q, want the line format's head", b)
+	}
+	rec, err := fork.ReadRecord(v.vol, childA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Entries) != len(old.Entries) {
+		t.Fatalf("%d entries after the merge, %d before", len(rec.Entries), len(old.Entries))
+	}
+	for i, e := range rec.Entries {
+		switch {
+		case e.Path == "src/a.go" && e.SHA256 != sum("package a // fork\n"):
+			t.Errorf("src/a.go's base %s, want the merged content's", e.SHA256)
+		case e.Path != "src/a.go" && e != old.Entries[i]:
+			t.Errorf("entry %+v, was %+v", e, old.Entries[i])
+		}
+	}
+	res, err = fork.Merge(context.Background(), child, main, fork.MergeOptions{})
+	if err != nil || len(res.Applied)+len(res.Conflicts)+len(res.Same) != 0 {
+		t.Fatalf("second merge %+v, %v: want nothing to do", res, err)
 	}
 }

@@ -1,6 +1,8 @@
 package fork
 
 import (
+	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,14 +21,24 @@ import (
 	"github.com/agentloom/loomfs/store"
 )
 
-// RecordFile is a fork's record in its scope's state directory.
+// RecordFile is a fork's record in its scope's state directory (named for
+// its first format, JSON, which its head still is).
 const RecordFile = "fork.json"
 
 // ForksDir, in a source scope's state directory, names the scopes forked
 // from it: one file per fork, named by its scope hash, holding its scope.
 const ForksDir = "forks"
 
-const recordVersion = 1
+// A record is written in format recordVersion: a line of JSON, the head
+// (recordHead), then a line an entry (appendEntry). The entries are most
+// of it (11,478 for Go's src), and encoding/json took a quarter of a
+// merge to read them back and write them again. A record of format
+// jsonRecordVersion, all one JSON object, is still read; a merge writes
+// it again in the new one.
+const (
+	recordVersion     = 2
+	jsonRecordVersion = 1
+)
 
 // Record is what a scope was forked from: the source and snapshot, and
 // the base every merge compares against.
@@ -38,6 +52,14 @@ type Record struct {
 	Skipped  []snapshot.Skipped `json:"skipped,omitempty"`
 }
 
+// recordHead is a record's first line: the record with the number of its
+// entries in place of them (this Entries hides the Record's from JSON). In
+// a record of the JSON format the head is all of it, the entries too.
+type recordHead struct {
+	Record
+	Entries json.RawMessage `json:"entries"`
+}
+
 // Entry is one path of a fork's base: the snapshot's entry, and what
 // fstat said of the fork's copy when it became the base.
 type Entry struct {
@@ -46,6 +68,15 @@ type Entry struct {
 	CTime int64  `json:"ctime_ns,omitempty"`
 	FSize int64  `json:"fsize,omitempty"` // the fork copy's size (a link's is its target's)
 	FMod  int64  `json:"fmtime_ns,omitempty"`
+}
+
+// index maps each entry's path to its place in r.Entries.
+func (r *Record) index() map[string]int {
+	m := make(map[string]int, len(r.Entries))
+	for i := range r.Entries {
+		m[r.Entries[i].Path] = i
+	}
+	return m
 }
 
 // unchanged reports whether st still describes the fork's copy of e.
@@ -126,14 +157,146 @@ func openRecord(vol *store.Volume, sc store.Scope) (*os.File, error) {
 
 // decodeRecord reads the record of sc from f, from its start.
 func decodeRecord(f *os.File, sc store.Scope) (*Record, error) {
-	var r Record
-	if err := json.NewDecoder(f).Decode(&r); err != nil {
+	// Read into the string the entries' strings will share: a copy of 2
+	// MB, in a process just started, costs as much as parsing it.
+	var data strings.Builder
+	if st, err := f.Stat(); err == nil {
+		data.Grow(int(st.Size()))
+	}
+	if _, err := io.Copy(&data, f); err != nil {
+		return nil, fmt.Errorf("read the fork record of %s: %w", sc, err)
+	}
+	damaged := func(err error) (*Record, error) {
 		return nil, fmt.Errorf("the fork record of %s is damaged: %w", sc, err)
 	}
-	if r.Version != recordVersion {
-		return nil, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d", sc, r.Version, recordVersion)
+	head, body, _ := strings.Cut(data.String(), "\n")
+	var h recordHead
+	if err := json.Unmarshal([]byte(head), &h); err != nil {
+		return damaged(err)
+	}
+	r := h.Record
+	switch r.Version {
+	case jsonRecordVersion:
+		if len(h.Entries) > 0 {
+			if err := json.Unmarshal(h.Entries, &r.Entries); err != nil {
+				return damaged(err)
+			}
+		}
+		return &r, nil
+	case recordVersion:
+	default:
+		return nil, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d and %d", sc, r.Version, jsonRecordVersion, recordVersion)
+	}
+	var n int
+	if err := json.Unmarshal(h.Entries, &n); err != nil || n < 0 || n > len(body) {
+		return damaged(fmt.Errorf("its head counts %s entries in %d bytes", h.Entries, len(body)))
+	}
+	r.Entries = make([]Entry, 0, n)
+	for rest := body; rest != ""; {
+		line, after, ok := strings.Cut(rest, "\n")
+		if !ok {
+			return damaged(fmt.Errorf("entry %d is cut short", len(r.Entries)+1))
+		}
+		rest = after
+		e, err := parseEntry(line)
+		if err != nil {
+			return damaged(fmt.Errorf("entry %d: %w", len(r.Entries)+1, err))
+		}
+		r.Entries = append(r.Entries, e)
+	}
+	if len(r.Entries) != n {
+		return damaged(fmt.Errorf("it holds %d entries, its head counts %d", len(r.Entries), n))
 	}
 	return &r, nil
+}
+
+// encodeRecord writes r to w as writeRecord writes it: the head, then the
+// entries.
+func encodeRecord(w io.Writer, r *Record) error {
+	h := recordHead{Record: *r, Entries: strconv.AppendInt(nil, int64(len(r.Entries)), 10)}
+	h.Version = recordVersion
+	b, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.Write(b)
+	bw.WriteByte('\n')
+	for i := range r.Entries {
+		b = appendEntry(b[:0], &r.Entries[i])
+		bw.Write(b)
+	}
+	return bw.Flush() // the first error of any write
+}
+
+// appendEntry appends e's line: its type, permission bits (octal), size,
+// modification time and sha256 ("-" for none), then the fork copy's
+// inode, change time, size and modification time, each followed by a
+// space, and last its path, quoted as Go quotes a string, so that any byte
+// a name holds reads back.
+func appendEntry(b []byte, e *Entry) []byte {
+	b = append(b, e.Type...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(e.Perm), 8)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.Size, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.MTime, 10)
+	b = append(b, ' ')
+	if e.SHA256 == "" {
+		b = append(b, '-')
+	}
+	b = append(b, e.SHA256...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, e.Ino, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.CTime, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.FSize, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.FMod, 10)
+	b = append(b, ' ')
+	b = strconv.AppendQuote(b, e.Path)
+	return append(b, '\n')
+}
+
+// parseEntry reads a line appendEntry wrote, without its newline.
+func parseEntry(line string) (Entry, error) {
+	var err error // the first field that does not read
+	field := func() string {
+		f, rest, _ := strings.Cut(line, " ")
+		line = rest
+		return f
+	}
+	unsigned := func(base, bits int) uint64 {
+		n, ferr := strconv.ParseUint(field(), base, bits)
+		err = cmp.Or(err, ferr)
+		return n
+	}
+	signed := func() int64 {
+		n, ferr := strconv.ParseInt(field(), 10, 64)
+		err = cmp.Or(err, ferr)
+		return n
+	}
+	var e Entry
+	e.Type = field()
+	e.Perm = uint32(unsigned(8, 32))
+	e.Size = signed()
+	e.MTime = signed()
+	if e.SHA256 = field(); e.SHA256 == "-" {
+		e.SHA256 = ""
+	}
+	e.Ino = unsigned(10, 64)
+	e.CTime = signed()
+	e.FSize = signed()
+	e.FMod = signed()
+	if err != nil {
+		return Entry{}, err
+	}
+	if e.Path, err = strconv.Unquote(line); err != nil {
+		return Entry{}, fmt.Errorf("path %.40s: %w", line, err)
+	}
+	return e, nil
 }
 
 // recordCurrent reports whether f, opened by openRecord, is the record of
@@ -168,17 +331,13 @@ func writeRecord(vol *store.Volume, sc store.Scope, r *Record) error {
 		return fmt.Errorf("open the state of %s: %w", sc, err)
 	}
 	defer dir.Close()
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
 	tmp := fmt.Sprintf(".%s.%d.tmp", RecordFile, os.Getpid())
 	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write the fork record of %s: %w", sc, err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(b)
+	err = encodeRecord(f, r)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -280,8 +439,8 @@ func Forks(vol *store.Volume, sc store.Scope) ([]store.Scope, error) {
 }
 
 // readFrom reads the source scope of the fork scope sc's record: its
-// version and from, the first fields writeRecord writes, and no further
-// (its entries are most of it).
+// version and from, the first fields of its head in either format, and no
+// further (its entries are most of it).
 func readFrom(vol *store.Volume, sc store.Scope) (store.Scope, error) {
 	f, err := openRecord(vol, sc)
 	if err != nil {
@@ -319,8 +478,8 @@ func readFrom(vol *store.Volume, sc store.Scope) (store.Scope, error) {
 	if from == nil {
 		return damaged(errors.New("no source named"))
 	}
-	if version != recordVersion {
-		return store.Scope{}, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d", sc, version, recordVersion)
+	if version != recordVersion && version != jsonRecordVersion {
+		return store.Scope{}, fmt.Errorf("the fork record of %s has version %d, this loomfs reads %d and %d", sc, version, jsonRecordVersion, recordVersion)
 	}
 	return *from, nil
 }
