@@ -143,6 +143,15 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 		p.cols, p.rows = req.Cols, req.Rows
 	}
 	octx := context.WithoutCancel(ctx)
+	// No host kill freezes the container until the exec has started
+	// (hostPID knows its pid, or that it ended).
+	b.hostKillMu.RLock()
+	started := false
+	defer func() {
+		if !started {
+			b.hostKillMu.RUnlock()
+		}
+	}()
 	created, err := cli.ContainerExecCreate(octx, b.id, opts)
 	if err != nil {
 		return nil, policy.Errorf(policy.SandboxUnavailable, "create the process in the session sandbox: %s", policy.MaskHostPaths(err.Error()))
@@ -174,8 +183,40 @@ func (b *Sandbox) exec(ctx context.Context, id string, req tools.ProcessStartReq
 	b.record("process_start", req.CallID, 0, map[string]any{"process_id": id, "exec_id": p.execID, "command": req.Command, "tty": req.TTY})
 	b.svc.wg.Add(1)
 	go p.pump()
-	go p.hostPID() // usually known before the process's first FUSE request
+	started = true
+	go func() {
+		p.awaitStart() // its pid is usually known before its first FUSE request
+		b.hostKillMu.RUnlock()
+	}()
 	return p, nil
+}
+
+// awaitStart returns once the engine says the exec has started (it has a
+// pid; then hostPID knows it) or failed to, or after a few seconds. The
+// engine answers the attach before it starts the exec, and reports it
+// running before it has a pid.
+func (p *Process) awaitStart() {
+	cli := p.box.svc.cfg.Runner.Engine()
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := cli.ContainerExecInspect(ctx, p.execID)
+		cancel()
+		switch {
+		case err != nil:
+			return
+		case st.Pid != 0:
+			if st.Running {
+				p.mu.Lock()
+				p.hostPid = st.Pid
+				p.mu.Unlock()
+			}
+			return
+		case !st.Running && st.ExitCode != 0: // it could not start
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // pump copies the process's output into its buffer until the stream ends

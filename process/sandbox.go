@@ -62,8 +62,10 @@ type Sandbox struct {
 	control *controller // see tree.go
 
 	// One host kill at a time (cgroup.go): a pass's thaw must not end
-	// another's freeze.
-	hostKillMu sync.Mutex
+	// another's freeze. Read-held by each exec from its create until it
+	// has started: the runtime refuses to exec in a frozen container, and
+	// a process start must not fail for another process's end.
+	hostKillMu sync.RWMutex
 
 	mu       sync.Mutex
 	procs    map[string]*Process

@@ -159,6 +159,9 @@ var errControllerGone = errors.New("the session sandbox's controller stopped ans
 
 // startController starts the controller in the sandbox's container.
 func (b *Sandbox) startController(ctx context.Context) (*controller, error) {
+	// Not in a frozen container (exec): until it says it is ready.
+	b.hostKillMu.RLock()
+	defer b.hostKillMu.RUnlock()
 	r := b.svc.cfg.Runner
 	cli := r.Engine()
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -21,7 +21,7 @@ import (
 // marker, from a process of its own.
 func (e *env) left(marker string) string {
 	e.t.Helper()
-	out := e.start(map[string]any{"command": "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done | grep -c '^[s]leep " + marker + "'", "yield_ms": 10000})
+	out := e.start(map[string]any{"command": "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' 2>/dev/null <$f; echo; done | grep -c '^[s]leep " + marker + "'", "yield_ms": 10000})
 	if out.Status != tools.StatusExited || out.Stderr != "" {
 		e.t.Fatalf("counting the processes left: %+v", out)
 	}

@@ -263,7 +263,7 @@ func TestProcessTreeEndsWithIt(t *testing.T) {
 	sleeps := func(marker string) string {
 		t.Helper()
 		var out tools.ProcessOutput
-		cmd := "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done | grep -c '^[s]leep " + marker + "'"
+		cmd := "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' 2>/dev/null <$f; echo; done | grep -c '^[s]leep " + marker + "'"
 		if r := s.tool(tools.ProcessStart, scope, map[string]any{"command": cmd, "yield_ms": 10000}, &out); r.code != 0 || out.Status != tools.StatusExited {
 			t.Fatalf("count: %d %s %s", r.code, r.stdout, r.stderr)
 		}

@@ -368,7 +368,7 @@ func TestHeldProjectionQuarantines(t *testing.T) {
 	c.tool(scope, "workspace_write", `{"path":"token","content":"`+token+`"}`)
 	run, out := c.start("run", "--scope", scope, "--timeout", "30", "--", "sleep", "3")
 	var mp string
-	waitFor(t, "the projection", func() bool { mp = projectionWith(token); return mp != "" })
+	waitFor(t, "the projection", func() bool { mp = projectionWith(scope, token); return mp != "" })
 	holder := exec.Command("sleep", "600")
 	holder.Dir = mp
 	if err := holder.Start(); err != nil {
@@ -427,16 +427,13 @@ func killHolders(hs []store.Holder) {
 	}
 }
 
-// projectionWith finds the mounted loomfs projection whose file "token"
-// holds token, or "".
-func projectionWith(token string) string {
-	mounts, _ := os.ReadFile("/proc/mounts")
-	for _, line := range strings.Split(string(mounts), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "fuse.loomfs" {
-			if b, err := os.ReadFile(filepath.Join(f[1], "token")); err == nil && string(b) == token {
-				return f[1]
-			}
+// projectionWith finds the mounted projection of scope whose file "token"
+// holds token, or "". Only scope's: a mount of another package's test may
+// be one whose daemon does not answer on purpose.
+func projectionWith(scope, token string) string {
+	for _, dir := range projectionMounts([]string{scope}) {
+		if b, err := os.ReadFile(filepath.Join(dir, "token")); err == nil && string(b) == token {
+			return dir
 		}
 	}
 	return ""
