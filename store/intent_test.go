@@ -48,20 +48,7 @@ func TestChangeSetRecovery(t *testing.T) {
 			rec := `{"state":"` + c.state + `","src":"tool","call":"p-1","entries":[` +
 				`{"path":"a","temp":"` + tmpA + `","op":"write"},{"path":"b","temp":"` + tmpB + `","op":"write"},{"path":"gone","delete":true,"op":"delete"}]}`
 			state := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.IntentFile)
-			if err := os.WriteFile(state, []byte(rec), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			unlock, err := ws.Lock(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			unlock()
-			got := map[string]string{}
-			ents, _ := os.ReadDir(dir)
-			for _, en := range ents {
-				b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
-				got[en.Name()] = string(b)
-			}
+			got := recoverFrom(t, ws, state, rec, dir)
 			if len(got) != len(c.want) {
 				t.Errorf("after recovery: %v, want %v", got, c.want)
 			}
@@ -113,20 +100,7 @@ func TestChangeSetRollForwardDeletesOnlyItsFile(t *testing.T) {
 				`{"path":"a","temp":%q,"op":"write"},{"path":"gone","delete":true,"op":"delete","ino":%d,"ctime_ns":%d}]}`,
 				tmp, st.Ino, syscall.TimespecToNsec(st.Ctim))
 			state := filepath.Join(e.root, store.LocksDir, sc.Hash(), store.IntentFile)
-			if err := os.WriteFile(state, []byte(rec), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			unlock, err := ws.Lock(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			unlock()
-			got := map[string]string{}
-			ents, _ := os.ReadDir(dir)
-			for _, en := range ents {
-				b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
-				got[en.Name()] = string(b)
-			}
+			got := recoverFrom(t, ws, state, rec, dir)
 			if !maps.Equal(got, c.want) {
 				t.Errorf("after the roll-forward: %v, want %v", got, c.want)
 			}
@@ -135,6 +109,27 @@ func TestChangeSetRollForwardDeletesOnlyItsFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// recoverFrom writes the intent record rec at state, takes the scope lock
+// (which finishes the change set it names) and returns dir's files.
+func recoverFrom(t *testing.T, ws *store.Workspace, state, rec, dir string) map[string]string {
+	t.Helper()
+	if err := os.WriteFile(state, []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := ws.Lock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	got := map[string]string{}
+	ents, _ := os.ReadDir(dir)
+	for _, en := range ents {
+		b, _ := os.ReadFile(filepath.Join(dir, en.Name()))
+		got[en.Name()] = string(b)
+	}
+	return got
 }
 
 // TestChangeSetRecordDamaged: a record that can't be read stops the lock
