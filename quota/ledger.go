@@ -280,12 +280,11 @@ func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, er
 		return holder{}, false, fmt.Errorf("test quota record lock: %w", err)
 	}
 	h.live = lk.Type != unix.F_UNLCK
-	buf := make([]byte, recordSize)
-	n, err := unix.Pread(fd, buf, 0)
+	buf, err := readSettled(fd)
 	if err != nil {
 		return holder{}, false, fmt.Errorf("read quota record: %w", err)
 	}
-	if rec, at, ok := parseRecord(buf[:n]); ok && at == node {
+	if rec, at, ok := parseRecord(buf); ok && at == node {
 		h.rec, h.local = rec, true
 		return h, true, nil
 	}
@@ -301,6 +300,26 @@ func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, er
 	// A record being made has no content yet: it holds nothing.
 	h.rec, _, _ = parseRecord(b)
 	return h, true, nil
+}
+
+// readSettled reads a live record until two reads in a row agree. Its
+// holder stores into it through a mapping, taking no lock, while a read
+// copies it byte by byte: a read beside a store can see a figure half old,
+// half new (0 and -1 read as 2^48-1).
+func readSettled(fd int) ([]byte, error) {
+	buf, again := make([]byte, recordSize), make([]byte, recordSize)
+	n, err := unix.Pread(fd, buf, 0)
+	for range 100 {
+		if err != nil {
+			return nil, err
+		}
+		m, err2 := unix.Pread(fd, again, 0)
+		if err2 == nil && m == n && bytes.Equal(buf[:n], again[:m]) {
+			break
+		}
+		buf, again, n, err = again, buf, m, err2
+	}
+	return buf[:n], err
 }
 
 // remove removes every file of a dead holder, the temporary ones it may
