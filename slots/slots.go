@@ -6,10 +6,16 @@
 // across every process on the node and across the goroutines of one
 // process alike, and a slot is freed by the kernel when its holder closes
 // it or dies: a killed worker can't keep one. Take polls, so a wait ends
-// with its context. Within one process waiters queue in the order they
-// came before they poll (a long-lived door such as the Go API makes all
-// of a node's containers), so none waits behind a later one's luck;
-// between processes, whoever polls first after a release wins.
+// with its context.
+//
+// Waiters are served in the order they came, so that none waits its whole
+// time behind later ones' luck: within one process they queue on a
+// channel before they poll (a long-lived door such as the Go API makes
+// all of a node's containers), and between processes each polling waiter
+// holds a ticket, a file in the same directory named by the time it came
+// and locked for as long as it waits. Only the n oldest tickets try the
+// slots; a ticket whose lock is free is a waiter that died, and the
+// waiters behind it remove it.
 //
 // loomfs uses it to bound the containers a node asks its engine to create
 // and start at once: dockerd was seen to deadlock when 50 came in one
@@ -20,10 +26,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +44,22 @@ import (
 // since holds are short and a slot left idle is a container not started;
 // at most n waiters of a process poll at once (queue).
 var backoff = ofdlock.Backoff{First: 2 * time.Millisecond, Most: 20 * time.Millisecond}
+
+// sweepEvery is how often a waiter that is not among the n oldest looks
+// for tickets of dead waiters ahead of it; a dead one delays it by at
+// most this. youngTicket is the age below which a ticket is never taken
+// for dead: its waiter may not have locked it yet. A ticket older than
+// oldTicket no longer keeps anyone behind it, so that a waiter that was
+// stopped or frozen rather than killed (its lock still held) can't stall
+// the node's starts for good; every start waits for far less.
+const (
+	sweepEvery  = 500 * time.Millisecond
+	youngTicket = time.Second
+	oldTicket   = 5 * time.Minute
+)
+
+// ticketPrefix starts the name of every ticket in a Set's directory.
+const ticketPrefix = "wait-"
 
 // ErrBusy is wrapped by Take's error when its context ended while every
 // slot was held.
@@ -95,6 +119,11 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("slots: %w", err)
 	}
+	tk, err := s.enqueue()
+	if err != nil {
+		return nil, fmt.Errorf("slots: %w", err)
+	}
+	defer tk.remove()
 	files := make([]*os.File, s.n)
 	defer func() {
 		for _, f := range files {
@@ -112,6 +141,13 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 	}
 	var held *os.File
 	take := func() error {
+		turn, err := tk.turn(s.n)
+		if err != nil {
+			return err
+		}
+		if !turn {
+			return unix.EAGAIN
+		}
 		// From a random slot, so that waiters don't all try slot 0 first.
 		start := rand.IntN(s.n)
 		for k := range s.n {
@@ -130,7 +166,7 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 	}
 	if err := ofdlock.Poll(ctx, backoff, take); err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("slots: all %d held: %w: %w", s.n, ErrBusy, ctx.Err())
+			return nil, fmt.Errorf("slots: all %d held, %d waiters ahead in the node's queue: %w: %w", s.n, tk.waitersAhead, ErrBusy, ctx.Err())
 		}
 		return nil, fmt.Errorf("slots: lock: %w", err)
 	}
@@ -138,4 +174,102 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 		held.Close()
 		<-s.queue
 	}), nil
+}
+
+// ticket is a polling waiter's place in the queue of a Set's directory.
+type ticket struct {
+	dir, name string
+	f         *os.File // locked while the waiter waits
+	swept     time.Time
+	// waitersAhead is how many tickets were ahead at the last count.
+	waitersAhead int
+}
+
+// enqueue takes a ticket: a file named by the time and a unique suffix,
+// created and locked by this waiter.
+func (s *Set) enqueue() (*ticket, error) {
+	name := fmt.Sprintf("%s-%d-%08x", ticketName(time.Now()), os.Getpid(), rand.Uint32())
+	f, err := os.OpenFile(filepath.Join(s.dir, name), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("lock ticket: %w", err)
+	}
+	return &ticket{dir: s.dir, name: name, f: f, swept: time.Now()}, nil
+}
+
+// remove gives the ticket up.
+func (t *ticket) remove() {
+	os.Remove(t.f.Name())
+	t.f.Close()
+}
+
+// turn reports whether fewer than n tickets are ahead of t. Every
+// sweepEvery while it is not, it removes the tickets ahead of it that no
+// live waiter holds, and counts again.
+func (t *ticket) turn(n int) (bool, error) {
+	ahead, err := t.ahead()
+	t.waitersAhead = len(ahead)
+	if err != nil || len(ahead) < n || time.Since(t.swept) < sweepEvery {
+		return err == nil && len(ahead) < n, err
+	}
+	t.swept = time.Now()
+	t.waitersAhead = 0
+	for _, name := range ahead {
+		if !t.sweep(name) {
+			t.waitersAhead++
+		}
+	}
+	return t.waitersAhead < n, nil
+}
+
+// ahead lists the tickets in t's directory older than t.
+func (t *ticket) ahead() ([]string, error) {
+	d, err := os.Open(t.dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	oldest := ticketName(time.Now().Add(-oldTicket))
+	var ahead []string
+	for _, name := range names {
+		if strings.HasPrefix(name, ticketPrefix) && name < t.name && name > oldest {
+			ahead = append(ahead, name)
+		}
+	}
+	return ahead, nil
+}
+
+// ticketName is the start of the name of a ticket taken at when: names
+// sort as the times they were taken.
+func ticketName(when time.Time) string {
+	return fmt.Sprintf("%s%020d", ticketPrefix, when.UnixNano())
+}
+
+// sweep removes the ticket name if no live waiter holds it, and reports
+// whether it is gone.
+func (t *ticket) sweep(name string) bool {
+	if name > ticketName(time.Now().Add(-youngTicket)) {
+		return false
+	}
+	path := filepath.Join(t.dir, name)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk) != nil {
+		return false
+	}
+	os.Remove(path)
+	return true
 }

@@ -15,12 +15,17 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/agentloom/loomfs/slots"
 )
 
 // The test binary is also the child process of these tests: with
 // slotsChild set it runs child instead of the tests.
 const slotsChild = "LOOMFS_SLOTS_TEST_CHILD"
+
+// slotsIndex tells a "turn" child its place in the order it was started.
+const slotsIndex = "LOOMFS_SLOTS_TEST_INDEX"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(slotsChild) != "" {
@@ -32,7 +37,8 @@ func TestMain(m *testing.M) {
 // child does what role says with the slots of dir, n and the markers
 // directory of args: "hold" takes one slot, marks itself in markers,
 // counts the marks, and fails if more than n are there; "hog" takes all n
-// and says so on stdout, then waits to be killed.
+// and says so on stdout, then waits to be killed; "turn" takes one slot
+// and appends its index (slotsIndex) to the file order in markers.
 func child(role string, args []string) int {
 	dir, markers := args[0], args[2]
 	n, _ := strconv.Atoi(args[1])
@@ -64,6 +70,24 @@ func child(role string, args []string) int {
 			return 1
 		}
 		time.Sleep(100 * time.Millisecond)
+		return 0
+	case "turn":
+		release, err := s.Take(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer release()
+		f, err := os.OpenFile(filepath.Join(markers, "order"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err == nil {
+			_, err = fmt.Fprintln(f, os.Getenv(slotsIndex))
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		time.Sleep(20 * time.Millisecond)
 		return 0
 	case "hog":
 		for range n {
@@ -111,6 +135,88 @@ func TestBoundAcrossProcesses(t *testing.T) {
 		most = max(most, k)
 	}
 	t.Logf("at most %d of %d slots held at once", most, n)
+	if left := tickets(t, dir); len(left) > 0 {
+		t.Fatalf("tickets left after every waiter got its slot: %v", left)
+	}
+}
+
+// tickets lists the waiters' tickets in dir.
+func tickets(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "wait-") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// TestTurnsInOrderAcrossProcesses: waiters in different processes get a
+// slot in the order they came, not by the luck of their polls (a command
+// of a busy node once waited its whole 120 s while later ones started).
+func TestTurnsInOrderAcrossProcesses(t *testing.T) {
+	const waiters = 5
+	dir, markers := t.TempDir(), t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	release, err := slots.New(dir, 1).Take(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := make([]*exec.Cmd, waiters)
+	for i := range cmds {
+		cmds[i] = command(t, "turn", dir, 1, markers)
+		cmds[i].Env = append(cmds[i].Env, slotsIndex+"="+strconv.Itoa(i))
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmds[i].Process.Kill(); cmds[i].Wait() })
+		for deadline := time.Now().Add(30 * time.Second); len(tickets(t, dir)) < i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d took no ticket", i)
+			}
+		}
+	}
+	release()
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("waiter %d: %v", i, err)
+		}
+	}
+	order, err := os.ReadFile(filepath.Join(markers, "order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(order), "0\n1\n2\n3\n4\n"; got != want {
+		t.Fatalf("waiters got the slot in the order %q, want %q", got, want)
+	}
+}
+
+// TestDeadWaitersTicketSkipped: a ticket ahead that no live waiter holds
+// (its waiter was killed) is removed, and the waiters behind it go on.
+func TestDeadWaitersTicketSkipped(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Minute).UnixNano()
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("wait-%020d-1-%08x", old, i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release, err := slots.New(dir, 2).Take(ctx)
+	if err != nil {
+		t.Fatalf("Take behind dead waiters' tickets: %v", err)
+	}
+	release()
+	if left := tickets(t, dir); len(left) > 0 {
+		t.Fatalf("dead waiters' tickets left: %v", left)
+	}
 }
 
 // TestBoundInOneProcess: goroutines of one process share the bound too
@@ -246,4 +352,28 @@ func waitQueued(t *testing.T, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestStoppedWaitersTicketLapses: a ticket still locked (its waiter was
+// stopped, not killed) keeps the waiters behind it for minutes, not for
+// good.
+func TestStoppedWaitersTicketLapses(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Hour).UnixNano()
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("wait-%020d-1-0", old)), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release, err := slots.New(dir, 1).Take(ctx)
+	if err != nil {
+		t.Fatalf("Take behind a stopped waiter's ticket of an hour ago: %v", err)
+	}
+	release()
 }
