@@ -541,7 +541,7 @@ func (a *Account) store() (err error) {
 		}
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	a.r.put(a.mem, a.node)
+	storeRecord(a.mem, a.r, a.node)
 	return nil
 }
 

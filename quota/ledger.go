@@ -9,7 +9,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -280,13 +282,23 @@ func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, er
 		return holder{}, false, fmt.Errorf("test quota record lock: %w", err)
 	}
 	h.live = lk.Type != unix.F_UNLCK
-	buf, err := readSettled(fd)
+	buf := make([]byte, recordSize)
+	n, err := unix.Pread(fd, buf, 0)
 	if err != nil {
 		return holder{}, false, fmt.Errorf("read quota record: %w", err)
 	}
-	if rec, at, ok := parseRecord(buf); ok && at == node {
-		h.rec, h.local = rec, true
-		return h, true, nil
+	// Only a holder of this node is counted from its live record (another
+	// node's stores are not seen here; its last sync is): read that one
+	// until it settles.
+	if onNode(buf[:n], node) {
+		settled, ok, err := readSettled(fd, buf[:n])
+		if err != nil {
+			return holder{}, false, fmt.Errorf("read quota record: %w", err)
+		}
+		if rec, at, parsed := parseRecord(settled); ok && parsed && at == node {
+			h.rec, h.local = rec, true
+			return h, true, nil
+		}
 	}
 	b, err := snap.read(dfd, recordSize)
 	if err == unix.ENOENT {
@@ -302,24 +314,70 @@ func readHolder(dfd int, id string, snap version, node nodeID) (holder, bool, er
 	return h, true, nil
 }
 
-// readSettled reads a live record until two reads in a row agree. Its
+// readSettled reads a live record again after first, a read of it already
+// made, until two reads in a row agree and neither saw its holder storing
+// (storeRecord), and reports whether that happened within settleWait. Its
 // holder stores into it through a mapping, taking no lock, while a read
-// copies it byte by byte: a read beside a store can see a figure half old,
-// half new (0 and -1 read as 2^48-1).
-func readSettled(fd int) ([]byte, error) {
-	buf, again := make([]byte, recordSize), make([]byte, recordSize)
-	n, err := unix.Pread(fd, buf, 0)
-	for range 100 {
+// copies it byte by byte: a read beside a store can see one figure new and
+// the next old, or a figure half old, half new (0 and -1 read as 2^48-1).
+func readSettled(fd int, first []byte) (settled []byte, ok bool, err error) {
+	buf, again := first, make([]byte, recordSize)
+	deadline := time.Now().Add(settleWait)
+	for try := 0; ; try++ {
+		m, err := unix.Pread(fd, again, 0)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		m, err2 := unix.Pread(fd, again, 0)
-		if err2 == nil && m == n && bytes.Equal(buf[:n], again[:m]) {
-			break
+		if bytes.Equal(buf, again[:m]) && string(buf[:min(len(buf), 8)]) == recordMagic {
+			return buf, true, nil
 		}
-		buf, again, n, err = again, buf, m, err2
+		buf, again = again[:m], buf[:recordSize]
+		if try >= 100 {
+			// A holder stopped half way through its store (preempted, or
+			// stopped by a signal): wait a little, then give up on it.
+			if time.Now().After(deadline) {
+				return buf, false, nil
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
-	return buf[:n], err
+}
+
+// settleWait bounds readSettled: a holder's record that does not settle
+// in that time is counted from its last sync instead.
+const settleWait = 20 * time.Millisecond
+
+// recordBusy stands in a live record's magic while its holder stores new
+// figures into it (storeRecord).
+const recordBusy = "loomq02*"
+
+// onNode reports whether b, a read of a live record, is that of a holder
+// on node, whole or being stored.
+func onNode(b []byte, node nodeID) bool {
+	if len(b) < recordSize || string(b[:8]) != recordMagic && string(b[:8]) != recordBusy {
+		return false
+	}
+	return nodeID(b[40:recordSize]) == node
+}
+
+// storeRecord stores r into mem, its holder's mapping of its live record,
+// so that a reader on the node can tell a whole record from one half
+// stored: the magic is replaced by recordBusy first and put back last, and
+// every word is stored atomically, in that order.
+func storeRecord(mem []byte, r record, node nodeID) {
+	var b [recordSize]byte
+	r.put(b[:], node)
+	storeWord(mem, []byte(recordBusy))
+	for off := 8; off < recordSize; off += 8 {
+		storeWord(mem[off:], b[off:])
+	}
+	storeWord(mem, b[:])
+}
+
+// storeWord stores the 8 bytes of src at dst, 8-byte aligned, in one
+// atomic store.
+func storeWord(dst, src []byte) {
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&dst[0])), binary.NativeEndian.Uint64(src))
 }
 
 // remove removes every file of a dead holder, the temporary ones it may
