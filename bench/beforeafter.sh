@@ -9,7 +9,9 @@
 # cycle (create and write 100 bytes, stat, delete, through a real mount).
 #
 # Usage, as root:   BEFORE=REV ROUNDS=7 bash bench/beforeafter.sh
-#   BENCHES="pkg:regexp …"   which benchmarks (default below)
+#   BENCHES="pkg:regexp …"   which benchmarks (default below); pkg:A=B runs
+#                            A in this tree and B in BEFORE (a sub-benchmark
+#                            renamed, or the old default beside a new mode)
 #   BENCHTIME=2000x          each run's -test.benchtime
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,9 @@ for r in $(seq "$ROUNDS"); do
 		for b in $BENCHES; do
 			p=${b%%:*} re=${b#*:}
 			for v in after before; do
+				if [[ $re == *=* ]]; then
+					if [ $v = after ]; then re=${b#*:}; re=${re%%=*}; else re=${b#*=}; fi
+				fi
 				# The package's own directory, as go test runs it (testdata).
 				ns=$(cd "$p" && "${pre[@]}" "$work/$v-$p.test" -test.run '^$' -test.bench "$re" \
 					-test.benchtime "$BENCHTIME" -test.count 1 | awk '/ns\/op/ {for (i = 1; i < NF; i++) if ($(i+1) == "ns/op") print $i; exit}')

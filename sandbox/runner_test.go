@@ -210,7 +210,7 @@ func TestTimeoutKillsAndRemoves(t *testing.T) {
 
 func TestCancelKillsAndRemoves(t *testing.T) {
 	r := newTestRunner(t, Config{})
-	req, m := newRequest(t, "echo started; sleep 60")
+	req, m := newRequest(t, "echo started; : > started; sleep 60")
 	req.Timeout = 100 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -219,9 +219,16 @@ func TestCancelKillsAndRemoves(t *testing.T) {
 			t.Errorf("marker cleared while the container exists (%v, %v)", ok, err)
 		}
 	}
+	// Cancelled once the command has begun, however long its start took
+	// (a gVisor sandbox on a loaded node took more than 1.5 s).
 	go func() {
-		time.Sleep(1500 * time.Millisecond)
-		cancel()
+		defer cancel()
+		for range 600 {
+			if _, err := os.Stat(filepath.Join(req.Workspace, "started")); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}()
 	res, err := r.Run(ctx, req)
 	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrQuarantined) {
