@@ -25,12 +25,19 @@ import (
 // keep the container up for the execs.
 const keepAlive = "mkdir -p /tmp/.loomfs && while :; do sleep 3600; done"
 
-// sessionStartTimeout bounds the wait for a start slot and the engine's
-// start of a session container, each. An engine that answers neither in
-// that time is stuck (dockerd was seen to deadlock in a burst of
-// creations): the start fails, and the container is removed or the scope
-// quarantined, instead of the caller waiting for good.
-var sessionStartTimeout = 60 * time.Second // a variable for tests
+// sessionStartTimeout bounds the engine's start of a session container.
+// An engine that does not answer in that time is stuck (dockerd was seen
+// to deadlock in a burst of creations): the start fails, and the container
+// is removed or the scope quarantined, instead of the caller waiting for
+// good. sessionSlotWait bounds the wait for a start slot before it, as
+// long as a command's (sandbox.MaxTimeout): the node's waiters are served
+// in turn, so on a node with more starts queued than its engine does in a
+// minute a session start waits behind the commands that came first (at 50
+// agents it waited 70 s) rather than being refused sooner than they are.
+var (
+	sessionStartTimeout = 60 * time.Second // variables for tests
+	sessionSlotWait     = sandbox.MaxTimeout
+)
 
 // Sandbox is a scope's session sandbox: one container over the scope's
 // projection, alive across calls, in which processes run as execs.
@@ -186,10 +193,10 @@ func startSandbox(ctx context.Context, svc *Service, sc store.Scope, callID stri
 	b.memLimit = hc.Memory
 	b.gvisor = strings.HasPrefix(hc.Runtime, "runsc")
 	cli := r.Engine()
-	freeSlot, err := r.StartSlot(ctx, sessionStartTimeout)
+	freeSlot, err := r.StartSlot(ctx, sessionSlotWait)
 	if err != nil {
 		if errors.Is(err, sandbox.ErrEngineBusy) {
-			b.record("container_engine_busy", callID, 0, map[string]any{"session": true, "waited_ms": sessionStartTimeout.Milliseconds()})
+			b.record("container_engine_busy", callID, 0, map[string]any{"session": true, "waited_ms": sessionSlotWait.Milliseconds()})
 			// A model is told to retry later (policy.Public).
 			return nil, &policy.Error{Code: policy.SandboxUnavailable, Message: err.Error(), Err: err}
 		}

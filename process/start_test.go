@@ -15,12 +15,12 @@ import (
 	"github.com/agentloom/loomfs/tools"
 )
 
-// shortStarts makes session starts give up after d, until restore is
-// called or the test ends.
+// shortStarts makes session starts give up after d, waiting for a slot
+// or for the engine, until restore is called or the test ends.
 func shortStarts(t *testing.T, d time.Duration) (restore func()) {
-	old := sessionStartTimeout
-	sessionStartTimeout = d
-	restore = func() { sessionStartTimeout = old }
+	oldStart, oldSlot := sessionStartTimeout, sessionSlotWait
+	sessionStartTimeout, sessionSlotWait = d, d
+	restore = func() { sessionStartTimeout, sessionSlotWait = oldStart, oldSlot }
 	t.Cleanup(restore)
 	return restore
 }

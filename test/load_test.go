@@ -253,6 +253,7 @@ type loadAgent struct {
 	process    string            // the REPL's process id
 	cursor     int64
 	failures   []string
+	refusal    string // the message of the last refusal, for a failure's report
 	calls      int
 	provoked   int
 	iterations int
@@ -274,7 +275,9 @@ func (a *loadAgent) call(op, tool string, in map[string]any, out any) (code stri
 		a.stats.add(op, time.Since(began))
 		a.calls++
 		if err != nil {
-			return string(policy.Public(err).Code), false
+			pe := policy.Public(err)
+			a.refusal = pe.Message
+			return string(pe.Code), false
 		}
 		res = r
 	} else {
@@ -296,6 +299,7 @@ func (a *loadAgent) call(op, tool string, in map[string]any, out any) (code stri
 				Error struct{ Code, Message string } `json:"error"`
 			}
 			if json.Unmarshal(stdout.Bytes(), &e) == nil && e.Error.Code != "" {
+				a.refusal = e.Error.Message
 				return e.Error.Code, false
 			}
 			a.failf("%s: %v: %s %s", op, err, stdout.Bytes(), stderr.Bytes())
@@ -319,7 +323,7 @@ func (a *loadAgent) call(op, tool string, in map[string]any, out any) (code stri
 func (a *loadAgent) must(op, tool string, in map[string]any, out any) bool {
 	code, ok := a.call(op, tool, in, out)
 	if code != "" {
-		a.failf("%s: refused: %s", op, code)
+		a.failf("%s: refused: %s (%s)", op, code, a.refusal)
 	}
 	return ok
 }
