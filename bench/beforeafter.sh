@@ -36,11 +36,10 @@ for r in $(seq "$ROUNDS"); do
 	for pin in $PINS; do
 		pre=(); [ "$pin" = pinned ] && pre=(taskset -c 0)
 		for b in $BENCHES; do
-			p=${b%%:*} re=${b#*:}
+			p=${b%%:*} spec=${b#*:}
+			declare -A RE=([after]=${spec%%=*} [before]=${spec#*=})
 			for v in after before; do
-				if [[ $re == *=* ]]; then
-					if [ $v = after ]; then re=${b#*:}; re=${re%%=*}; else re=${b#*=}; fi
-				fi
+				re=${RE[$v]}
 				# The package's own directory, as go test runs it (testdata).
 				ns=$(cd "$p" && "${pre[@]}" "$work/$v-$p.test" -test.run '^$' -test.bench "$re" \
 					-test.benchtime "$BENCHTIME" -test.count 1 | awk '/ns\/op/ {for (i = 1; i < NF; i++) if ($(i+1) == "ns/op") print $i; exit}')
