@@ -119,10 +119,10 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("slots: %w", err)
 	}
-	tk, err := s.enqueue()
-	if err != nil {
-		return nil, fmt.Errorf("slots: %w", err)
-	}
+	// A ticket that can't be made (the directory's file system full) costs
+	// the waiter its place in the queue, not its start: it polls as if
+	// first in line.
+	tk, _ := s.enqueue()
 	defer tk.remove()
 	files := make([]*os.File, s.n)
 	defer func() {
@@ -166,7 +166,11 @@ func (s *Set) Take(ctx context.Context) (release func(), err error) {
 	}
 	if err := ofdlock.Poll(ctx, backoff, take); err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("slots: all %d held, %d waiters ahead in the node's queue: %w: %w", s.n, tk.waitersAhead, ErrBusy, ctx.Err())
+			ahead := 0
+			if tk != nil {
+				ahead = tk.waitersAhead
+			}
+			return nil, fmt.Errorf("slots: all %d held, %d waiters ahead in the node's queue: %w: %w", s.n, ahead, ErrBusy, ctx.Err())
 		}
 		return nil, fmt.Errorf("slots: lock: %w", err)
 	}
@@ -204,6 +208,9 @@ func (s *Set) enqueue() (*ticket, error) {
 
 // remove gives the ticket up.
 func (t *ticket) remove() {
+	if t == nil {
+		return
+	}
 	os.Remove(t.f.Name())
 	t.f.Close()
 }
@@ -212,6 +219,9 @@ func (t *ticket) remove() {
 // sweepEvery while it is not, it removes the tickets ahead of it that no
 // live waiter holds, and counts again.
 func (t *ticket) turn(n int) (bool, error) {
+	if t == nil {
+		return true, nil
+	}
 	ahead, err := t.ahead()
 	t.waitersAhead = len(ahead)
 	if err != nil || len(ahead) < n || time.Since(t.swept) < sweepEvery {

@@ -377,3 +377,36 @@ func TestStoppedWaitersTicketLapses(t *testing.T) {
 	}
 	release()
 }
+
+// TestTakeWithoutRoomForATicket: on a full file system (no inode left for
+// a ticket) a waiter still gets a free slot; it only loses its place.
+func TestTakeWithoutRoomForATicket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	dir := t.TempDir()
+	// The root directory, slot-0 and one more inode.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,nr_inodes=3"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	s := slots.New(dir, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	release, err := s.Take(ctx) // makes slot-0
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := os.WriteFile(filepath.Join(dir, "filler"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "one-more"), nil, 0o600); err == nil {
+		t.Fatal("the tmpfs has room for another file: the test would not test a full one")
+	}
+	release, err = s.Take(ctx)
+	if err != nil {
+		t.Fatalf("Take with no room for a ticket: %v", err)
+	}
+	release()
+}
