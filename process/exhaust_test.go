@@ -19,13 +19,22 @@ func gvisor() bool { return strings.HasPrefix(os.Getenv("AGENT_LOOM_SANDBOX_RUNT
 
 // startOK starts `echo ok` until it answers ok, for at most limit, and
 // returns when that was and how many answers said session_exhausted.
+// Each try is kept in e.tries (its answer and how long it took), so that
+// a slow heal can say where its time went.
 func (e *env) startOK(limit time.Duration) (time.Time, int) {
 	e.t.Helper()
 	deadline := time.Now().Add(limit)
 	exhausted := 0
+	e.tries = e.tries[:0]
 	for {
 		var out tools.ProcessOutput
+		began := time.Now()
 		err := e.call(tools.ProcessStart, map[string]any{"command": "echo ok", "yield_ms": 5000}, &out)
+		answer := string(out.Status)
+		if err != nil {
+			answer = string(policy.CodeOf(err))
+		}
+		e.tries = append(e.tries, fmt.Sprintf("%s %.2fs", answer, time.Since(began).Seconds()))
 		switch {
 		case err == nil && out.Status == tools.StatusExited && out.ExitCode != nil && *out.ExitCode == 0 && out.Stdout == "ok\n":
 			return time.Now(), exhausted
@@ -81,6 +90,9 @@ func TestForkBombHeals(t *testing.T) {
 			ok, exhausted := e.startOK(healBound)
 			took := ok.Sub(end)
 			t.Logf("fork bomb %q: next process started %.2f s after the bomb's end (%d answers session_exhausted)", tc.name, took.Seconds(), exhausted)
+			if took > 5*time.Second {
+				t.Logf("the starts tried: %s", strings.Join(e.tries, ", "))
+			}
 			var r tools.ProcessOutput
 			e.must(tools.ProcessRead, map[string]any{"process_id": bomb.ProcessID, "yield_ms": 10000}, &r)
 			var info tools.ProcessInfo

@@ -92,6 +92,8 @@ type env struct {
 	tb   *tools.Toolbox
 	pol  *policy.Policy
 	log  *audit.Log
+
+	tries []string // startOK's last tries (exhaust_test.go)
 }
 
 // newEnv opens scope sc on root (a fresh directory when ""), with a
