@@ -26,7 +26,9 @@ SANDBOX_E2E ?= TestProcessesAcrossCallers|TestProcessTreeEndsWithIt|TestServiceK
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v /test/faults$$)
-	LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m ./test/faults/
+	# In the package's directory, so that go test prints the matrix's table
+	# (cells run and holding per door) when it passes too.
+	cd test/faults && LOOMFS_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m
 	# Memory bounds, measured without the race detector (it multiplies memory).
 	$(GO) test -count=1 -run '^TestReadImageMemory$$' ./tools/
 	AGENT_LOOM_SANDBOX_RUNTIME=runsc $(GO) test -race -count=1 -timeout 15m ./sandbox/ ./process/
@@ -40,7 +42,7 @@ fuzz:
 ## faults: the whole fault matrix (RELIABILITY.md): every call site of every
 ## door under each errno and a kill, and the device cases; root, strace.
 faults: build
-	LOOMFS_BIN=$(CURDIR)/$(BIN) LOOMFS_FAULTS=full $(GO) test -count=1 -timeout 4h ./test/faults/
+	cd test/faults && LOOMFS_BIN=$(CURDIR)/$(BIN) LOOMFS_FAULTS=full $(GO) test -count=1 -timeout 4h
 
 ## test-dfs: the shared-volume tests on two clients of a single-host CephFS (root; scripts/cephfs), and the
 ## peer probe's negative control on GlusterFS (scripts/glusterfs), each taken down after.
