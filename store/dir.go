@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"sort"
@@ -37,13 +38,31 @@ func (w *Workspace) readDirFD(ctx context.Context, f *os.File, rel string) ([]In
 		if !w.pol.Listed(policy.Join(rel, name)) {
 			continue
 		}
-		st, mnt, err := lstatAt(int(f.Fd()), name)
+		var st unix.Stat_t
+		var mnt uint64
+		var err error = unix.EINTR
+		for err == unix.EINTR {
+			st, mnt, err = lstatAt(int(f.Fd()), name)
+		}
+		if goneMeanwhile(err) {
+			continue
+		}
 		if err != nil {
-			continue // removed meanwhile
+			return nil, policy.FromErrno(err, "list", policy.Join(rel, name))
 		}
 		out = append(out, w.infoOf(name, &st, mnt))
 	}
 	return out, nil
+}
+
+// goneMeanwhile reports whether err, from a stat or an open of an entry a
+// listing just named, means it was removed or replaced since. A walk
+// passes over those, but not over a fault of the storage (EIO, EMFILE…):
+// a walk that skipped what it could not read would hand a snapshot, a
+// quota count or a search a tree with a directory missing, and call it
+// whole.
+func goneMeanwhile(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ESTALE)
 }
 
 // WalkFunc is called for every entry Walk visits, with its cleaned path.
@@ -82,9 +101,18 @@ func (w *Workspace) walkFD(ctx context.Context, dir *os.File, rel string, fn Wal
 		if e.Kind != policy.KindDir || e.OtherMount {
 			continue
 		}
-		fd, err := unix.Openat(int(dir.Fd()), e.Name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			continue // replaced by a symlink or removed meanwhile: not followed
+		fd, err := -1, error(unix.EINTR)
+		for err == unix.EINTR {
+			fd, err = unix.Openat(int(dir.Fd()), e.Name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		switch {
+		case goneMeanwhile(err), errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+			// Not followed: replaced by a link or a file, removed, or
+			// made unreadable by its owner (as a walk of any disk
+			// passes over what it may not read).
+			continue
+		case err != nil:
+			return policy.FromErrno(err, "list", p)
 		}
 		sub := os.NewFile(uintptr(fd), p)
 		err = w.walkFD(ctx, sub, p, fn)

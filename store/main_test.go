@@ -79,6 +79,11 @@ func runHelper(role string) error {
 			}
 		}
 		return nil
+	case "walk-few-fds":
+		// Walk the scope with only n descriptors left above those open
+		// now: a deep enough tree runs out of them (EMFILE) on the way.
+		walkFewFDs(ctx, ws, n)
+		return nil
 	case "hold-lock":
 		lctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
