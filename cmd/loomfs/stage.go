@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os/user"
@@ -159,8 +160,14 @@ func (g *globals) platformOp(cmd *cobra.Command, scope, actor string, f func(con
 	}
 	if actor == "" {
 		u, err := user.Current()
-		if err != nil {
+		var unknown user.UnknownUserIdError
+		switch {
+		case errors.As(err, &unknown):
 			return usagef("--actor is needed: the local user is unknown (%v)", err)
+		case err != nil:
+			// Not a usage error: the user database could not be read
+			// (an I/O error, no descriptor left), and may be next time.
+			return refuse(cmd, g, policy.Errorf(policy.Internal, "the local user could not be looked up (%v); name the actor with --actor, which needs no lookup", err))
 		}
 		actor = u.Username
 	}
