@@ -626,6 +626,27 @@ func detach(dir string) {
 	}
 }
 
+// detachUnder detaches every mount below dir, deepest first: what a cell
+// that is not judged leaves (a daemon the fault ended beside its own
+// mount), which would otherwise outlive the test and fail its cleanup.
+func detachUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var under []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), dir+"/") {
+			under = append(under, unescapeMount(f[4]))
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(under)))
+	for _, m := range under {
+		exec.Command("umount", "-l", m).Run()
+	}
+}
+
 // results counts cells per door and matrix: run (the fault fired) and
 // holding (every invariant held).
 type results struct {

@@ -117,11 +117,13 @@ func runCell(t *testing.T, matrix string, o op, f fault) {
 		// which no kernel does: the fault, not loomfs, ended the process.
 		t.Logf("%s: the fault hit the Go runtime's eventfd (netpollBreak): not judged", f.inject())
 		tally.add(matrix+" (off the volume, not judged)", o.door, true)
+		detachUnder(c.dir) // the judge's next mount would have; the dead one must not stay
 		return
 	}
 	if c.offVolume() {
 		t.Logf("%s: the fault hit no file of the volume (a pipe, eventfd or socket): not judged", f.inject())
 		tally.add(matrix+" (off the volume, not judged)", o.door, true)
+		detachUnder(c.dir)
 		return
 	}
 	t.Logf("injected: %s", strings.Join(c.injected(), "\n    "))
