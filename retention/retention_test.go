@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/retention"
 	"github.com/agentloom/loomfs/snapshot"
@@ -490,7 +491,7 @@ func TestStateOfEndedSessions(t *testing.T) {
 	if _, err := ws.WriteFile(ctx, "a.txt", []byte("counted"), nil); err != nil {
 		t.Fatal(err)
 	}
-	calls := filepath.Join(v.root, store.LocksDir, ws.Scope().Hash(), store.CallsDir)
+	calls := filepath.Join(v.root, store.LocksDir, ws.Scope().Hash(), callrec.Dir)
 	if ents, err := os.ReadDir(calls); err != nil || len(ents) == 0 {
 		t.Fatalf("no call records before gc: %v, %v", ents, err)
 	}

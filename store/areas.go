@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/quota"
 )
@@ -208,7 +209,7 @@ func (v *Volume) LastChange(ctx context.Context, s Session, visit func(n int)) (
 		return time.Time{}, err
 	}
 	for _, sc := range s.Scopes() {
-		cfd, err := openBeneath(int(v.root.Fd()), LocksDir+"/"+sc.Hash()+"/"+CallsDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		cfd, err := openBeneath(int(v.root.Fd()), LocksDir+"/"+sc.Hash()+"/"+callrec.Dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 		if err != nil {
 			continue
 		}
@@ -351,7 +352,7 @@ func (v *Volume) RemoveSession(ctx context.Context, s Session) (policy.Usage, er
 		if err != nil {
 			continue
 		}
-		for _, d := range []string{CallsDir, TokensDir, JournalDir, QuotaDir} {
+		for _, d := range []string{callrec.Dir, TokensDir, JournalDir, QuotaDir} {
 			if dfd, err := unix.Openat(int(st.Fd()), d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
 				if d == QuotaDir {
 					if q, err := quota.Inspect(dfd); err != nil || q.Holders > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -25,7 +26,7 @@ func TestBeginCallWaitEndsWithTheCall(t *testing.T) {
 	if _, err := ws.BeginCall(context.Background(), "c-0", "workspace_write", input); err != nil {
 		t.Fatal(err)
 	}
-	lock := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir, store.CallsLock)
+	lock := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), callrec.Dir, callrec.LockName)
 	fd, err := unix.Open(lock, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)

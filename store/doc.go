@@ -53,17 +53,9 @@
 // # Call records
 //
 // BeginCall and FinishCall keep the outcome of a tool call for replay
-// (SPEC §4); the tool door records changes only. A scope's records are an
-// append-only log per writer (one file per open Workspace that began a
-// call) in the state directory's CallsDir: one JSON line when a call
-// starts and one when it is done, each fsynced. A reader looks an id up
-// across every log (incrementally: each Workspace keeps how far it read),
-// and an id whose last line is "started" answers that the outcome is
-// unknown. A line without its newline, left by a writer that died while
-// appending it, is ignored. Beginning a call takes an OFD lock on
-// CallsLock while reading the logs and appending the started line, so two
-// writers racing for one id decide it once, without an exclusive rename
-// (CephFS has none). The records go when retention removes the session.
+// (SPEC §4) in the state directory's call records (package callrec: an
+// append-only log per writer, read incrementally); the tool door records
+// changes only. The records go when retention removes the session.
 //
 // # Change sets
 //

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -242,7 +243,7 @@ func TestReplay(t *testing.T) {
 		if err != nil || rec == nil {
 			t.Fatalf("replay = %+v, %v", rec, err)
 		}
-		if rec.State != store.CallDone || string(rec.Result) != string(result) || rec.Error != nil {
+		if rec.State != callrec.Done || string(rec.Result) != string(result) || rec.Error != nil {
 			t.Errorf("replay = %+v; want the done record with its result", rec)
 		}
 		if rec.Started.IsZero() || rec.Finished.Before(rec.Started) {
@@ -271,7 +272,7 @@ func TestReplay(t *testing.T) {
 		// The process dies here. Another one, on another handle, replays.
 		ws2 := e.openAnew(t, mainScope)
 		rec, err := ws2.BeginCall(context.Background(), "call-2", "workspace_write", in)
-		if err != nil || rec == nil || rec.State != store.CallStarted || rec.Result != nil {
+		if err != nil || rec == nil || rec.State != callrec.Started || rec.Result != nil {
 			t.Fatalf("replay of an unfinished call = %+v, %v; want the started record", rec, err)
 		}
 	})
@@ -360,7 +361,7 @@ func TestCallLogTornLine(t *testing.T) {
 	if rec, err := ws.BeginCall(context.Background(), "c-1", "workspace_write", in); err != nil || rec != nil {
 		t.Fatalf("BeginCall = %+v, %v", rec, err)
 	}
-	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir)
+	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), callrec.Dir)
 	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	if err != nil || len(logs) != 1 {
 		t.Fatalf("call logs %v, %v; want one", logs, err)
@@ -373,7 +374,7 @@ func TestCallLogTornLine(t *testing.T) {
 	f.Close()
 	ws2 := e.openAnew(t, mainScope)
 	rec, err := ws2.BeginCall(context.Background(), "c-1", "workspace_write", in)
-	if err != nil || rec == nil || rec.State != store.CallStarted {
+	if err != nil || rec == nil || rec.State != callrec.Started {
 		t.Fatalf("after a torn line BeginCall = %+v, %v; want the started record", rec, err)
 	}
 	// The writer is gone: the next one takes its log over, and its lines
@@ -389,10 +390,10 @@ func TestCallLogTornLine(t *testing.T) {
 		t.Errorf("call logs %v; want the ended writer's log taken over", now)
 	}
 	ws3 := e.open(t, mainScope, nil)
-	if rec, err := ws3.BeginCall(context.Background(), "c-2", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallDone || string(rec.Result) != `{"ok":1}` {
+	if rec, err := ws3.BeginCall(context.Background(), "c-2", "workspace_write", in); err != nil || rec == nil || rec.State != callrec.Done || string(rec.Result) != `{"ok":1}` {
 		t.Errorf("c-2 after the torn line = %+v, %v; want its done record", rec, err)
 	}
-	if rec, err := ws3.BeginCall(context.Background(), "c-1", "workspace_write", in); err != nil || rec == nil || rec.State != store.CallStarted {
+	if rec, err := ws3.BeginCall(context.Background(), "c-1", "workspace_write", in); err != nil || rec == nil || rec.State != callrec.Started {
 		t.Errorf("c-1 = %+v, %v; want still started", rec, err)
 	}
 }
@@ -401,7 +402,7 @@ func TestCallLogTornLine(t *testing.T) {
 // over the logs of ended ones; only writers alive at once need a log each.
 func TestCallLogsBounded(t *testing.T) {
 	e := newEnv(t)
-	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), store.CallsDir)
+	dir := filepath.Join(e.root, store.LocksDir, mainScope.Hash(), callrec.Dir)
 	for i := range 50 {
 		ws := e.open(t, mainScope, nil)
 		id := fmt.Sprintf("c-%d", i)
@@ -415,7 +416,7 @@ func TestCallLogsBounded(t *testing.T) {
 	}
 	a, b := e.open(t, mainScope, nil), e.open(t, mainScope, nil)
 	for _, ws := range []*store.Workspace{a, b} {
-		if rec, err := ws.BeginCall(context.Background(), "c-0", "workspace_write", []byte("{}")); err != nil || rec == nil || rec.State != store.CallDone {
+		if rec, err := ws.BeginCall(context.Background(), "c-0", "workspace_write", []byte("{}")); err != nil || rec == nil || rec.State != callrec.Done {
 			t.Fatalf("c-0 = %+v, %v; want done", rec, err)
 		}
 	}

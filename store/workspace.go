@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 )
 
@@ -34,7 +35,7 @@ type Workspace struct {
 
 	journal *journal        // changes for snapshots (journal.go); nil on read-only views
 	settled settledJournals // journal files their writers ended, as read (settled.go)
-	calls   callLog         // call records (calls.go)
+	calls   callrec.Log     // call records (calls.go)
 
 	look      stateLook                // the state directory as last found clear (statelook.go)
 	clearHeld atomic.Bool              // the scope lock is held and its look found the scope clear
@@ -63,7 +64,7 @@ func (w *Workspace) Close() error {
 	w.closeIdleLock()
 	err := w.closeAccount()
 	w.closeJournal()
-	w.calls.close()
+	w.calls.Close()
 	w.state.Close()
 	return errors.Join(err, w.dir.Close())
 }

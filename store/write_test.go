@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -278,7 +279,7 @@ func TestPermissions(t *testing.T) {
 				filepath.Join(s, "wide.txt"):           0o600,
 				state:                                  0o700 | os.ModeDir,
 				filepath.Join(state, store.LockFile):   0o600,
-				filepath.Join(state, store.CallsDir):   0o700 | os.ModeDir,
+				filepath.Join(state, callrec.Dir):      0o700 | os.ModeDir,
 				filepath.Join(e.root, store.LocksDir):  0o700 | os.ModeDir,
 			}
 			for p, mode := range want {
@@ -291,9 +292,9 @@ func TestPermissions(t *testing.T) {
 					t.Errorf("%s has mode %v, want %v", p, fi.Mode(), mode)
 				}
 			}
-			calls := diskNames(t, filepath.Join(state, store.CallsDir))
+			calls := diskNames(t, filepath.Join(state, callrec.Dir))
 			for _, n := range calls {
-				if fi, err := os.Lstat(filepath.Join(state, store.CallsDir, n)); err != nil || fi.Mode() != 0o600 {
+				if fi, err := os.Lstat(filepath.Join(state, callrec.Dir, n)); err != nil || fi.Mode() != 0o600 {
 					t.Errorf("call record %s: mode %v, %v; want 0600", n, fi.Mode(), err)
 				}
 			}

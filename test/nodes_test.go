@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/nodeid"
 
 	"golang.org/x/sys/unix"
@@ -503,7 +504,7 @@ func TestNodesStateLocksBounded(t *testing.T) {
 		args       []string
 	}{
 		{"quota ledger", store.QuotaDir + "/ledger.lock", []string{"--input", `{"path":"w1.txt","content":"y"}`}},
-		{"call record", store.CallsDir + "/" + store.CallsLock, []string{"--call-id", "c-1", "--input", `{"path":"w2.txt","content":"z"}`}},
+		{"call record", callrec.Dir + "/" + callrec.LockName, []string{"--call-id", "c-1", "--input", `{"path":"w2.txt","content":"z"}`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := lockHolder(t, a.root, a.volumeID, scope, tc.file)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentloom/loomfs/audit"
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/hooks"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
@@ -319,9 +320,9 @@ func (t *Toolbox) call(ctx context.Context, h handler, name, callID string, inpu
 	}
 	if rec != nil {
 		switch {
-		case rec.State == store.CallDone && rec.Error != nil:
+		case rec.State == callrec.Done && rec.Error != nil:
 			return nil, rec.Error
-		case rec.State == store.CallDone:
+		case rec.State == callrec.Done:
 			return rec.Result, nil
 		}
 		return nil, policy.Errorf(policy.UnknownOutcome, "call %q started earlier but its outcome was never recorded (the worker may have stopped); it is not re-run: re-read the files concerned and decide", callID)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentloom/loomfs/callrec"
 	"github.com/agentloom/loomfs/policy"
 	"github.com/agentloom/loomfs/store"
 )
@@ -390,7 +391,7 @@ func TestReplay(t *testing.T) {
 // callFiles lists the files under the scope's call records.
 func callFiles(t *testing.T, tb *Toolbox) []string {
 	t.Helper()
-	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), store.CallsDir)
+	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), callrec.Dir)
 	ents, err := os.ReadDir(dir)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
@@ -405,7 +406,7 @@ func callFiles(t *testing.T, tb *Toolbox) []string {
 // callBytes sums the sizes of the files of call records.
 func callBytes(t *testing.T, tb *Toolbox) int64 {
 	t.Helper()
-	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), store.CallsDir)
+	dir := filepath.Join(tb.WS.Volume().Path(), store.LocksDir, tb.WS.Scope().Hash(), callrec.Dir)
 	var n int64
 	for _, name := range callFiles(t, tb) {
 		fi, err := os.Stat(filepath.Join(dir, name))
