@@ -28,7 +28,10 @@
 // extents (XFS with reflink=1, btrfs), so a fork writes only metadata
 // there; elsewhere it is copied (copy_file_range). Blobs are named by
 // their content and checked when stored; a fork checks each one's size,
-// not its hash.
+// not its hash. A merge stats every entry of the fork, on several
+// goroutines (idle ones take over subtrees), and writes the fork's next
+// record, fsynced, while its changes are applied: the record is renamed
+// into place only after them, and a merge that fails leaves it as it was.
 //
 // # What a merge carries
 //

@@ -426,3 +426,83 @@ func TestMergeJSONRecord(t *testing.T) {
 		t.Fatalf("second merge %+v, %v: want nothing to do", res, err)
 	}
 }
+
+// TestMergeFailedKeepsRecord: the fork's next record is written while a
+// merge's changes are applied; a merge whose change set is refused leaves
+// the record as it was and nothing beside it, and one that succeeds puts
+// the new record in place, again with nothing beside it.
+func TestMergeFailedKeepsRecord(t *testing.T) {
+	std, _ := policy.Preset("standard")
+	small := *std
+	small.Limits.TextBytes = 100 // the seed's files are smaller
+	v := newVolume(t, t.TempDir())
+	main := v.open(t, mainScope, &small)
+	seed(t, main)
+	child := v.open(t, childA, nil)
+	if _, err := fork.Fork(context.Background(), main, child, fork.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	state, err := v.vol.ScopeState(childA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	dir := filepath.Join("/proc/self/fd", strconv.Itoa(int(state.Fd())))
+	record := filepath.Join(dir, fork.RecordFile)
+	before, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range ents {
+			if strings.Contains(e.Name(), "tmp") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+
+	write(t, child, "src/a.go", strings.Repeat("// too large for main\n", 10))
+	write(t, child, "src/new.go", "package a\n")
+	if _, err := fork.Merge(context.Background(), child, main, fork.MergeOptions{}); policy.CodeOf(err) != policy.TooLarge {
+		t.Fatalf("err %v, want too_large from the target's text limit", err)
+	}
+	if after, err := os.ReadFile(record); err != nil || string(after) != string(before) {
+		t.Fatalf("the record changed in a merge that applied nothing (%v)", err)
+	}
+	if got := beside(); len(got) > 0 {
+		t.Fatalf("left beside the record: %v", got)
+	}
+	if got, _ := read(t, v, mainScope, "src/new.go"); got != "" {
+		t.Fatal("a refused change set applied src/new.go")
+	}
+
+	write(t, child, "src/a.go", "package a // fork\n")
+	if _, err := fork.Merge(context.Background(), child, main, fork.MergeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := beside(); len(got) > 0 {
+		t.Fatalf("left beside the record: %v", got)
+	}
+	rec, err := fork.ReadRecord(v.vol, childA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bases := map[string]string{}
+	for _, e := range rec.Entries {
+		bases[e.Path] = e.SHA256
+	}
+	if bases["src/a.go"] != sum("package a // fork\n") || bases["src/new.go"] != sum("package a\n") {
+		t.Fatalf("bases after the merge: src/a.go %s, src/new.go %s; want the merged contents'", bases["src/a.go"], bases["src/new.go"])
+	}
+	res, err := fork.Merge(context.Background(), child, main, fork.MergeOptions{})
+	if err != nil || len(res.Applied)+len(res.Conflicts)+len(res.Same) != 0 {
+		t.Fatalf("second merge %+v, %v: want nothing to do", res, err)
+	}
+}

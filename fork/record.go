@@ -326,15 +326,35 @@ func recordCurrent(vol *store.Volume, sc store.Scope, f *os.File) (bool, error) 
 // writeRecord replaces the record of scope sc atomically: a temporary file
 // fsynced, renamed over the old one, the directory fsynced.
 func writeRecord(vol *store.Volume, sc store.Scope, r *Record) error {
+	s, err := stageRecord(vol, sc, r)
+	if err != nil {
+		return err
+	}
+	return s.commit()
+}
+
+// stagedRecord is a record written and fsynced under a temporary name in
+// its scope's state directory, not yet in place: a merge writes the
+// fork's next record while its change set is applied, and puts it in
+// place only once the change set is.
+type stagedRecord struct {
+	sc  store.Scope
+	dir *os.File
+	tmp string
+}
+
+// stageRecord writes r, fsynced, beside the record of scope sc; commit or
+// discard must follow.
+func stageRecord(vol *store.Volume, sc store.Scope, r *Record) (*stagedRecord, error) {
 	dir, err := vol.ScopeState(sc)
 	if err != nil {
-		return fmt.Errorf("open the state of %s: %w", sc, err)
+		return nil, fmt.Errorf("open the state of %s: %w", sc, err)
 	}
-	defer dir.Close()
 	tmp := fmt.Sprintf(".%s.%d.tmp", RecordFile, os.Getpid())
 	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("write the fork record of %s: %w", sc, err)
+		dir.Close()
+		return nil, fmt.Errorf("write the fork record of %s: %w", sc, err)
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	err = encodeRecord(f, r)
@@ -344,14 +364,32 @@ func writeRecord(vol *store.Volume, sc store.Scope, r *Record) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), RecordFile)
-	}
+	s := &stagedRecord{sc: sc, dir: dir, tmp: tmp}
 	if err != nil {
-		unix.Unlinkat(int(dir.Fd()), tmp, 0)
-		return fmt.Errorf("write the fork record of %s: %w", sc, err)
+		s.discard()
+		return nil, fmt.Errorf("write the fork record of %s: %w", sc, err)
 	}
-	return dir.Sync()
+	return s, nil
+}
+
+// commit renames the staged record over the scope's and fsyncs the
+// directory, so the new record is durable when it returns.
+func (s *stagedRecord) commit() error {
+	defer s.dir.Close()
+	if err := unix.Renameat(int(s.dir.Fd()), s.tmp, int(s.dir.Fd()), RecordFile); err != nil {
+		unix.Unlinkat(int(s.dir.Fd()), s.tmp, 0)
+		return fmt.Errorf("write the fork record of %s: %w", s.sc, err)
+	}
+	if err := s.dir.Sync(); err != nil {
+		return fmt.Errorf("write the fork record of %s: %w", s.sc, err)
+	}
+	return nil
+}
+
+// discard removes the staged record; the scope's stays as it was.
+func (s *stagedRecord) discard() {
+	unix.Unlinkat(int(s.dir.Fd()), s.tmp, 0)
+	s.dir.Close()
 }
 
 // removeRecord removes the record of scope sc, if any.
