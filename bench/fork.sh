@@ -13,8 +13,11 @@
 # the inodes freed in the last minute or more, so a removal just before a
 # measured fork would slow it. Needs root (loop devices, mount), mkfs.xfs
 # (xfsprogs) and mkfs.ext4. BIN= a loomfs binary to use instead of
-# building one; TMPDIR= where to work (default /var/tmp: its filesystem is
-# the first one measured).
+# building one, or several separated by spaces (a before and an after),
+# measured side by side: each round runs each in turn, and every figure is
+# given per binary, named by its file name (the first one sets up the
+# trees and snapshots, so all must read its records); TMPDIR= where to
+# work (default /var/tmp: its filesystem is the first one measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
@@ -28,8 +31,13 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-L=${BIN:-$work/loomfs}
-[ -n "${BIN:-}" ] || go build -o "$L" ./cmd/loomfs
+read -ra bins <<<"${BIN:-}"
+if [ ${#bins[@]} -eq 0 ]; then
+	go build -o "$work/loomfs" ./cmd/loomfs
+	bins=("$work/loomfs")
+fi
+L=${bins[0]}
+name() { basename "${bins[$1]}"; }
 command -v mkfs.xfs >/dev/null || { echo "mkfs.xfs not installed (scripts/setup installs xfsprogs)"; exit 1; }
 command -v mkfs.ext4 >/dev/null || { echo "mkfs.ext4 not installed (e2fsprogs)"; exit 1; }
 
@@ -63,30 +71,35 @@ setup() {
 	field "$work/snap.json" id
 }
 
-# forks ROOT SNAP LABEL [FLAGS]: ROUNDS forks into fresh child scopes.
+# forks ROOT SNAP LABEL [FLAGS]: ROUNDS forks into fresh child scopes, each
+# binary in turn every round.
 forks() {
 	local root=$1 snap=$2 label=$3
 	shift 3
-	local wall=() dur=() data=() fill=() rec=() how=""
+	local -A wall=() dur=() data=() fill=() rec=() how=()
+	local r i s to
 	for r in $(seq "$ROUNDS"); do
-		local to="$main/f$label$r/c"
-		local s
-		s=$(now)
-		"$L" --root "$root" --json fork --from "$main@$snap" --to "$to" "$@" >"$work/fork.json"
-		wall+=("$(since "$s")")
-		dur+=("$(field "$work/fork.json" duration_s)")
-		data+=("$(field "$work/fork.json" data_s)")
-		fill+=("$(field "$work/fork.json" fill_s)")
-		rec+=("$(field "$work/fork.json" record_s)")
-		how="$(field "$work/fork.json" clone), $(field "$work/fork.json" files) files"
+		for i in "${!bins[@]}"; do
+			to="$main/f${label}r${r}b$i/c"
+			s=$(now)
+			"${bins[$i]}" --root "$root" --json fork --from "$main@$snap" --to "$to" "$@" >"$work/fork.json"
+			wall[$i]+="$(since "$s") "
+			dur[$i]+="$(field "$work/fork.json" duration_s) "
+			data[$i]+="$(field "$work/fork.json" data_s) "
+			fill[$i]+="$(field "$work/fork.json" fill_s) "
+			rec[$i]+="$(field "$work/fork.json" record_s) "
+			how[$i]="$(field "$work/fork.json" clone), $(field "$work/fork.json" files) files"
+		done
 	done
 	local d t f c w
-	d=$(printf '%s\n' "${dur[@]}" | median)
-	t=$(printf '%s\n' "${data[@]}" | median)
-	f=$(printf '%s\n' "${fill[@]}" | median)
-	c=$(printf '%s\n' "${rec[@]}" | median)
-	w=$(printf '%s\n' "${wall[@]}" | median)
-	echo "fork $label ($how): $(ms "$d") in process = file data $(ms "$t") + metadata walk $(ms "$(awk -v a="$f" -v b="$t" 'BEGIN {print a - b}')") + base record $(ms "$c") + syncfs, swap and cleanup $(ms "$(awk -v a="$d" -v b="$f" -v c="$c" 'BEGIN {print a - b - c}')"); $(ms "$w") as a command; load $(load)"
+	for i in "${!bins[@]}"; do
+		d=$(printf '%s\n' ${dur[$i]} | median)
+		t=$(printf '%s\n' ${data[$i]} | median)
+		f=$(printf '%s\n' ${fill[$i]} | median)
+		c=$(printf '%s\n' ${rec[$i]} | median)
+		w=$(printf '%s\n' ${wall[$i]} | median)
+		echo "$(name "$i"): fork $label (${how[$i]}): $(ms "$d") in process = file data $(ms "$t") + metadata walk $(ms "$(awk -v a="$f" -v b="$t" 'BEGIN {print a - b}')") + base record $(ms "$c") + syncfs, swap and cleanup $(ms "$(awk -v a="$d" -v b="$f" -v c="$c" 'BEGIN {print a - b - c}')"); $(ms "$w") as a command; load $(load)"
+	done
 }
 
 snap_ext4=$(setup "$work/ext4")
@@ -103,28 +116,33 @@ root="$work/ext4"
 mapfile -t changed < <(cd "$root/spaces/b/agents/s/sessions/s/main" && find src/net/http -maxdepth 1 -name '*.go' | sort | head -20)
 scopedir() { echo "$root/spaces/b/agents/s/sessions/s/$1"; }
 for conflicts in 0 5; do
-	wall=() dur=() dry=() scan=()
+	declare -A wall=() dur=() dry=() scan=() got=()
 	for r in $(seq "$ROUNDS"); do
-		child="$main/m$conflicts$r/c"
-		"$L" --root "$root" --json fork --from "$main" --to "$child" >/dev/null
-		for f in "${changed[@]}"; do
-			echo "// changed in the fork $r" >>"$(scopedir "runs/m$conflicts$r/children/c")/$f"
+		for i in "${!bins[@]}"; do
+			B=${bins[$i]}
+			child="$main/m${conflicts}r${r}b$i/c"
+			"$B" --root "$root" --json fork --from "$main" --to "$child" >/dev/null
+			for f in "${changed[@]}"; do
+				echo "// changed in the fork $r" >>"$(scopedir "runs/m${conflicts}r${r}b$i/children/c")/$f"
+			done
+			# Main's changes go through loomfs, so its next snapshot sees them;
+			# the fork's are made behind its back, which a merge sees by fstat.
+			for f in "${changed[@]:0:$conflicts}"; do
+				python3 -c 'import json,sys; print(json.dumps({"path": sys.argv[1], "content": open(sys.argv[2]).read() + sys.argv[3] + "\n"}))' \
+					"$f" "$(scopedir main)/$f" "// changed in main $r $i" | "$B" --root "$root" tool workspace_write --scope "$main" --input - >/dev/null
+			done
+			s=$(now)
+			"$B" --root "$root" --json merge --from "$child" --into "$main" --dry-run >"$work/dry.json"
+			dry[$i]+="$(since "$s") "
+			s=$(now)
+			"$B" --root "$root" --json merge --from "$child" --into "$main" --partial >"$work/merge.json" 2>/dev/null || true
+			wall[$i]+="$(since "$s") "
+			dur[$i]+="$(field "$work/merge.json" duration_s) "
+			scan[$i]+="$(field "$work/merge.json" scan_s) "
+			got[$i]="$(field "$work/merge.json" applied) applied, $(field "$work/merge.json" conflicts) conflicts"
 		done
-		# Main's changes go through loomfs, so its next snapshot sees them;
-		# the fork's are made behind its back, which a merge sees by fstat.
-		for f in "${changed[@]:0:$conflicts}"; do
-			python3 -c 'import json,sys; print(json.dumps({"path": sys.argv[1], "content": open(sys.argv[2]).read() + sys.argv[3] + "\n"}))' \
-				"$f" "$(scopedir main)/$f" "// changed in main $r" | "$L" --root "$root" tool workspace_write --scope "$main" --input - >/dev/null
-		done
-		s=$(now)
-		"$L" --root "$root" --json merge --from "$child" --into "$main" --dry-run >"$work/dry.json"
-		dry+=("$(since "$s")")
-		s=$(now)
-		"$L" --root "$root" --json merge --from "$child" --into "$main" --partial >"$work/merge.json" 2>/dev/null || true
-		wall+=("$(since "$s")")
-		dur+=("$(field "$work/merge.json" duration_s)")
-		scan+=("$(field "$work/merge.json" scan_s)")
-		got="$(field "$work/merge.json" applied) applied, $(field "$work/merge.json" conflicts) conflicts"
 	done
-	echo "merge, $conflicts conflicts ($got, --partial): $(ms "$(printf '%s\n' "${dur[@]}" | median)") in process (finding the fork's changes $(ms "$(printf '%s\n' "${scan[@]}" | median)")), $(ms "$(printf '%s\n' "${wall[@]}" | median)") as a command; --dry-run $(ms "$(printf '%s\n' "${dry[@]}" | median)") as a command; load $(load)"
+	for i in "${!bins[@]}"; do
+		echo "$(name "$i"): merge, $conflicts conflicts (${got[$i]}, --partial): $(ms "$(printf '%s\n' ${dur[$i]} | median)") in process (finding the fork's changes $(ms "$(printf '%s\n' ${scan[$i]} | median)")), $(ms "$(printf '%s\n' ${wall[$i]} | median)") as a command; --dry-run $(ms "$(printf '%s\n' ${dry[$i]} | median)") as a command; load $(load)"
+	done
 done
