@@ -66,7 +66,7 @@ func TestFencedNodeLateRecords(t *testing.T) {
 	if len(lengths) != 2 {
 		t.Fatalf("node a's audit files at its fence: %v, want its chain file and its ledger", lengths)
 	}
-	if _, err := fence.AddMarks(root, "a", time.Now(), lengths); err != nil {
+	if _, err := fence.AddMarks(root, "a", time.Now(), fence.Lengths{Audit: lengths}); err != nil {
 		t.Fatal(err)
 	}
 	// Node a wakes up: a late writer appends to its chain, and one with
@@ -115,7 +115,7 @@ func TestFencedNodeLateRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fence.Readmitted(root, "a", lengths); err != nil {
+	if _, err := fence.Readmitted(root, "a", fence.Lengths{Audit: lengths}); err != nil {
 		t.Fatal(err)
 	}
 	write("a", 3, "readmitted", Options{})
@@ -215,7 +215,7 @@ func TestFencedNodeLostTail(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := fence.AddMarks(root, "a", time.Now(), lengths); err != nil {
+			if _, err := fence.AddMarks(root, "a", time.Now(), fence.Lengths{Audit: lengths}); err != nil {
 				t.Fatal(err)
 			}
 			if tc.cutAfter {

@@ -42,6 +42,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/ofdlock"
 	"github.com/agentloom/loomfs/policy"
 )
@@ -65,6 +66,10 @@ type Record struct {
 	Error    *policy.Error   `json:"error,omitempty"`
 	Started  time.Time       `json:"started"`
 	Finished time.Time       `json:"finished,omitzero"`
+	// Node is the node whose writer appended the line, so that a reader
+	// can tell a fenced node's late lines (Log.Late) from those of the
+	// writer that took its log over.
+	Node string `json:"node,omitempty"`
 }
 
 // LockName is the lock file in Dir that decides who begins a call.
@@ -79,6 +84,12 @@ type OpenDir func() (dfd int, err error)
 // Log is one writer's view of the scope's call logs. The zero Log is
 // ready to use.
 type Log struct {
+	// Late, if set, tells whether the line [off, end) of log name, which
+	// names node (another node than this one), was written after a fence
+	// of that node: such a line is ignored, as if never written (package
+	// fence, Marks).
+	Late func(node, name string, off, end int64) (bool, error)
+
 	mu    sync.Mutex
 	f     *os.File         // this writer's log; nil until its first call
 	read  map[string]int64 // log name -> offset read up to (after a newline)
@@ -101,7 +112,8 @@ func (c *Log) Begin(ctx context.Context, open OpenDir, id, tool string, input []
 		return nil, policy.Errorf(policy.InvalidInput, "call id is %d bytes; the limit is 256", len(id))
 	}
 	sum := sha256.Sum256(input)
-	rec := Record{CallID: id, Tool: tool, InputSHA: hex.EncodeToString(sum[:]), State: Started, Started: time.Now().UTC()}
+	node, _ := nodeid.Name()
+	rec := Record{CallID: id, Tool: tool, InputSHA: hex.EncodeToString(sum[:]), State: Started, Started: time.Now().UTC(), Node: node}
 	dfd, err := open()
 	if err != nil {
 		return nil, err
@@ -141,7 +153,8 @@ func (c *Log) Finish(open OpenDir, id, tool string, input []byte, result json.Ra
 		return err
 	}
 	defer unix.Close(dfd)
-	rec := Record{CallID: id, Tool: tool, InputSHA: hex.EncodeToString(sum[:]), State: Done, Result: result, Error: perr, Finished: time.Now().UTC()}
+	node, _ := nodeid.Name()
+	rec := Record{CallID: id, Tool: tool, InputSHA: hex.EncodeToString(sum[:]), State: Done, Result: result, Error: perr, Finished: time.Now().UTC(), Node: node}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if prev := c.index[id]; prev != nil {
@@ -191,7 +204,7 @@ func lockCalls(ctx context.Context, dfd int) (unlock func(), err error) {
 
 // refresh reads the lines the logs in dfd gained since the last refresh.
 func (c *Log) refresh(dfd int) error {
-	names, err := dirNames(dfd, logSuffix)
+	names, err := logNames(dfd)
 	if err != nil {
 		return err
 	}
@@ -231,6 +244,7 @@ func (c *Log) readLog(dfd int, name string) error {
 		return fmt.Errorf("read call log %s: %w", name, err)
 	}
 	b = b[:n]
+	node, _ := nodeid.Name()
 	for {
 		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
@@ -238,7 +252,15 @@ func (c *Log) readLog(dfd int, name string) error {
 		}
 		var rec Record
 		if json.Unmarshal(b[:i], &rec) == nil && rec.CallID != "" {
-			c.index[rec.CallID] = &rec
+			late := false
+			if rec.Node != "" && rec.Node != node && c.Late != nil {
+				if late, err = c.Late(rec.Node, name, off, off+int64(i+1)); err != nil {
+					return fmt.Errorf("read call log %s: %w", name, err)
+				}
+			}
+			if !late {
+				c.index[rec.CallID] = &rec
+			}
 		}
 		b = b[i+1:]
 		off += int64(i + 1)
@@ -289,7 +311,7 @@ func (c *Log) append(dfd int, rec *Record, durable bool) error {
 // that ran at once, however many processes came and went. A new log is
 // made only when every one is held.
 func openCallLog(dfd int) (*os.File, error) {
-	names, err := dirNames(dfd, logSuffix)
+	names, err := logNames(dfd)
 	if err != nil {
 		return nil, fmt.Errorf("call logs: %w", err)
 	}
@@ -352,8 +374,13 @@ func adoptCallLog(fd int, name string) (*os.File, bool) {
 	return f, true
 }
 
-// dirNames lists the names in dfd ending in suffix, not hidden.
-func dirNames(dfd int, suffix string) ([]string, error) {
+// IsLog tells whether name, in Dir, is a call log.
+func IsLog(name string) bool {
+	return strings.HasSuffix(name, logSuffix) && !strings.HasPrefix(name, ".")
+}
+
+// logNames lists the call logs in dfd.
+func logNames(dfd int) ([]string, error) {
 	dup, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -366,7 +393,7 @@ func dirNames(dfd int, suffix string) ([]string, error) {
 	}
 	names := all[:0]
 	for _, n := range all {
-		if strings.HasSuffix(n, suffix) && !strings.HasPrefix(n, ".") {
+		if IsLog(n) {
 			names = append(names, n)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -32,12 +33,21 @@ import (
 // be none (the storage refuses them); a mark is what tells them apart
 // where the storage could not refuse them.
 //
-// Marks only hold for files one node alone appends to: its audit chain
-// and ledger (package audit). A change journal's late lines name paths
-// that a late write may have changed, which a reader must not drop;
-// call logs are taken over by other writers once unlocked, so a length
-// can't tell the fenced node's bytes from the next writer's; markers are
-// whole records naming their node. See DEPLOY.md §11.
+// Marks only hold for bytes one node alone wrote, so each kind of record
+// is marked as its writers allow:
+//   - the node's audit chain and ledger (package audit) and its change
+//     journals (one file per writing process, named after its node), by
+//     the length of each of its files;
+//   - call logs (package callrec), which another node's writer takes over
+//     once nobody holds them: by the length of every call log of the
+//     volume, and a line counts as the node's by the node it names, so a
+//     line of the node past its log's mark is late and another writer's
+//     is not;
+//   - execution markers and quarantines, whole records naming their node:
+//     by the scopes where the node had one at the fence. One of the node's
+//     elsewhere, while the fence is in force, came later.
+//
+// See DEPLOY.md §11 for what a reader does with what is late.
 //
 // A re-admission (loomfs fence --readmit, once the node's old processes
 // are stopped) closes the window: each file's Readmit is its length
@@ -52,10 +62,31 @@ type Marks struct {
 	// Audit marks the node's audit files, by name in the audit
 	// directory.
 	Audit map[string]Mark `json:"audit"`
-	// InForce is true from a fence to the re-admission: every audit file
-	// of the node that Audit does not name was created after the fence.
+	// Journals marks the node's change journal files and Calls every
+	// call log, each by ScopeFile.
+	Journals map[string]Mark `json:"journals,omitempty"`
+	Calls    map[string]Mark `json:"calls,omitempty"`
+	// Markers are the scopes (by hash) where the node had an execution
+	// marker or a quarantine at a fence in force.
+	Markers []string `json:"markers,omitempty"`
+	// InForce is true from a fence to the re-admission: every file of
+	// the node that the marks do not name was created after the fence.
 	InForce bool `json:"in_force"`
 }
+
+// Lengths are what a fence measured of a node's records once it held:
+// the length of each file by its key in Marks, and the scopes where the
+// node had a marker.
+type Lengths struct {
+	Audit    map[string]int64
+	Journals map[string]int64
+	Calls    map[string]int64
+	Markers  []string
+}
+
+// ScopeFile is the key of a scope's journal file or call log in Marks:
+// the scope's hash (its state directory's name) and the file's name.
+func ScopeFile(scopeHash, name string) string { return scopeHash + "/" + name }
 
 // Mark is one file's window of bytes written after a fence: from Fenced
 // (its length at the fence; 0 for a file created after it) to Readmit
@@ -80,7 +111,37 @@ func (m *Marks) Late(name string, off, end int64) bool {
 	if m == nil {
 		return false
 	}
-	mk, ok := m.Audit[name]
+	return m.late(m.Audit, name, off, end)
+}
+
+// LateJournal reports whether the bytes [off, end) of the node's change
+// journal file (by ScopeFile) were written after a fence of the node.
+func (m *Marks) LateJournal(key string, off, end int64) bool {
+	if m == nil {
+		return false
+	}
+	return m.late(m.Journals, key, off, end)
+}
+
+// LateCall reports whether a line [off, end) of a call log (by ScopeFile)
+// that names the node was written after a fence of the node.
+func (m *Marks) LateCall(key string, off, end int64) bool {
+	if m == nil {
+		return false
+	}
+	return m.late(m.Calls, key, off, end)
+}
+
+// LateMarker reports whether an execution marker or quarantine of the
+// node in the scope scopeHash was written after a fence still in force:
+// the fence did not see it. One written while a fence was in force and
+// still there after the re-admission counts as the node's own.
+func (m *Marks) LateMarker(scopeHash string) bool {
+	return m != nil && m.InForce && !slices.Contains(m.Markers, scopeHash)
+}
+
+func (m *Marks) late(marks map[string]Mark, key string, off, end int64) bool {
+	mk, ok := marks[key]
 	if !ok {
 		return m.InForce
 	}
@@ -93,36 +154,53 @@ const MarksDir = "marks"
 
 func marksPath(root, node string) string { return filepath.Join(root, Dir, MarksDir, node+".json") }
 
-// AddMarks merges the lengths of the node's audit files at a fence
-// (name → length) into its kept marks and puts the fence in force. A file
-// marked by an earlier fence keeps its mark: its window starts there.
-func AddMarks(root, node string, at time.Time, audit map[string]int64) (Marks, error) {
+// AddMarks merges the lengths of the node's records at a fence into its
+// kept marks and puts the fence in force. A file marked by an earlier
+// fence keeps its mark: its window starts there.
+func AddMarks(root, node string, at time.Time, l Lengths) (Marks, error) {
 	m, err := ReadMarks(root, node)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return m, err
 	}
 	m.Node = node
 	m.Fences = append(m.Fences, at.UTC())
-	if m.Audit == nil {
-		m.Audit = map[string]Mark{}
+	m.Audit = openWindows(m.Audit, l.Audit)
+	m.Journals = openWindows(m.Journals, l.Journals)
+	m.Calls = openWindows(m.Calls, l.Calls)
+	if !m.InForce {
+		m.Markers = nil // the last window's are settled: cleared or kept as the node's
 	}
-	for name, size := range audit {
-		if old, ok := m.Audit[name]; ok && !old.Readmitted {
-			continue // still in an open window: it starts there
+	for _, h := range l.Markers {
+		if !slices.Contains(m.Markers, h) {
+			m.Markers = append(m.Markers, h)
 		}
-		// New, or fenced again after a re-admission: one window per file
-		// is kept, from this fence on (the audit's fence and readmit
-		// records name the earlier one).
-		m.Audit[name] = Mark{Fenced: size}
 	}
 	m.InForce = true
 	return m, writeJSON(marksPath(root, node), m)
 }
 
+// openWindows marks each file of sizes from its length, but for one still
+// in an open window, which starts where it did.
+func openWindows(marks map[string]Mark, sizes map[string]int64) map[string]Mark {
+	if marks == nil {
+		marks = map[string]Mark{}
+	}
+	for key, size := range sizes {
+		if old, ok := marks[key]; ok && !old.Readmitted {
+			continue // still in an open window: it starts there
+		}
+		// New, or fenced again after a re-admission: one window per file
+		// is kept, from this fence on (the audit's fence and readmit
+		// records name the earlier one).
+		marks[key] = Mark{Fenced: size}
+	}
+	return marks
+}
+
 // Readmitted closes the window of the node's marks at re-admission: each
 // marked file's window ends at its length now, and each file of the node
 // created during the fence (now, its length) is marked from 0.
-func Readmitted(root, node string, audit map[string]int64) (Marks, error) {
+func Readmitted(root, node string, l Lengths) (Marks, error) {
 	m, err := ReadMarks(root, node)
 	if errors.Is(err, os.ErrNotExist) {
 		return m, nil // fenced before marks were kept
@@ -130,18 +208,31 @@ func Readmitted(root, node string, audit map[string]int64) (Marks, error) {
 	if err != nil {
 		return m, err
 	}
-	for name, size := range audit {
-		mk, ok := m.Audit[name]
-		switch {
-		case !ok && m.InForce:
-			m.Audit[name] = Mark{Fenced: 0, Readmit: size, Readmitted: true}
-		case ok && !mk.Readmitted:
-			mk.Readmit, mk.Readmitted = max(size, mk.Fenced), true
-			m.Audit[name] = mk
-		}
-	}
+	m.Audit = closeWindows(m.Audit, l.Audit, m.InForce)
+	m.Journals = closeWindows(m.Journals, l.Journals, m.InForce)
+	m.Calls = closeWindows(m.Calls, l.Calls, m.InForce)
 	m.InForce = false
 	return m, writeJSON(marksPath(root, node), m)
+}
+
+// closeWindows ends each open window at the file's size now; a file the
+// fence did not see was made during it (if it is in force) and is marked
+// from 0.
+func closeWindows(marks map[string]Mark, sizes map[string]int64, inForce bool) map[string]Mark {
+	if marks == nil && len(sizes) > 0 {
+		marks = map[string]Mark{}
+	}
+	for key, size := range sizes {
+		mk, ok := marks[key]
+		switch {
+		case !ok && inForce:
+			marks[key] = Mark{Fenced: 0, Readmit: size, Readmitted: true}
+		case ok && !mk.Readmitted:
+			mk.Readmit, mk.Readmitted = max(size, mk.Fenced), true
+			marks[key] = mk
+		}
+	}
+	return marks
 }
 
 // ReadMarks returns node's kept marks under root; an error wrapping

@@ -11,7 +11,7 @@ import (
 // after the re-admission is not.
 func TestMarksWindow(t *testing.T) {
 	root := t.TempDir()
-	m, err := AddMarks(root, "a", time.Now(), map[string]int64{"a.ledger.jsonl": 100, "a.20250501.000001.jsonl": 50})
+	m, err := AddMarks(root, "a", time.Now(), Lengths{Audit: map[string]int64{"a.ledger.jsonl": 100, "a.20250501.000001.jsonl": 50}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,10 +32,10 @@ func TestMarksWindow(t *testing.T) {
 		}
 	}
 	// Another fence of the node keeps the first one's marks.
-	if m, err = AddMarks(root, "a", time.Now(), map[string]int64{"a.ledger.jsonl": 130}); err != nil || m.Audit["a.ledger.jsonl"].Fenced != 100 || len(m.Fences) != 2 {
+	if m, err = AddMarks(root, "a", time.Now(), Lengths{Audit: map[string]int64{"a.ledger.jsonl": 130}}); err != nil || m.Audit["a.ledger.jsonl"].Fenced != 100 || len(m.Fences) != 2 {
 		t.Fatalf("fenced again: %+v %v", m, err)
 	}
-	m, err = Readmitted(root, "a", map[string]int64{"a.ledger.jsonl": 140, "a.20250501.000001.jsonl": 50, "a.20250501.000002.jsonl": 30})
+	m, err = Readmitted(root, "a", Lengths{Audit: map[string]int64{"a.ledger.jsonl": 140, "a.20250501.000001.jsonl": 50, "a.20250501.000002.jsonl": 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,5 +62,58 @@ func TestMarksWindow(t *testing.T) {
 	}
 	if _, err := Read(root, "a"); err == nil {
 		t.Error("the marks were read as a fence record")
+	}
+}
+
+// TestMarksOfScopeRecords: journal files and call logs are marked by
+// their key as audit files are, each kind apart from the others; a marker
+// is late only in a scope the fence did not see one in, while the fence
+// is in force, and a later fence after a re-admission starts the list
+// anew.
+func TestMarksOfScopeRecords(t *testing.T) {
+	root := t.TempDir()
+	j, c := ScopeFile("h1", "a.1.x.log"), ScopeFile("h1", "k.log")
+	m, err := AddMarks(root, "a", time.Now(), Lengths{
+		Journals: map[string]int64{j: 10},
+		Calls:    map[string]int64{c: 20},
+		Markers:  []string{"h1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what string
+		got  bool
+		want bool
+	}{
+		{"journal line before its mark", m.LateJournal(j, 0, 10), false},
+		{"journal line past its mark", m.LateJournal(j, 10, 15), true},
+		{"journal file made after the fence", m.LateJournal(ScopeFile("h2", "a.2.y.log"), 0, 5), true},
+		{"call line before its mark", m.LateCall(c, 10, 20), false},
+		{"call line past its mark", m.LateCall(c, 20, 30), true},
+		{"a call log's mark is not a journal's", m.LateJournal(c, 0, 5), true},
+		{"marker the fence saw", m.LateMarker("h1"), false},
+		{"marker the fence did not see", m.LateMarker("h2"), true},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: late %v, want %v", tc.what, tc.got, tc.want)
+		}
+	}
+	m, err = Readmitted(root, "a", Lengths{Journals: map[string]int64{j: 15}, Calls: map[string]int64{c: 30, ScopeFile("h3", "n.log"): 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.LateCall(c, 20, 30) || m.LateCall(c, 30, 40) || !m.LateCall(ScopeFile("h3", "n.log"), 0, 7) || m.LateCall(ScopeFile("h4", "o.log"), 0, 9) {
+		t.Errorf("call windows after the re-admission: %+v", m.Calls)
+	}
+	if m.LateMarker("h2") {
+		t.Error("a marker is late after the re-admission")
+	}
+	if m, err = AddMarks(root, "a", time.Now(), Lengths{Markers: []string{"h2"}}); err != nil || !m.LateMarker("h1") || m.LateMarker("h2") {
+		t.Errorf("fenced again: markers %v, %v; want only h2's seen", m.Markers, err)
+	}
+	var nilMarks *Marks
+	if nilMarks.LateJournal(j, 0, 1) || nilMarks.LateCall(c, 0, 1) || nilMarks.LateMarker("h1") {
+		t.Error("a node never fenced has late records")
 	}
 }

@@ -31,6 +31,12 @@ type Record struct {
 	// AuditMarked counts the node's audit files whose lengths the fence
 	// kept as high-water marks (Marks).
 	AuditMarked int `json:"audit_files_marked"`
+	// JournalsMarked and CallLogsMarked count the files of the node's
+	// change journals and the call logs it kept marks of; MarkerScopes
+	// the scopes where the node had a marker or a quarantine.
+	JournalsMarked int `json:"journal_files_marked"`
+	CallLogsMarked int `json:"call_logs_marked"`
+	MarkerScopes   int `json:"marker_scopes"`
 }
 
 // nodeName reports whether node may name its record: a hostname or an

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/agentloom/loomfs/nodeid"
 	"github.com/agentloom/loomfs/store"
 )
 
@@ -93,4 +94,41 @@ func sizeName(n int) string {
 		return fmt.Sprintf("%dMiB", n>>20)
 	}
 	return fmt.Sprintf("%dKiB", n>>10)
+}
+
+// BenchmarkFenceLengths measures what a fence adds to measure a node's
+// records (Volume.FenceLengths): a walk of every scope's state directory
+// on a volume of n scopes, each with a call log and a change journal file
+// of the node (set TMPDIR to measure another disk, e.g. a CephFS mount).
+func BenchmarkFenceLengths(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("scopes=%d", n), func(b *testing.B) {
+			b.Setenv(nodeid.Env, "node-a")
+			ctx := context.Background()
+			vol, err := store.OpenVolume(ctx, store.Config{Root: filepath.Join(b.TempDir(), "root")})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { vol.Close() })
+			for i := range n {
+				ws, err := vol.Open(ctx, store.Scope{Space: "sp", Agent: "ag", Session: fmt.Sprintf("s%d", i)}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := ws.BeginCall(ctx, "c", "workspace_write", nil); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := ws.WriteFile(ctx, "f", []byte("x"), nil); err != nil {
+					b.Fatal(err)
+				}
+				ws.Close()
+			}
+			for b.Loop() {
+				l, err := vol.FenceLengths("node-a")
+				if err != nil || len(l.Calls) != n || len(l.Journals) != n {
+					b.Fatalf("FenceLengths: %d call logs, %d journal files, %v; want %d each", len(l.Calls), len(l.Journals), err, n)
+				}
+			}
+		})
+	}
 }

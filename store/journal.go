@@ -593,6 +593,10 @@ type JournalFile struct {
 	Changes []JournalChange
 	Ended   bool // the writer closed it cleanly
 	Live    bool // a writer holds it
+	// Late says lines its node wrote after a fence of the node were
+	// found and left out (fencemarks.go): what else it changed then is
+	// not known.
+	Late bool
 	// ModTime is when the file last changed; Skipped says it was not
 	// read (ReadJournalAfter).
 	ModTime time.Time
@@ -600,8 +604,9 @@ type JournalFile struct {
 }
 
 // Trusted reports whether every change the file's writer made is in it:
-// its writer is alive or closed it cleanly.
-func (f *JournalFile) Trusted() bool { return f.Live || f.Ended }
+// its writer is alive or closed it cleanly, and it wrote nothing after a
+// fence of its node.
+func (f *JournalFile) Trusted() bool { return (f.Live || f.Ended) && !f.Late }
 
 // ErrJournalGone says a journal file a cursor names no longer holds what
 // the cursor had read (removed, or shorter).
@@ -643,6 +648,7 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.
 	w.settled.keep(names)
 	present := make(map[string]bool, len(names))
 	var out []JournalFile
+	var late lateJournals
 	for _, name := range names {
 		present[name] = true
 		if from[name] < 0 {
@@ -658,11 +664,15 @@ func (w *Workspace) readJournals(from map[string]int64, changes bool, done time.
 			out = append(out, JournalFile{Name: name, Size: s.end, End: s.end, Ended: true, ModTime: s.mod})
 			continue
 		}
-		jf, size, err := readJournalFile(dfd, name, off, changes, skipBefore, name == current)
+		judge, err := late.of(w, name)
 		if err != nil {
 			return nil, err
 		}
-		if jf.Ended && !jf.Live && !jf.Skipped {
+		jf, size, err := readJournalFile(dfd, name, off, changes, skipBefore, name == current, judge)
+		if err != nil {
+			return nil, err
+		}
+		if jf.Ended && !jf.Live && !jf.Skipped && !jf.Late {
 			w.settled.put(name, settledJournal{size: size, end: jf.End, mod: jf.ModTime})
 		}
 		out = append(out, jf)
@@ -817,8 +827,9 @@ func journalNames(dfd int) ([]string, error) {
 // the file's size. Whether its writer is alive is asked before reading
 // (unless live says this process writes it), so a writer that ends it
 // meanwhile is seen as alive (and its end line, if read, as ended): never
-// the reverse.
-func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time, live bool) (JournalFile, int64, error) {
+// the reverse. A line late says its node wrote after its fence is left
+// out, and the file marked Late.
+func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefore time.Time, live bool, late func(off, end int64) bool) (JournalFile, int64, error) {
 	jf := JournalFile{Name: name, Size: offset, End: offset}
 	journalOpens.Add(1)
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -877,6 +888,10 @@ func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefor
 		buf = buf[i+1:]
 		at := pos
 		pos += int64(i) + 1
+		if late != nil && late(at, pos) {
+			jf.Late = true
+			continue
+		}
 		if line+"\n" == journalEnd {
 			jf.Ended = true
 			continue

@@ -109,6 +109,9 @@ func (w *Workspace) CheckQuarantine() error {
 		return nil
 	}
 	m, _ := w.readState(QuarantineFile)
+	if late, err := w.lateRecord(m); err == nil && late {
+		return nil // a fenced node's, written after its fence: set aside at the next lock
+	}
 	msg := "this workspace is quarantined: a sandbox command's cleanup could not be confirmed; writes and commands are refused until an administrator clears it (reads still work)"
 	if m != nil {
 		msg += fmt.Sprintf(" [container %s, node %s, since %s]", m.Container, m.Node, m.Time.UTC().Format(time.RFC3339))
@@ -118,11 +121,18 @@ func (w *Workspace) CheckQuarantine() error {
 
 // quarantineStaleMarker runs right after the scope lock is taken: an
 // execution marker found then was left by a command whose owner died.
-// found says whether there was one.
+// found says whether there was one. One a fenced node wrote after its
+// fence is set aside instead (fencemarks.go).
 func (w *Workspace) quarantineStaleMarker() (found bool, err error) {
 	m, err := w.readState(ExecMarker)
 	if err != nil || m == nil {
 		return false, err
+	}
+	if late, err := w.lateRecord(m); err != nil || late {
+		if err == nil {
+			err = w.setAsideLate(ExecMarker)
+		}
+		return !late, err
 	}
 	return true, w.Quarantine(*m, "execution marker found without a live owner (worker died or cleanup unconfirmed)")
 }

@@ -5,15 +5,31 @@ import (
 	"os"
 	"sort"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentloom/loomfs/policy"
 )
 
 // Quarantines lists the quarantine records of every scope on the volume,
-// for administrators (SPEC §7.3).
+// for administrators (SPEC §7.3): all but those a fenced node wrote after
+// its fence, which quarantine nothing (fencemarks.go).
 func (v *Volume) Quarantines() ([]Marker, error) {
-	return v.stateRecords(QuarantineFile)
+	all, err := v.stateRecords(QuarantineFile)
+	if err != nil {
+		return nil, err
+	}
+	byNode, _, err := v.fenced()
+	if err != nil || len(byNode) == 0 {
+		return all, err
+	}
+	in := all[:0]
+	for _, m := range all {
+		if m.Node == "" || !byNode[m.Node].LateMarker(m.ScopeHash) {
+			in = append(in, m)
+		}
+	}
+	return in, nil
 }
 
 // Markers lists the execution and session sandbox markers of every scope
@@ -50,40 +66,60 @@ func (v *Volume) HasMarker(s Scope) (bool, error) {
 // stateRecords reads the record called name in every scope's state
 // directory that has one.
 func (v *Volume) stateRecords(name string) ([]Marker, error) {
+	var out []Marker
+	err := v.eachState(1, func(h string, state *os.File) error {
+		m, err := (&Workspace{state: state}).readState(name)
+		if err != nil || m == nil {
+			return err
+		}
+		if m.ScopeHash == "" {
+			m.ScopeHash = h
+		}
+		out = append(out, *m)
+		return nil
+	})
+	return out, err
+}
+
+// eachState calls fn with every scope's state directory (open for
+// reading, closed after fn) and its name, the scope's hash: in name order one at a
+// time, or with workers > 1 that many at once (fn must then be safe for
+// concurrent use; on a shared filesystem each call waits for round trips
+// to the servers, which other calls can overlap). A directory removed
+// meanwhile, or not a directory, is passed over. The first error fn
+// returns ends the walk.
+func (v *Volume) eachState(workers int, fn func(h string, state *os.File) error) error {
 	fd, err := openBeneath(int(v.root.Fd()), LocksDir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err == unix.ENOENT {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", LocksDir, err)
+		return fmt.Errorf("open %s: %w", LocksDir, err)
 	}
 	dir := os.NewFile(uintptr(fd), LocksDir)
 	defer dir.Close()
 	names, err := dir.Readdirnames(-1)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", LocksDir, err)
+		return fmt.Errorf("read %s: %w", LocksDir, err)
 	}
 	sort.Strings(names)
-	var out []Marker
+	var g errgroup.Group
+	g.SetLimit(max(workers, 1))
 	for _, h := range names {
-		sfd, err := unix.Openat(fd, h, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			continue
-		}
-		w := &Workspace{state: os.NewFile(uintptr(sfd), h)}
-		m, err := w.readState(name)
-		w.state.Close()
-		if err != nil {
-			return nil, err
-		}
-		if m != nil {
-			if m.ScopeHash == "" {
-				m.ScopeHash = h
+		g.Go(func() error {
+			sfd, err := unix.Openat(fd, h, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err == unix.ENOENT || err == unix.ENOTDIR || err == unix.ELOOP {
+				return nil
 			}
-			out = append(out, *m)
-		}
+			if err != nil {
+				return fmt.Errorf("open state of %s: %w", h, err)
+			}
+			state := os.NewFile(uintptr(sfd), h)
+			defer state.Close()
+			return fn(h, state)
+		})
 	}
-	return out, nil
+	return g.Wait()
 }
 
 // Quarantine returns the quarantine record of scope s, or nil.

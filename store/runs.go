@@ -496,7 +496,7 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("legacy run state dir: %w", err)
 	}
-	return &Workspace{
+	w := &Workspace{
 		vol:   r.vol,
 		scope: s,
 		// Not a main scope: a legacy run never reserved "subagents", and
@@ -508,7 +508,9 @@ func (r *Run) openLegacy(pol *policy.Policy) (*Workspace, error) {
 		mnt:     mnt,
 		journal: &journal{},
 		quota:   &scopeQuota{},
-	}, nil
+	}
+	w.calls.Late = w.lateCallLine
+	return w, nil
 }
 
 // createJSONAt writes v as a new file name in dfd, atomically: readers see

@@ -66,7 +66,8 @@ func (w *Workspace) QuarantineSession(m Marker, reason string) error {
 // quarantineStaleSession runs with the scope lock held: a session marker
 // whose lease nobody holds was left by a worker that died with its
 // container (SPEC §5.1: as for a one-shot command). found says whether
-// there was a session marker, live or not.
+// there was a session marker, live or not. One a fenced node wrote after
+// its fence is set aside instead (fencemarks.go).
 func (w *Workspace) quarantineStaleSession() (found bool, err error) {
 	m, err := w.readState(SessionMarker)
 	if err != nil || m == nil {
@@ -77,6 +78,12 @@ func (w *Workspace) quarantineStaleSession() (found bool, err error) {
 		return true, err // a live session: its owner holds the lease
 	}
 	defer release()
+	if late, err := w.lateRecord(m); err != nil || late {
+		if err == nil {
+			err = w.setAsideLate(SessionMarker)
+		}
+		return !late, err
+	}
 	return true, w.QuarantineSession(*m, "session sandbox marker found without a live owner (worker died or cleanup unconfirmed)")
 }
 

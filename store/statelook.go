@@ -93,6 +93,9 @@ func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, 
 	if err != nil {
 		return false, err
 	}
+	if err := w.setAsideLateQuarantine(); err != nil {
+		return false, err
+	}
 	clear = !marker && !session && !changes && !w.quarantineFlagged()
 	keep := stamp{}
 	// Only a look through a lock file it checked vouches for the file;

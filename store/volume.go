@@ -74,6 +74,8 @@ type Volume struct {
 	// once (dirStatsFresh), so a lock holder's look may be kept
 	// (statelook.go).
 	freshDirStats bool
+
+	fencedMarks fencedMarks // the fenced nodes' marks, as last read (fencemarks.go)
 }
 
 // OpenVolume opens the configured root. The local backend creates it; the
@@ -363,6 +365,7 @@ func (v *Volume) open(s Scope, pol *policy.Policy) (*Workspace, error) {
 		journal: &journal{},
 		quota:   &scopeQuota{},
 	}
+	w.calls.Late = w.lateCallLine
 	if w.pol.Readme {
 		if err := w.keepReadme(); err != nil {
 			w.Close()

@@ -486,6 +486,9 @@ func TestNodeFenceTakeover(t *testing.T) {
 	if len(rec.Instances) != 1 || rec.Instances[0].Node != nameA || rec.Method != fence.MethodCeph || rec.Barrier < rec.OSDEpoch {
 		t.Fatalf("fence record %+v: want node A's one instance, evicted, barrier reached", rec)
 	}
+	if rec.JournalsMarked == 0 || rec.MarkerScopes == 0 {
+		t.Errorf("the fence marked %d journal files of A and %d scopes with A's markers; want A's journals and its command's marker", rec.JournalsMarked, rec.MarkerScopes)
+	}
 	if onVolume, err := fence.Read(b.root, nameA); err != nil || onVolume.Instances[0].Addr != rec.Instances[0].Addr {
 		t.Errorf("the fence on the volume: %+v %v", onVolume, err)
 	}
@@ -1090,15 +1093,7 @@ func TestNodeFencedQuarantineClear(t *testing.T) {
 	}
 	defer vol.Close()
 	quarantine := func(scope, node, container string) {
-		sc, err := store.ParseScope(scope)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, err := vol.Open(ctx, sc, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ws.Close()
+		ws := openScope(t, vol, scope)
 		if err := ws.Quarantine(store.Marker{Container: container, Node: node, Time: time.Now()}, "its worker died"); err != nil {
 			t.Fatal(err)
 		}
@@ -1232,4 +1227,86 @@ func TestNodeFencedLateAuditIgnored(t *testing.T) {
 	if rep := verify(); len(rep.Fenced) != 1 || rep.Fenced[0].InForce || rep.Fenced[0].LateRecords != 4 {
 		t.Errorf("audit verify after A's re-admission: %+v", rep.Fenced)
 	}
+}
+
+// TestNodeFencedLateRecordsIgnored: a fence the operator confirmed where
+// node A was in fact still writing (the storage could not refuse it): a
+// Workspace of A's opened before the fence finishes a call, writes a
+// file and leaves a marker after it. Through node B's loomfs, the call A
+// finished late answers unknown_outcome as a call only started does, a
+// call A finished before the fence replays, and A's late marker refuses
+// nothing. The fence's record says what it marked.
+func TestNodeFencedLateRecordsIgnored(t *testing.T) {
+	_, a, b := sharedVolume(t)
+	a.name = "late-r-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	const scope, other = "acme/coder/late-records", "acme/coder/late-marker"
+	ctx := context.Background()
+	in := func(file string) string { return `{"path":"` + file + `","content":"x"}` }
+	if r := a.run("tool", "workspace_write", "--scope", scope, "--call-id", "c-1", "--input", in("one.txt")); r.code != 0 {
+		t.Fatalf("A's call c-1: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	// A's worker that froze with its scopes open, before the fence.
+	t.Setenv(nodeid.Env, a.name)
+	vol, err := store.OpenVolume(ctx, store.Config{Backend: store.BackendSharedPOSIX, Root: a.root, VolumeID: a.volumeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vol.Close()
+	ws, wsOther := openScope(t, vol, scope), openScope(t, vol, other)
+	if rec, err := ws.BeginCall(ctx, "c-2", "workspace_write", []byte(in("two.txt"))); err != nil || rec != nil {
+		t.Fatalf("A begins c-2: %+v %v", rec, err)
+	}
+
+	r := b.run("--json", "fence", "--node", a.name, "--confirm-fenced-externally", "--reason", "test: still writing")
+	var rec fence.Record
+	if r.code != 0 || json.Unmarshal(r.stdout, &rec) != nil {
+		t.Fatalf("fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if rec.CallLogsMarked == 0 || rec.JournalsMarked == 0 || rec.MarkerScopes != 0 {
+		t.Errorf("the fence's record: %d call logs, %d journal files, %d scopes with a marker; want A's call logs and journal files marked, no marker", rec.CallLogsMarked, rec.JournalsMarked, rec.MarkerScopes)
+	}
+
+	// A wakes up and writes on.
+	if _, err := ws.WriteFile(ctx, "two.txt", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.FinishCall("c-2", "workspace_write", []byte(in("two.txt")), json.RawMessage(`{"bytes":1}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := wsOther.SetMarker(store.Marker{Container: "loomfs-late", Node: a.name, Time: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+
+	if r := b.run("tool", "workspace_write", "--scope", scope, "--call-id", "c-1", "--input", in("one.txt")); r.code != 0 {
+		t.Errorf("B replays c-1, done before the fence: exit %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	var m map[string]any
+	r = b.run("tool", "workspace_write", "--scope", scope, "--call-id", "c-2", "--input", in("two.txt"))
+	json.Unmarshal(r.stdout, &m)
+	if errm, _ := m["error"].(map[string]any); r.code == 0 || errm["code"] != string(policy.UnknownOutcome) {
+		t.Errorf("B replays c-2, done only after the fence: exit %d %s %s; want unknown_outcome", r.code, r.stdout, r.stderr)
+	}
+	if r := b.run("--json", "quarantine", "list"); r.code != 0 || strings.TrimSpace(string(r.stdout)) != "[]" {
+		t.Errorf("quarantine list: exit %d %s %s; want none", r.code, r.stdout, r.stderr)
+	}
+	b.mustTool(other, "workspace_write", in("b.txt"))
+	if r := b.run("--json", "quarantine", "list"); r.code != 0 || strings.TrimSpace(string(r.stdout)) != "[]" {
+		t.Errorf("quarantine list after B's write where A left a late marker: exit %d %s %s; want none", r.code, r.stdout, r.stderr)
+	}
+}
+
+// openScope opens scope on vol in this process, closed when the test
+// ends.
+func openScope(t *testing.T, vol *store.Volume, scope string) *store.Workspace {
+	t.Helper()
+	sc, err := store.ParseScope(scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := vol.Open(context.Background(), sc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
 }

@@ -29,9 +29,13 @@ records the fence on the volume and in the audit, and only then answers.
 Each node's mount must carry that metadata and client_reconnect_stale off
 (see DEPLOY.md).
 
-Once the fence holds, and before it is recorded, it keeps the length of each
-of N's audit files as a high-water mark: "loomfs audit query" and "tail" skip
-whatever N still wrote past them, and "audit verify" reports it (see
+Once the fence holds, and before it is recorded, it keeps high-water marks of
+what N wrote: the length of each of N's audit files and change journal files
+and of every call log, and the scopes where N had a marker or a quarantine.
+Whatever N still wrote past them is ignored by every reader: "loomfs audit
+query" and "tail" skip it and "audit verify" reports it; a call N finished
+after the fence is not replayed, a journal with N's late lines is not trusted
+by snapshots, and N's late markers and quarantines are set aside (see
 DEPLOY.md).
 
 On any other filesystem loomfs can't fence a node: it refuses and says what
@@ -110,17 +114,17 @@ func newFenceCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("the volume is on %s, where loomfs can't fence a node (no API shuts one client out); before another node takes over node %s's work, %s", fs, node, nfsInstead)
 			}
-			// The takeover's high-water marks: what the node's audit files
+			// The takeover's high-water marks: what the node's records
 			// held once the fence held (fence.Marks), so readers can tell
 			// anything it still wrote after from what it wrote before.
-			lengths, err := audit.FenceLengths(audit.Dir(vol.Path()), node)
+			lengths, err := fenceLengths(vol, node)
 			if err == nil {
 				_, err = fence.AddMarks(vol.Path(), node, rec.Time, lengths)
 			}
 			if err != nil {
 				return fmt.Errorf("node %s is fenced but %w; run it again before any takeover", node, err)
 			}
-			rec.AuditMarked = len(lengths)
+			rec.AuditMarked, rec.JournalsMarked, rec.CallLogsMarked, rec.MarkerScopes = len(lengths.Audit), len(lengths.Journals), len(lengths.Calls), len(lengths.Markers)
 			if err := fence.Write(vol.Path(), rec); err != nil {
 				return fmt.Errorf("node %s is fenced but %w; run it again before any takeover", node, err)
 			}
@@ -141,6 +145,20 @@ func newFenceCmd(g *globals) *cobra.Command {
 	f.StringVar(&ceph.FS, "ceph-fs", "", "the CephFS file system's name, if the cluster has several")
 	cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+// fenceLengths measures node's records for the marks of its fence or
+// its re-admission: its audit files, and its records in the scopes' state
+// directories.
+func fenceLengths(vol *store.Volume, node string) (fence.Lengths, error) {
+	l, err := vol.FenceLengths(node)
+	if err != nil {
+		return l, fmt.Errorf("measure node %s's records: %w", node, err)
+	}
+	if l.Audit, err = audit.FenceLengths(audit.Dir(vol.Path()), node); err != nil {
+		return l, fmt.Errorf("measure node %s's audit files: %w", node, err)
+	}
+	return l, nil
 }
 
 // auditFence records the fence as an administrator's action; unlike
@@ -277,7 +295,7 @@ func (g *globals) readmit(cmd *cobra.Command, node, reason string) error {
 	// anything of the re-admission is written (run on the node, its
 	// audit record goes to the node's own chain): the node's old
 	// processes are stopped, so what follows is the re-admitted node's.
-	lengths, err := audit.FenceLengths(audit.Dir(vol.Path()), node)
+	lengths, err := fenceLengths(vol, node)
 	if err == nil {
 		_, err = fence.Readmitted(vol.Path(), node, lengths)
 	}
