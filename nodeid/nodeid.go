@@ -12,6 +12,7 @@ package nodeid
 import (
 	"fmt"
 	"os"
+	"sync"
 )
 
 // Env is the variable that names the node.
@@ -22,9 +23,13 @@ func Name() (string, error) {
 	if v := os.Getenv(Env); v != "" {
 		return v, nil
 	}
-	h, err := os.Hostname()
+	h, err := hostname()
 	if err != nil {
 		return "", fmt.Errorf("node name: %w", err)
 	}
 	return h, nil
 }
+
+// hostname is read once: Name is asked for each journal file and call
+// record a reader looks at, and os.Hostname reads a file each time.
+var hostname = sync.OnceValues(os.Hostname)

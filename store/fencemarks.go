@@ -263,18 +263,16 @@ func (l *lateJournals) of(w *Workspace, name string) (func(off, end int64) bool,
 	}, nil
 }
 
-// setAsideLateQuarantine sets the scope's quarantine aside if a fenced
-// node wrote it after its fence.
-func (w *Workspace) setAsideLateQuarantine() error {
-	if !w.quarantineFlagged() {
-		return nil
-	}
+// quarantineInForce reads the scope's quarantine, which is flagged, and
+// sets it aside if a fenced node wrote it after its fence: it reports
+// whether the scope is still quarantined.
+func (w *Workspace) quarantineInForce() (bool, error) {
 	m, err := w.readState(QuarantineFile)
-	if err != nil {
-		return err
+	if err != nil || m == nil {
+		return m != nil || err != nil, err
 	}
 	if late, err := w.lateRecord(m); err != nil || !late {
-		return err
+		return true, err
 	}
-	return w.setAsideLate(QuarantineFile)
+	return false, w.setAsideLate(QuarantineFile)
 }

@@ -93,10 +93,13 @@ func (w *Workspace) lookAtState(ctx context.Context, lf *lockFile) (clear bool, 
 	if err != nil {
 		return false, err
 	}
-	if err := w.setAsideLateQuarantine(); err != nil {
-		return false, err
+	quarantined := w.quarantineFlagged()
+	if quarantined {
+		if quarantined, err = w.quarantineInForce(); err != nil {
+			return false, err
+		}
 	}
-	clear = !marker && !session && !changes && !w.quarantineFlagged()
+	clear = !marker && !session && !changes && !quarantined
 	keep := stamp{}
 	// Only a look through a lock file it checked vouches for the file;
 	// a process's first Lock opened its file by name just now, and the
