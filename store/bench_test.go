@@ -99,7 +99,8 @@ func sizeName(n int) string {
 // BenchmarkFenceLengths measures what a fence adds to measure a node's
 // records (Volume.FenceLengths): a walk of every scope's state directory
 // on a volume of n scopes, each with a call log and a change journal file
-// of the node (set TMPDIR to measure another disk, e.g. a CephFS mount).
+// of the node, one scope at a time and 16 at once (set TMPDIR to measure
+// another disk, e.g. a CephFS mount).
 func BenchmarkFenceLengths(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("scopes=%d", n), func(b *testing.B) {
@@ -123,11 +124,16 @@ func BenchmarkFenceLengths(b *testing.B) {
 				}
 				ws.Close()
 			}
-			for b.Loop() {
-				l, err := vol.FenceLengths("node-a")
-				if err != nil || len(l.Calls) != n || len(l.Journals) != n {
-					b.Fatalf("FenceLengths: %d call logs, %d journal files, %v; want %d each", len(l.Calls), len(l.Journals), err, n)
-				}
+			for _, workers := range []int{1, 16} {
+				b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+					defer store.SetFenceWorkers(workers)()
+					for b.Loop() {
+						l, err := vol.FenceLengths("node-a")
+						if err != nil || len(l.Calls) != n || len(l.Journals) != n {
+							b.Fatalf("FenceLengths: %d call logs, %d journal files, %v; want %d each", len(l.Calls), len(l.Journals), err, n)
+						}
+					}
+				})
 			}
 		})
 	}

@@ -66,3 +66,11 @@ func LookKept(w *Workspace) bool {
 	defer w.look.mu.Unlock()
 	return w.look.clear != stamp{}
 }
+
+// SetFenceWorkers sets how many scopes FenceLengths measures at once, for
+// a benchmark to compare; restore sets it back.
+func SetFenceWorkers(n int) (restore func()) {
+	old := fenceWorkers
+	fenceWorkers = n
+	return func() { fenceWorkers = old }
+}

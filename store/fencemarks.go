@@ -150,7 +150,7 @@ func (v *Volume) FenceLengths(node string) (fence.Lengths, error) {
 // fenceWorkers is how many scopes a fence measures at once: on CephFS
 // each scope is about a dozen round trips to the MDS, which overlap
 // (BENCHMARKS.md, "Fencing a node").
-const fenceWorkers = 16
+var fenceWorkers = 16
 
 // measureState adds what scope h's state directory holds of node to l:
 // one listing of it says which of the records and directories are there.
