@@ -139,6 +139,25 @@ func TestFencedNodeLateRecords(t *testing.T) {
 	if !sawA {
 		t.Errorf("A's journal lines from before the fence are missing: %+v", files)
 	}
+	// A's writer ends its journal after the fence: its end line is late
+	// too, so the file stays untrusted however far a reader had read.
+	from := map[string]int64{}
+	for _, f := range files {
+		from[f.Name] = f.Size
+	}
+	a.Close()
+	for range 2 {
+		files, err = b.ReadJournal(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if node, _ := store.JournalWriter(f.Name); node == "node-a" && f.Trusted() {
+				t.Errorf("A's journal %s, ended after the fence, is trusted: %+v", f.Name, f)
+			}
+			from[f.Name] = f.Size
+		}
+	}
 
 	// Markers: A's late quarantine refuses nothing and is not listed,
 	// even before a lock sets it aside; A's late marker is set aside by

@@ -863,8 +863,9 @@ func readJournalFile(dfd int, name string, offset int64, changes bool, skipBefor
 	if st.Size == offset {
 		if !jf.Live {
 			// Read to its end before: whether that end is the end line
-			// decides whether the file can be trusted.
-			jf.Ended = endsClean(f, offset)
+			// (not one written after its node's fence) decides whether
+			// the file can be trusted.
+			jf.Ended = endsClean(f, offset) && (late == nil || !late(offset-int64(len(journalEnd)), offset))
 		}
 		return jf, st.Size, nil
 	}
