@@ -219,11 +219,17 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	}
 	// Missing parents are made as workspace_mkdir with parents makes them,
 	// each asked of the policy; "parents": false keeps the refusal.
-	if dir, _ := policy.Split(rel); dir != "." && (in.Parents == nil || *in.Parents) && missing(t.WS, dir) {
-		if _, err := t.WS.Mkdir(ctx, dir, true); err != nil {
+	if dir, _ := policy.Split(rel); dir != "." && (in.Parents == nil || *in.Parents) {
+		gone, err := missing(t.WS, dir)
+		if err != nil {
 			return nil, err
 		}
-		t.changed(dir)
+		if gone {
+			if _, err := t.WS.Mkdir(ctx, dir, true); err != nil {
+				return nil, err
+			}
+			t.changed(dir)
+		}
 	}
 	res, err := t.WS.WriteFile(ctx, rel, []byte(*in.Content), in.Expected)
 	if err != nil {
@@ -233,10 +239,19 @@ func handleWrite(ctx context.Context, t *Toolbox, input json.RawMessage) (any, e
 	return WriteResult{Path: rel, Bytes: res.Bytes, SHA256: res.SHA256, Created: res.Created}, nil
 }
 
-// missing reports whether nothing is at the cleaned path rel.
-func missing(ws *store.Workspace, rel string) bool {
+// missing reports whether nothing is at the cleaned path rel. What is
+// there, refused or not, is for the call that follows to answer; the
+// storage failing to say is returned, since taken for "something is
+// there" it would end as that call's not_found.
+func missing(ws *store.Workspace, rel string) (bool, error) {
 	_, err := ws.Lstat(rel)
-	return policy.CodeOf(err) == policy.NotFound
+	switch {
+	case err == nil || policy.Refused(err):
+		return false, nil
+	case policy.CodeOf(err) == policy.NotFound:
+		return true, nil
+	}
+	return false, err
 }
 
 func handleEdit(ctx context.Context, t *Toolbox, input json.RawMessage) (any, error) {

@@ -29,6 +29,10 @@ func TestJudgeCatches(t *testing.T) {
 		{"a hang", func(c *cell) outcome { return outcome{exit: -1, signal: "killed", hung: true} }, "hang"},
 		{"no JSON", func(c *cell) outcome { return outcome{exit: 1, stdout: "oops"} }, "not JSON"},
 		{"an error without a code", func(c *cell) outcome { return outcome{exit: 1, stdout: `{"error":{"message":"m"}}`} }, "without code"},
+		{"a storage fault answered as a missing file", func(c *cell) outcome {
+			c.f = &fault{syscall: "openat", errno: "EIO", when: 1}
+			return outcome{exit: 1, stdout: `{"error":{"code":"not_found","message":"d: no such file or directory"}}`}
+		}, "not a missing file"},
 		{"a temporary file in sight", func(c *cell) outcome {
 			os.WriteFile(filepath.Join(c.main(), "x.txt.agentloom-tmp"), []byte("t"), 0o600)
 			return outcome{exit: 1, stdout: `{"error":{"code":"internal","message":"m"}}`}

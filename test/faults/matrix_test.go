@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/agentloom/loomfs/policy"
 )
 
 // TestSyscallFaults injects each errno into each call site of each system
@@ -166,6 +168,11 @@ func judge(c *cell, o op, before tree, out outcome) []string {
 				code = "ok"
 			}
 			tally.code(o.door, c.f.errno, code)
+		}
+		if c.f != nil && code == string(policy.NotFound) {
+			// Every injected errno is the storage failing; "no such
+			// file" would send an agent looking for a path that is there.
+			bad = append(bad, fmt.Sprintf("answered not_found to an injected %s: a fault of the storage is not a missing file", c.f.errno))
 		}
 	}
 	if o.after != nil {
