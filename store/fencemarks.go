@@ -96,8 +96,8 @@ func (w *Workspace) lateCallLine(node, name string, off, end int64) (bool, error
 // lateRecord tells whether m, a marker or quarantine of the scope, was
 // written by a node after its fence (fence.Marks.LateMarker).
 func (w *Workspace) lateRecord(m *Marker) (bool, error) {
-	if m == nil || m.Node == "" {
-		return false, nil
+	if m == nil || m.Node == "" || w.vol == nil {
+		return false, nil // no volume: a bare view of a state directory
 	}
 	if self, _ := nodeid.Name(); m.Node == self {
 		return false, nil
