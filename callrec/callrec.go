@@ -77,8 +77,9 @@ const LockName = "claim.lock"
 
 const logSuffix = ".log"
 
-// OpenDir opens (creating it on first use) the scope's Dir and returns
-// its fd, which the caller of OpenDir closes.
+// OpenDir opens (creating it on first use) the scope's Dir for reading
+// (not O_PATH: a new log's name is fsynced through it) and returns its fd,
+// which the caller of OpenDir closes.
 type OpenDir func() (dfd int, err error)
 
 // Log is one writer's view of the scope's call logs. The zero Log is
@@ -330,7 +331,7 @@ func openCallLog(dfd int) (*os.File, error) {
 		if err != nil {
 			return nil, fmt.Errorf("create call log: %w", err)
 		}
-		if err := syncDir(dfd); err != nil {
+		if err := unix.Fsync(dfd); err != nil { // the new log's name
 			unix.Close(fd)
 			return nil, err
 		}
@@ -398,19 +399,4 @@ func logNames(dfd int) ([]string, error) {
 		}
 	}
 	return names, nil
-}
-
-// syncDir makes dfd's entries durable; dfd may be an O_PATH fd, which
-// fsync refuses, so it is opened again for that.
-func syncDir(dfd int) error {
-	err := unix.Fsync(dfd)
-	if err != unix.EBADF {
-		return err
-	}
-	fd, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.Fsync(fd)
 }
